@@ -1,0 +1,1 @@
+"""Device discovery and the execution engines that run models on them."""

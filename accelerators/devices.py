@@ -1,0 +1,97 @@
+"""Discovers OpenCL devices and ONNX Runtime providers, and classifies them fpga / gpu / cpu."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
+
+# FPGA vendors' OpenCL platforms (Intel FPGA SDK and its emulator, AMD/Xilinx XRT).
+_FPGA_PLATFORM_MARKERS = ("fpga", "xilinx", "intel(r) fpga", "altera")
+
+
+@dataclass(frozen=True)
+class OpenCLDevice:
+    platform: str
+    name: str
+    kind: str  # "fpga" | "gpu" | "cpu" | "other"
+    type_bits: int
+    driver_version: str
+    compute_units: int
+    global_mem_bytes: int
+
+
+def classify(platform_name: str, device_name: str, type_bits: int) -> str:
+    """FPGA boards report ACCELERATOR on an FPGA platform; simulators such as Oclgrind set every
+    type bit at once, so a device claiming several kinds is classified by its names."""
+    import pyopencl as cl
+
+    names = f"{platform_name} {device_name}".lower()
+    if any(m in names for m in _FPGA_PLATFORM_MARKERS):
+        return "fpga"
+    kinds = [kind for kind, bit in (("fpga", cl.device_type.ACCELERATOR),
+                                    ("gpu", cl.device_type.GPU),
+                                    ("cpu", cl.device_type.CPU)) if type_bits & bit]
+    if len(kinds) == 1:
+        return kinds[0]
+    for kind in ("gpu", "cpu"):
+        if kind in names:
+            return kind
+    return "other"
+
+
+def opencl_devices() -> list[OpenCLDevice]:
+    """Every device of every platform; an absent ICD loader or no platform means none."""
+    try:
+        import pyopencl as cl
+        platforms = cl.get_platforms()
+    except Exception as e:  # pyopencl raises LogicError/RuntimeError for "no platforms"
+        log.info("no OpenCL platform: %s", e)
+        return []
+    found = []
+    for platform in platforms:
+        try:
+            devices = platform.get_devices()
+        except cl.Error as e:
+            log.warning("OpenCL platform %r lists no devices: %s", platform.name, e)
+            continue
+        for d in devices:
+            found.append(OpenCLDevice(
+                platform=platform.name.strip(), name=d.name.strip(),
+                kind=classify(platform.name, d.name, d.type), type_bits=int(d.type),
+                driver_version=d.driver_version, compute_units=d.max_compute_units,
+                global_mem_bytes=d.global_mem_size))
+    return found
+
+
+def onnxruntime_providers() -> list[dict[str, str]]:
+    from accelerators.onnxruntime_engine import providers
+
+    kinds = {"CUDAExecutionProvider": "gpu", "TensorrtExecutionProvider": "gpu",
+             "ROCMExecutionProvider": "gpu", "MIGraphXExecutionProvider": "gpu",
+             "CPUExecutionProvider": "cpu"}
+    try:
+        names = providers()
+    except ImportError as e:
+        log.warning("%s", e)
+        return []
+    return [{"provider": p, "kind": kinds.get(p, "other")} for p in names]
+
+
+def inventory() -> dict[str, list[dict]]:
+    return {"opencl": [asdict(d) for d in opencl_devices()],
+            "onnxruntime": onnxruntime_providers()}
+
+
+def format_table(found: dict[str, list[dict]]) -> str:
+    lines = [f"{'KIND':<6} {'ENGINE':<12} {'DEVICE':<40} PLATFORM / DETAILS"]
+    for d in found["opencl"]:
+        detail = (f"{d['platform']}; driver {d['driver_version']}; {d['compute_units']} CUs; "
+                  f"{d['global_mem_bytes'] / 2**30:.1f} GiB")
+        lines.append(f"{d['kind']:<6} {'opencl':<12} {d['name'][:40]:<40} {detail}")
+    for p in found["onnxruntime"]:
+        lines.append(f"{p['kind']:<6} {'onnxruntime':<12} {p['provider']:<40}")
+    if len(lines) == 1:
+        lines.append("(no OpenCL device and no ONNX Runtime provider found)")
+    return "\n".join(lines)

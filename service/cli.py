@@ -1,0 +1,77 @@
+"""The `hetserve` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from service.settings import ENV_PREFIX, Settings
+
+# serve's flags and the settings fields they set; each flag's help is the field's doc.
+_SERVE_FLAGS = [
+    ("--models", "model_repository"),
+    ("--host", "grpc_host"),
+    ("--port", "grpc_port"),
+    ("--socket", "unix_socket"),
+    ("--metrics-host", "metrics_host"),
+    ("--metrics-port", "metrics_port"),
+    ("--max-queue-size", "max_queue_size"),
+    ("--intra-op-threads", "intra_op_threads"),
+    ("--log-level", "log_level"),
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetserve", description="Online image recognition on FPGA, GPU and CPU.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve", help="run the accelerator daemon (KServe V2 / Triton gRPC)",
+        description="Serve a model repository over gRPC. Every flag can also be set by its "
+                    f"{ENV_PREFIX}<FIELD> environment variable, e.g. {ENV_PREFIX}GRPC_PORT.")
+    docs, defaults = Settings.docs(), Settings()
+    for flag, name in _SERVE_FLAGS:
+        serve.add_argument(flag, dest=name, metavar=name.upper(),
+                           help=f"{docs[name]} (default: {getattr(defaults, name)})")
+
+    devices = commands.add_parser(
+        "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
+    devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "devices":
+        return _devices(args.json)
+    return _serve(args)
+
+
+def _devices(as_json: bool) -> int:
+    from accelerators.devices import format_table, inventory
+
+    found = inventory()
+    print(json.dumps(found, indent=2) if as_json else format_table(found))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from service.server import StartupError, serve
+
+    try:
+        settings = Settings.from_env(**{name: getattr(args, name) for _, name in _SERVE_FLAGS})
+    except ValueError as e:
+        print(f"hetserve serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(settings))
+    except StartupError as e:
+        print(f"hetserve: {e}", file=sys.stderr)
+        return 2
+    return 0

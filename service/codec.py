@@ -1,0 +1,60 @@
+"""Protocol tensors <-> numpy: raw bytes become arrays without a copy; typed contents work too."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from service import tensors
+from service.errors import InvalidInputError
+
+Tensors = dict[str, np.ndarray]
+
+
+def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
+                                f"{len(request.inputs)} expected (one per input)")
+    arrays: Tensors = {}
+    for i, t in enumerate(request.inputs):
+        if t.name in arrays:
+            raise InvalidInputError(f"inputs: input {t.name!r} appears twice")
+        dtype = tensors.numpy_dtype(t.datatype)
+        if dtype is None:
+            raise InvalidInputError(f"input {t.name!r}: datatype {t.datatype!r} received, "
+                                    f"expected one of {tensors.wire_names()}")
+        shape = tuple(t.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, "
+                                    "expected non-negative dimensions")
+        count = math.prod(shape)
+        if raw:
+            expected = count * dtype.itemsize
+            if len(raw[i]) != expected:
+                raise InvalidInputError(
+                    f"input {t.name!r}: raw_input_contents[{i}] holds {len(raw[i])} bytes, "
+                    f"{expected} expected for {t.datatype} {list(shape)}")
+            arrays[t.name] = np.frombuffer(raw[i], dtype).reshape(shape)
+        else:
+            values = getattr(t.contents, tensors.CONTENTS_FIELD.get(t.datatype, ""), ())
+            if len(values) != count:
+                raise InvalidInputError(
+                    f"input {t.name!r}: {len(values)} values in contents received, {count} "
+                    f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
+            arrays[t.name] = np.asarray(values, dtype).reshape(shape)
+    return arrays
+
+
+def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
+                    outputs: Tensors) -> service_pb2.ModelInferResponse:
+    """tritonclient reads only raw_output_contents, so every output travels as raw bytes."""
+    response = service_pb2.ModelInferResponse(
+        model_name=model_name, model_version=str(version), id=request.id)
+    for name, array in outputs.items():
+        response.outputs.add(name=name, datatype=tensors.wire_dtype(array.dtype),
+                             shape=array.shape)
+        response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+    return response

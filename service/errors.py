@@ -1,0 +1,39 @@
+"""Domain errors, each carrying the gRPC status it maps to (one mapping, in the servicer)."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class HetserveError(Exception):
+    """Base error; `status` is the gRPC status code a client receives."""
+
+    status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class ModelNotFoundError(HetserveError):
+    status = grpc.StatusCode.NOT_FOUND
+
+
+class InvalidInputError(HetserveError):
+    status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class QueueFullError(HetserveError):
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class ModelUnavailableError(HetserveError):
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class ConfigError(HetserveError):
+    """A model repository entry that cannot be loaded (reported, never served)."""
+
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class DeviceError(HetserveError):
+    """Every device that could run a batch failed."""
+
+    status = grpc.StatusCode.INTERNAL

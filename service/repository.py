@@ -1,0 +1,80 @@
+"""The model repository on disk, in Triton's layout: `<root>/<name>/config.pbtxt`,
+`<root>/<name>/<version>/model.onnx`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from service.errors import ConfigError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+# A model name is one plain path component: it can never climb out of the repository.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    name: str
+    config: model_config_pb2.ModelConfig
+    versions: dict[int, Path]  # version -> model file
+
+
+def check_model_name(name: str) -> str:
+    if not _SAFE_NAME.match(name) or ".." in name:
+        raise ModelNotFoundError(
+            f"model_name {name!r} is not a valid model name: expected letters, digits, "
+            "'_', '.' or '-', not starting with '.' or '-'")
+    return name
+
+
+class ModelRepository:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository {str(self.root)!r} is not a directory")
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and _SAFE_NAME.match(p.name))
+
+    def load(self, name: str) -> RepositoryEntry:
+        """Reads one model's config and versions; ConfigError says what is wrong."""
+        folder = self.root / check_model_name(name)
+        config_path = folder / "config.pbtxt"
+        if not config_path.is_file():
+            raise ConfigError(f"model {name!r}: {config_path} is missing")
+        try:
+            config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+        except text_format.ParseError as e:
+            raise ConfigError(f"model {name!r}: {config_path}: {e}") from e
+        if config.name and config.name != name:
+            raise ConfigError(f"model {name!r}: config.pbtxt names it {config.name!r}; "
+                              "the folder name and the config name must agree")
+        config.name = name
+        filename = config.default_model_filename or "model.onnx"
+        found = {int(p.name): p / filename for p in folder.iterdir()
+                 if p.is_dir() and p.name.isdigit() and (p / filename).is_file()}
+        versions = {v: found[v] for v in _policy_versions(config.version_policy, sorted(found))}
+        if not versions:
+            raise ConfigError(f"model {name!r}: no version folder holds {filename!r} "
+                              f"(looked in {folder}/<version>/)")
+        return RepositoryEntry(name, config, versions)
+
+
+def _policy_versions(policy: model_config_pb2.ModelVersionPolicy,
+                     available: list[int]) -> list[int]:
+    """Triton's version_policy: latest N (default 1), all, or specific versions."""
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return available
+    if kind == "specific":
+        return [v for v in available if v in set(policy.specific.versions)]
+    count = policy.latest.num_versions if kind == "latest" else 1
+    return available[-max(count, 1):]

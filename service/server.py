@@ -1,0 +1,117 @@
+"""Builds and runs the daemon: gRPC on loopback TCP and a unix socket, health, metrics, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from service.dataplane import DataPlane
+from service.metrics import Metrics
+from service.registry import ModelRegistry
+from service.servicer import InferenceServicer
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+GRACE_S = 10.0
+_SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+
+class StartupError(Exception):
+    """The daemon cannot start as configured (a port or socket in use, a bad repository)."""
+
+
+async def serve(settings: Settings) -> None:
+    """Runs until SIGTERM or SIGINT, then drains: health turns NOT_SERVING, new requests are
+    refused with UNAVAILABLE, and requests in flight get GRACE_S seconds to finish."""
+    metrics = Metrics()
+    registry = ModelRegistry(settings, metrics)
+    plane = DataPlane(registry)
+    server = grpc.aio.server(options=[
+        # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+    ])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(plane, metrics), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", _SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    addresses = _bind(server, settings)
+    if settings.metrics_port:
+        try:
+            metrics.serve(settings.metrics_host, settings.metrics_port)
+        except OSError as e:
+            raise StartupError(f"cannot serve metrics on {settings.metrics_host}:"
+                               f"{settings.metrics_port}: {e.strerror}") from e
+        addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    await registry.load_all()
+    plane.ready = True
+    for service in ("", _SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+
+    await stop.wait()
+    log.info("draining (grace %.0f s)", GRACE_S)
+    plane.ready = False
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(GRACE_S)
+    await registry.close()
+    if settings.unix_socket:
+        settings.unix_socket.unlink(missing_ok=True)
+
+
+def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
+    addresses = []
+    if settings.grpc_port:
+        target = f"{settings.grpc_host}:{settings.grpc_port}"
+        _add_port(server, target, target)
+        addresses.append(target)
+    if settings.unix_socket:
+        _prepare_socket(settings.unix_socket)
+        target = f"unix:{settings.unix_socket}"
+        _add_port(server, target, str(settings.unix_socket))
+        addresses.append(target)
+    if not addresses:
+        raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
+    return addresses
+
+
+def _add_port(server: grpc.aio.Server, target: str, shown: str) -> None:
+    try:
+        bound = server.add_insecure_port(target)
+    except RuntimeError as e:  # grpc raises RuntimeError("Failed to bind ...")
+        raise StartupError(f"cannot listen on {shown}: address in use or not available") from e
+    if not bound and not target.startswith("unix:"):
+        raise StartupError(f"cannot listen on {shown}: address in use or not available")
+
+
+def _prepare_socket(path: Path) -> None:
+    """Creates a private parent folder; removes a stale socket, but never a live daemon's."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+    else:
+        raise StartupError(f"cannot listen on {path}: another daemon is serving there")
+    finally:
+        probe.close()

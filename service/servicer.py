@@ -1,0 +1,84 @@
+"""The KServe V2 / Triton gRPC servicer: converts messages, calls the data plane, and is the one
+place where domain errors become gRPC statuses."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from importlib.metadata import version as package_version
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from service import codec
+from service.dataplane import DataPlane
+from service.errors import HetserveError
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+pb = service_pb2
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, plane: DataPlane, metrics: Metrics) -> None:
+        self._plane = plane
+        self._metrics = metrics
+
+    @contextlib.asynccontextmanager
+    async def _status(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        try:
+            yield
+        except HetserveError as e:
+            await context.abort(e.status, str(e))
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self._plane.ready)
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="hetserve", version=package_version("hetserve"),
+                                         extensions=["model_repository"])
+
+    async def ModelMetadata(self, request, context):
+        async with self._status(context):
+            spec = self._plane.model(request.name, request.version).spec
+            def tensors(specs):
+                return [pb.ModelMetadataResponse.TensorMetadata(
+                    name=t.name, datatype=t.datatype, shape=spec.shape_with_batch(t))
+                    for t in specs]
+            return pb.ModelMetadataResponse(
+                name=spec.name, versions=[str(spec.version)], platform=spec.config.platform,
+                inputs=tensors(spec.inputs), outputs=tensors(spec.outputs))
+
+    async def ModelConfig(self, request, context):
+        async with self._status(context):
+            return pb.ModelConfigResponse(
+                config=self._plane.model(request.name, request.version).spec.config)
+
+    async def RepositoryIndex(self, request, context):
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(name=s.name, version=s.version, state=s.state,
+                                                  reason=s.reason)
+            for s in self._plane.index() if s.state == "READY" or not request.ready])
+
+    async def ModelInfer(self, request, context):
+        start = time.perf_counter()
+        model_label = ""  # only served names become label values: clients cannot grow the set
+        try:
+            model = self._plane.model(request.model_name, request.model_version)
+            model_label = model.spec.name
+            outputs = await self._plane.infer(model, codec.decode_inputs(request),
+                                              [o.name for o in request.outputs])
+        except HetserveError as e:
+            self._metrics.requests.labels(model_label, e.status.name).inc()
+            await context.abort(e.status, str(e))
+        self._metrics.requests.labels(model_label, grpc.StatusCode.OK.name).inc()
+        self._metrics.request_duration.labels(model_label).observe(time.perf_counter() - start)
+        return codec.encode_response(request, model.spec.name, model.spec.version, outputs)

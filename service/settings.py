@@ -1,0 +1,70 @@
+"""Daemon settings: declared once, typed, overridable by `HETSERVE_*` environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "HETSERVE_"
+
+
+def default_socket() -> Path:
+    """A per-user socket in a private folder: node-local clients need no TCP at all."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"hetserve-{os.getuid()}" / "grpc.sock"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_repository: Path = field(
+        default=Path("models"), metadata={"doc": "Triton-layout model repository to serve"})
+    grpc_host: str = field(
+        default="127.0.0.1", metadata={"doc": "TCP address for gRPC; loopback unless exposed"})
+    grpc_port: int = field(
+        default=8001, metadata={"doc": "TCP port for gRPC; 0 disables TCP"})
+    unix_socket: Path | None = field(
+        default_factory=default_socket,
+        metadata={"doc": "unix socket for node-local clients; empty disables it"})
+    metrics_host: str = field(
+        default="127.0.0.1", metadata={"doc": "address of the Prometheus /metrics endpoint"})
+    metrics_port: int = field(
+        default=8002, metadata={"doc": "port of the Prometheus /metrics endpoint; 0 disables it"})
+    max_message_bytes: int = field(
+        default=64 << 20, metadata={"doc": "largest gRPC message accepted or sent"})
+    max_queue_size: int = field(
+        default=4096,
+        metadata={"doc": "queued samples per model before RESOURCE_EXHAUSTED, "
+                         "unless config.pbtxt sets max_queue_size"})
+    intra_op_threads: int = field(
+        default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
+    log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None,
+                 **overrides: str | None) -> Settings:
+        """Defaults, then `HETSERVE_<FIELD>` variables, then explicit overrides (command-line
+        flags); both are strings, parsed alike. An empty socket path disables the socket."""
+        environ = os.environ if environ is None else environ
+        raw = {f.name: environ.get(ENV_PREFIX + f.name.upper()) for f in dataclasses.fields(cls)}
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**{f.name: _parse(f, raw[f.name])
+                      for f in dataclasses.fields(cls) if raw[f.name] is not None})
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
+
+
+def _parse(f: dataclasses.Field, raw: str) -> object:
+    kind = str(f.type)
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{f.name}: {raw!r} is not an integer") from None
+    if kind.startswith("Path"):
+        return Path(raw) if raw else None
+    return raw

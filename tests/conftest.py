@@ -1,0 +1,65 @@
+"""Shared fixtures: a real daemon on ports and a socket picked here, and a real client."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+import mnist_digits
+from spark_jobs.daemon import DaemonProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+MODEL = "mnist_cnn"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp: Path, models: Path = MODELS, *extra: str) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.socket = tmp / "grpc.sock"
+        self.url = f"127.0.0.1:{self.port}"
+        self.socket_url = f"unix:{self.socket}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.process = DaemonProcess(
+            ["--models", str(models), "--port", str(self.port), "--socket", str(self.socket),
+             "--metrics-port", str(self.metrics_port), *extra], self.url, tmp / "daemon.log")
+        self.process.wait_ready()
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("daemon"))
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(daemon.url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def holdout() -> tuple[np.ndarray, np.ndarray]:
+    return mnist_digits.holdout_split()
+
+
+def image_input(images: np.ndarray) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("image", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(np.ascontiguousarray(images, np.float32))
+    return [tensor]

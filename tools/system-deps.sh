@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages hetserve needs when run as root; otherwise names the command.
+#   pocl-opencl-icd + ocl-icd-libopencl1: OpenCL on the CPU (PyPI's PoCL is too old for new CPUs)
+#   default-jre-headless: the Java 17+ runtime that Spark needs
+set -euo pipefail
+
+missing=()
+for pkg in pocl-opencl-icd ocl-icd-libopencl1; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+java_major=$(java -version 2>&1 | sed -nE '1s/.*version "([0-9]+).*/\1/p')
+[ -n "$java_major" ] && [ "$java_major" -ge 17 ] || missing+=(default-jre-headless)
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "hetserve needs Debian packages; run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing ${missing[*]}"
+apt-get update -q
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
