@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.sql import SparkSession
+
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+              "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers use this test's environment
+    builder = SparkSession.builder.master("local[2]").appName("hetserve-tests")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    yield session
+    session.stop()
+
+
+def write_digits(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
+    """The Parquet layout score.py reads: id, tensor (raw float32 bytes), and the label."""
+    pd.DataFrame({"id": np.arange(len(labels), dtype=np.int64),
+                  "tensor": [np.ascontiguousarray(x, np.float32).tobytes() for x in images],
+                  "label": labels}).to_parquet(path)
+    return path

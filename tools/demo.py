@@ -1,0 +1,105 @@
+"""`make demo`: the daemon on this machine, the 1,000 held-out digits scored by the Spark job
+through it, the daemon's own metrics, then one online request with tritonclient."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+
+import mnist_digits
+from service.settings import Settings
+from spark_jobs.daemon import DaemonProcess, is_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "demo-output"
+MODEL = "mnist_cnn"
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    address = f"unix:{settings.unix_socket}"
+    daemon = None
+    if is_ready(address):
+        print(f"using the daemon already serving at {address}")
+    else:
+        OUT.mkdir(exist_ok=True)
+        daemon = DaemonProcess(["--models", str(ROOT / "models")], address, OUT / "daemon.log")
+        daemon.wait_ready()
+        print(f"started the daemon: gRPC {settings.grpc_host}:{settings.grpc_port} and "
+              f"{address}, metrics :{settings.metrics_port} (log: {daemon.log_path})")
+    try:
+        score_with_spark(address)
+        summarize_metrics(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+        online_request(address)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def score_with_spark(address: str) -> None:
+    images, labels = mnist_digits.holdout_split()
+    OUT.mkdir(exist_ok=True)
+    source, scored = OUT / "digits.parquet", OUT / "scored.parquet"
+    pd.DataFrame({"id": np.arange(len(labels)),
+                  "tensor": [x.tobytes() for x in images], "label": labels}).to_parquet(source)
+    print(f"\n== Spark: spark-submit spark_jobs/score.py on {len(labels)} held-out digits")
+    job = subprocess.run(
+        [Path(sys.executable).parent / "spark-submit", "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / "score.py"),
+         "--input", str(source), "--output", str(scored), "--daemon", address],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True)
+    (OUT / "spark-job.log").write_text(job.stdout + job.stderr)
+    if job.returncode != 0:
+        sys.exit(f"the Spark job failed; its log: {OUT / 'spark-job.log'}")
+    summary = re.search(r"scored \d+ rows in .*", job.stdout + job.stderr)
+    print(f"   job: {summary.group(0) if summary else '(no summary line)'}")
+    result = pd.read_parquet(scored).merge(pd.read_parquet(source, columns=["id", "label"]),
+                                           on="id", suffixes=("", "_true"))
+    print(f"   rows out: {len(result)}, distinct ids: {result['id'].nunique()}, "
+          f"accuracy: {(result['label'] == result['label_true']).mean():.1%}")
+
+
+def summarize_metrics(url: str) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(
+        urllib.request.urlopen(url, timeout=10).read().decode())}
+
+    def total(family: str, suffix: str) -> float:
+        return sum(s.value for s in families[family].samples if s.name == family + suffix)
+
+    batches = total("hetserve_batch_size", "_count")
+    print(f"\n== Daemon metrics ({url})")
+    print(f"   batches run: {batches:.0f}, mean batch size: "
+          f"{total('hetserve_batch_size', '_sum') / max(batches, 1):.1f}")
+    for s in families["hetserve_inferences"].samples:
+        if s.name.endswith("_total"):
+            print(f"   inferences on {s.labels['device']} ({s.labels['kind']}, "
+                  f"{s.labels['engine']}): {s.value:.0f}")
+
+
+def online_request(address: str) -> None:
+    images, labels = mnist_digits.holdout_split()
+    with grpcclient.InferenceServerClient(address) as client:
+        tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
+        tensor.set_data_from_numpy(images[:1])
+        start = time.perf_counter()
+        logits = client.infer(MODEL, [tensor]).as_numpy("logits")[0]
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    print("\n== Online: one digit through tritonclient.grpc")
+    print(f"   true label {labels[0]}, predicted {p.argmax()} (p={p.max():.3f}), "
+          f"{elapsed_ms:.1f} ms round trip")
+
+
+if __name__ == "__main__":
+    main()
