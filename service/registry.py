@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from accelerators.engine import Engine
-from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+from accelerators.engines import DEFAULT_DEVICES, create_engine, parse_devices
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import ConfigError, ModelNotFoundError
 from service.metrics import Metrics
@@ -48,12 +49,7 @@ class ModelRegistry:
         versions: dict[int, LoadedModel] = {}
         for version, path in entry.versions.items():
             spec = ModelSpec.from_config(entry.config, version)
-            try:
-                engine = await asyncio.to_thread(
-                    OnnxRuntimeEngine, path, self._settings.intra_op_threads)
-            except Exception as e:  # onnxruntime raises its own types for corrupt models
-                raise ConfigError(f"model {name!r} version {version}: {path}: {e}") from e
-            _check_signature(spec, engine)
+            engine = await asyncio.to_thread(self._first_engine, spec, path)
             worker = DeviceWorker(name, engine, self._metrics)
             queue_s = self._metrics.queue_duration.labels(model=name)
             batcher = DynamicBatcher(
@@ -64,6 +60,29 @@ class ModelRegistry:
             versions[version] = LoadedModel(spec, worker, batcher)
             log.info("model %r version %d ready on %s", name, version, engine.device.name)
         self._models[name] = versions
+
+    def _first_engine(self, spec: ModelSpec, path: Path) -> Engine:
+        """The first device of the model's `devices` parameter that can run it."""
+        param = spec.config.parameters.get("devices")
+        text = param.string_value if param is not None else DEFAULT_DEVICES
+        try:
+            devices = parse_devices(text)
+        except ValueError as e:
+            raise ConfigError(f"model {spec.name!r}: parameters.devices: {e}") from e
+        reasons = []
+        for device in devices:
+            try:
+                engine = create_engine(device, path, self._settings.intra_op_threads)
+                _check_signature(spec, engine)
+                return engine
+            except ConfigError as e:
+                reasons.append(str(e))
+            except Exception as e:  # engines raise their own types for models they cannot run
+                reasons.append(f"{device}: {e}")
+            log.warning("model %r version %d cannot run on %s: %s", spec.name, spec.version,
+                        device, reasons[-1])
+        raise ConfigError(f"model {spec.name!r} version {spec.version}: no device can run "
+                          f"{path}: " + "; ".join(reasons))
 
     def get(self, name: str, version: str = "") -> LoadedModel:
         versions = self._models.get(check_model_name(name))

@@ -1,0 +1,44 @@
+"""Creates engines from device specs: `onnxruntime` (its best device), `onnxruntime:cpu0`,
+`onnxruntime:gpu0`, and, as engines land, `opencl:fpga0` and the like."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelerators.engine import Engine
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+
+ENGINES = ("onnxruntime",)
+DEFAULT_DEVICES = "onnxruntime"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    engine: str
+    device: str = ""  # e.g. "gpu0"; empty: the engine's best device
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceSpec:
+        engine, _, device = text.strip().partition(":")
+        if engine not in ENGINES:
+            raise ValueError(f"device {text.strip()!r}: engine {engine!r} is unknown; expected "
+                             f"one of {list(ENGINES)}, as in 'onnxruntime:cpu0'")
+        return cls(engine, device)
+
+    def __str__(self) -> str:
+        return f"{self.engine}:{self.device}" if self.device else self.engine
+
+
+def parse_devices(text: str) -> list[DeviceSpec]:
+    """An ordered, comma-separated list: the model's `devices` parameter."""
+    return [DeviceSpec.parse(part) for part in text.split(",") if part.strip()]
+
+
+def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0) -> Engine:
+    engine = OnnxRuntimeEngine(model_path, intra_op_threads,
+                               use_gpu=not spec.device.startswith("cpu"))
+    if spec.device and engine.device.name != spec.device:
+        raise ValueError(f"device {str(spec)!r} is not available: onnxruntime runs this model "
+                         f"on {engine.device.name}")
+    return engine

@@ -1,0 +1,44 @@
+"""Loading models onto the first device of their `devices` parameter that can run them."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+from service.metrics import Metrics
+from service.registry import ModelRegistry
+from service.settings import Settings
+from tests.conftest import MODEL, MODELS
+
+
+def _load(tmp_path: Path, devices: str) -> ModelRegistry:
+    shutil.copytree(MODELS / MODEL, tmp_path / MODEL)
+    config = tmp_path / MODEL / "config.pbtxt"
+    config.write_text(config.read_text() +
+                      f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
+    registry = ModelRegistry(Settings(model_repository=tmp_path, unix_socket=None), Metrics())
+
+    async def main() -> None:
+        await registry.load_all()
+        await registry.close()
+    asyncio.run(main())
+    return registry
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
+                    reason="needs a machine where onnxruntime has no GPU")
+def test_the_first_device_that_can_run_the_model_serves_it(tmp_path, caplog) -> None:
+    # No GPU here: gpu0 is refused with a reason, and cpu0 serves.
+    registry = _load(tmp_path, "onnxruntime:gpu0, onnxruntime:cpu0")
+    assert not registry.failures
+    assert "onnxruntime:gpu0" in caplog.text and "not available" in caplog.text
+
+
+def test_unknown_engines_are_reported_naming_the_value(tmp_path) -> None:
+    registry = _load(tmp_path, "quantum:qpu0")
+    assert "parameters.devices" in registry.failures[MODEL]
+    assert "'quantum'" in registry.failures[MODEL]
