@@ -51,7 +51,3 @@ def wire_from_config(data_type: int) -> str:
     """TYPE_FP32 (config enum) -> "FP32" (protocol)."""
     return model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_")
 
-
-def config_from_wire(wire: str) -> int:
-    return model_config_pb2.DataType.Value("TYPE_" + wire)
-
