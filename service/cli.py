@@ -21,6 +21,8 @@ _SERVE_FLAGS = [
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
     ("--log-level", "log_level"),
+    ("--power-sources", "power_sources"),
+    ("--power-model", "power_model"),
 ]
 
 
