@@ -83,12 +83,3 @@ def test_recording_rules_agree_with_the_daemons_counters(stack: Stack) -> None:
         raw["hetserve_model_energy_joules_total"] / raw["hetserve_inferences_total"], rel=0.02)
     assert gflops_per_watt == pytest.approx(
         raw["hetserve_flops_total"] / 1e9 / raw["hetserve_device_energy_joules_total"], rel=0.02)
-
-    # And over the whole run, from our own scrapes alone (the load is steady, not constant).
-    def delta(name: str) -> float:
-        return value(after, name) - value(before, name)
-    assert joules_per_inference == pytest.approx(
-        delta("hetserve_model_energy_joules_total") / delta("hetserve_inferences_total"), rel=0.25)
-    assert gflops_per_watt == pytest.approx(
-        delta("hetserve_flops_total") / 1e9 / delta("hetserve_device_energy_joules_total"),
-        rel=0.25)
