@@ -1,7 +1,8 @@
 """Efficiency figures of the daemon, each next to a reference measured in the same run.
 
 For each batch size: GFLOP/s through the daemon over GFLOP/s of in-process ONNX Runtime on the
-same model (the ceiling), watts and their source, GFLOP/s per watt and joules per inference from
+same model (the ceiling; the two alternate in short slices so both see the same machine load),
+then a steady run of the daemon alone for watts and their source, GFLOP/s per watt and joules per inference from
 the daemon's own counters, and the FLOP counter checked against inferences × FLOPs per sample.
 Then the request-path cost of metering (one FLOP counter increment and one busy-time report per
 batch) as a fraction of a batch's compute time.
@@ -43,34 +44,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def in_process(images: np.ndarray, seconds: float) -> tuple[float, float]:
-    """Samples/s and the median seconds per batch of a bare ONNX Runtime session."""
-    session = ort.InferenceSession(str(ONNX), providers=["CPUExecutionProvider"])
-    times, done, end = [], 0, time.perf_counter() + seconds
+def timed(run, seconds: float) -> list[float]:
+    times, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end:
         start = time.perf_counter()
-        session.run(None, {"image": images})
+        run()
         times.append(time.perf_counter() - start)
-        done += len(images)
-    return done / sum(times), float(np.median(times))
+    return times
+
+
+def throughput_ratio(client, tensor, images: np.ndarray, seconds: float,
+                     slices: int = 4) -> tuple[float, float]:
+    """Daemon samples/s over in-process ONNX Runtime samples/s, alternating slices; and the
+    median in-process seconds per batch."""
+    session = ort.InferenceSession(str(ONNX), providers=["CPUExecutionProvider"])
+    ref, daemon = [], []
+    for _ in range(slices):
+        ref += timed(lambda: session.run(None, {"image": images}), seconds / slices)
+        daemon += timed(lambda: client.infer(MODEL, [tensor]), seconds / slices)
+    return (len(daemon) / sum(daemon)) / (len(ref) / sum(ref)), float(np.median(ref))
 
 
 def total(snap: Snapshot, name: str) -> float:
     return sum(snap.series(name).values())
 
 
-def through_daemon(url: str, metrics_url: str, images: np.ndarray, seconds: float) -> dict:
-    client = grpcclient.InferenceServerClient(url)
-    tensor = grpcclient.InferInput("image", list(images.shape), "FP32")
-    tensor.set_data_from_numpy(images)
-    client.infer(MODEL, [tensor])
+def through_daemon(client, tensor, metrics_url: str, seconds: float) -> dict:
     time.sleep(1.1)  # a power sample between runs
     before, end = fetch(metrics_url), time.monotonic() + seconds
     while time.monotonic() < end:
         client.infer(MODEL, [tensor])
     time.sleep(1.1)  # the power monitor's next sample covers the end of the run
     after = fetch(metrics_url)
-    client.close()
     d = {n: total(after, n) - total(before, n) for n in (
         "hetserve_inferences_total", "hetserve_flops_total",
         "hetserve_device_energy_joules_total", "hetserve_model_energy_joules_total")}
@@ -105,6 +110,7 @@ def main() -> None:
                             "--socket", str(tmp / "grpc.sock"), "--metrics-port",
                             str(metrics_port)], f"127.0.0.1:{port}", tmp / "daemon.log")
     daemon.wait_ready()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     print(f"FLOPs per sample: {per_sample:,} ({per_sample / 1e6:.2f} MFLOP)\n")
     print("| batch | daemon GFLOP/s | / in-process ORT | watts (source) | GFLOP/s per W "
           "| mJ per inference | FLOP counter / (inferences × FLOPs) |")
@@ -113,18 +119,21 @@ def main() -> None:
     try:
         for size in map(int, args.batches.split(",")):
             images = np.ascontiguousarray(np.resize(digits, (size, 1, 28, 28)), np.float32)
-            ref_rate, median = in_process(images, args.seconds)
+            tensor = grpcclient.InferInput("image", list(images.shape), "FP32")
+            tensor.set_data_from_numpy(images)
+            ratio, median = throughput_ratio(client, tensor, images, args.seconds)
             median_batch_s = median_batch_s or median
-            d = through_daemon(f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics",
-                               images, args.seconds)
+            d = through_daemon(client, tensor, f"http://127.0.0.1:{metrics_port}/metrics",
+                               args.seconds)
             gflops = d["hetserve_flops_total"] / d["elapsed"] / 1e9
             watts = d["hetserve_device_energy_joules_total"] / d["elapsed"]
-            print(f"| {size} | {gflops:.1f} | {gflops / (ref_rate * per_sample / 1e9):.2f} "
+            print(f"| {size} | {gflops:.1f} | {ratio:.2f} "
                   f"| {watts:.1f} ({'model estimate' if d['source'] == 'model' else d['source']}) "
                   f"| {gflops / watts:.3f} "
                   f"| {1e3 * d['hetserve_model_energy_joules_total'] / d['hetserve_inferences_total']:.2f} "
                   f"| {d['hetserve_flops_total'] / (d['hetserve_inferences_total'] * per_sample):.6f} |")
     finally:
+        client.close()
         daemon.stop()
     cost = metering_cost_s()
     print(f"\nmetering on the request path: {cost * 1e6:.2f} µs per batch = "
