@@ -38,8 +38,8 @@ class PowerCollector(Collector):
             labels=["model", *_SOURCE])
         for meter in self._monitor.meters():
             r = meter.read()
-            device, source = [r.device.name, r.device.kind], [r.device.name, r.device.kind,
-                                                              r.source]
+            device = [r.device.name, r.device.kind]
+            source = [*device, r.source]
             energy.add_metric(source, r.energy_j)
             power.add_metric(source, r.power_w)
             busy.add_metric(device, r.busy_s)
