@@ -8,7 +8,8 @@ How operations are counted (the figure GFLOP/s per watt is built on):
 - elementwise operators (Add, Sub, Mul, Div, Relu, Sigmoid, Clip, ...): one per output element;
   BatchNormalization two (a scale and a shift once folded); Softmax three (exp, sum, divide);
 - data movement (Reshape, Flatten, Transpose, Concat, Constant, ...) is free.
-Operators outside these lists are reported as uncounted, never guessed. Shapes come from ONNX
+Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
+guessed. Shapes come from ONNX
 shape inference with every symbolic batch dimension set to one.
 """
 
@@ -66,11 +67,14 @@ def count_flops(path: Path | str) -> FlopCount:
         dims = value.type.tensor_type.shape.dim
         if dims and not dims[0].HasField("dim_value"):
             dims[0].dim_value = 1
-    model = shape_inference.infer_shapes(model, strict_mode=True)
+    model = shape_inference.infer_shapes(model)
     shapes = _shapes(model.graph)
     nodes, uncounted = [], set()
     for node in model.graph.node:
-        flops = _node_flops(node, shapes)
+        try:
+            flops = _node_flops(node, shapes)
+        except KeyError:  # a shape inference could not fix
+            flops = None
         if flops is None:
             uncounted.add(node.op_type)
             flops = 0
@@ -83,9 +87,9 @@ def count_flops(path: Path | str) -> FlopCount:
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
     for value in (*graph.input, *graph.value_info, *graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = tuple(d.dim_value for d in dims)
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
     return shapes
 
 

@@ -71,3 +71,15 @@ def test_generated_graph_with_matmul_pooling_softmax_and_an_uncounted_op(tmp_pat
                              "Softmax": 9, "TopK": 0}
     assert count.uncounted == ("TopK",)
     assert count.total == 257
+
+
+def test_a_node_whose_shapes_are_unknown_is_uncounted(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, None)  # a runtime weight
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                               helper.make_node("MatMul", ["r", "w"], ["y"])], "g", [x, w], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert (count.by_op(), count.uncounted) == ({"Relu": 4, "MatMul": 0}, ("MatMul",))
