@@ -21,6 +21,8 @@ _SERVE_FLAGS = [
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
     ("--log-level", "log_level"),
+    ("--power-sources", "power_sources"),
+    ("--power-model", "power_model"),
 ]
 
 
@@ -41,6 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     devices = commands.add_parser(
         "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    top = commands.add_parser(
+        "top", help="live view of one node: requests, latency, watts, GFLOP/s per watt, joules "
+                    "per inference",
+        description="Reads a daemon's /metrics every interval and shows the rates in between. "
+                    "Power figures say their source; 'model*' marks an estimate.")
+    top.add_argument("--url", help="the daemon's metrics endpoint (default: from the "
+                                   f"{ENV_PREFIX}METRICS_HOST/PORT settings, "
+                                   f"http://{defaults.metrics_host}:{defaults.metrics_port}"
+                                   "/metrics)")
+    top.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                     help="seconds between readings (default: 2)")
+    top.add_argument("--once", action="store_true", help="print one reading and exit")
     return parser
 
 
@@ -48,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "devices":
         return _devices(args.json)
+    if args.command == "top":
+        return _top(args)
     return _serve(args)
 
 
@@ -57,6 +74,19 @@ def _devices(as_json: bool) -> int:
     found = inventory()
     print(json.dumps(found, indent=2) if as_json else format_table(found))
     return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from service.top import run
+
+    if args.interval <= 0:
+        print(f"hetserve top: --interval {args.interval} must be positive", file=sys.stderr)
+        return 2
+    url = args.url
+    if url is None:
+        settings = Settings.from_env()
+        url = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+    return run(url, args.interval, args.once)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
 
+from accelerators.power.meter import PowerMonitor
+from service.power_metrics import PowerCollector
+
 # Request latencies from 100 µs to 10 s.
 _LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
                     0.5, 1.0, 2.5, 5.0, 10.0)
@@ -12,8 +15,10 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, power: PowerMonitor | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.power = power or PowerMonitor()
+        self.registry.register(PowerCollector(self.power))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         r = self.registry
@@ -36,6 +41,12 @@ class Metrics:
         self.inferences = Counter(
             "hetserve_inferences", "Samples inferred, by device",
             ["model", "device", "kind", "engine"], registry=r)
+        self.flops = Counter(
+            "hetserve_flops", "Floating-point operations executed, counted from the ONNX graph "
+            "(a multiply-add is 2)", ["model", "device", "kind", "engine"], registry=r)
+        self.failovers = Counter(
+            "hetserve_failovers", "Batches re-run on another device after this device failed",
+            ["model", "device"], registry=r)
 
     def serve(self, host: str, port: int) -> None:
         """Exposes /metrics over HTTP on its own thread."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from accelerators.engine import Engine
 from accelerators.engines import DEFAULT_DEVICES, create_engine, parse_devices
+from accelerators.flops import count_flops
 from service.batcher import BatchPolicy, DynamicBatcher
 from service.errors import ConfigError, ModelNotFoundError
 from service.metrics import Metrics
@@ -50,7 +51,8 @@ class ModelRegistry:
         for version, path in entry.versions.items():
             spec = ModelSpec.from_config(entry.config, version)
             engine = await asyncio.to_thread(self._first_engine, spec, path)
-            worker = DeviceWorker(name, engine, self._metrics)
+            flops = await asyncio.to_thread(count_flops, path)
+            worker = DeviceWorker(name, engine, self._metrics, flops.total)
             queue_s = self._metrics.queue_duration.labels(model=name)
             batcher = DynamicBatcher(
                 name, BatchPolicy.from_config(entry.config, self._settings.max_queue_size),

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from accelerators.power.meter import PowerMonitor
 from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
@@ -30,7 +31,11 @@ class StartupError(Exception):
 async def serve(settings: Settings) -> None:
     """Runs until SIGTERM or SIGINT, then drains: health turns NOT_SERVING, new requests are
     refused with UNAVAILABLE, and requests in flight get GRACE_S seconds to finish."""
-    metrics = Metrics()
+    try:
+        power = PowerMonitor(settings.power_sources, settings.power_model)
+    except ValueError as e:
+        raise StartupError(str(e)) from e
+    metrics = Metrics(power)
     registry = ModelRegistry(settings, metrics)
     plane = DataPlane(registry)
     server = grpc.aio.server(options=[
@@ -55,6 +60,7 @@ async def serve(settings: Settings) -> None:
                                f"{settings.metrics_port}: {e.strerror}") from e
         addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
     await server.start()
+    power.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,6 +78,7 @@ async def serve(settings: Settings) -> None:
     await health_servicer.enter_graceful_shutdown()
     await server.stop(GRACE_S)
     await registry.close()
+    power.stop()
     if settings.unix_socket:
         settings.unix_socket.unlink(missing_ok=True)
 

@@ -8,6 +8,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelerators.power.select import DEFAULT_MODEL_WATTS
+
 ENV_PREFIX = "HETSERVE_"
 
 
@@ -41,6 +43,14 @@ class Settings:
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
     log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
+    power_sources: str = field(
+        default="", metadata={"doc": "power source per device or kind, e.g. "
+                                     "'gpu0=nvml:0,cpu=rapl,fpga0=hwmon:/sys/class/hwmon/hwmon3'"
+                                     "; unset ones are found automatically, else estimated"})
+    power_model: str = field(
+        default=DEFAULT_MODEL_WATTS,
+        metadata={"doc": "idle:busy watts per device or kind for the estimate used where no "
+                         "sensor can be read"})
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None,

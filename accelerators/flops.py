@@ -1,0 +1,123 @@
+"""FLOPs of one sample of an ONNX model, counted from its graph.
+
+How operations are counted (the figure GFLOP/s per watt is built on):
+- one multiply-add is two FLOPs: Conv is 2 × outputs × (input channels / group) × kernel area,
+  Gemm 2·M·N·K, MatMul 2 × outputs × K; a bias adds one FLOP per output;
+- pooling: one FLOP per window element per output (MaxPool compares, AveragePool adds); global
+  pooling one per input element;
+- elementwise operators (Add, Sub, Mul, Div, Relu, Sigmoid, Clip, ...): one per output element;
+  BatchNormalization two (a scale and a shift once folded); Softmax three (exp, sum, divide);
+- data movement (Reshape, Flatten, Transpose, Concat, Constant, ...) is free.
+Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
+guessed. Shapes come from ONNX
+shape inference with every symbolic batch dimension set to one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import helper, shape_inference
+
+log = logging.getLogger(__name__)
+
+ELEMENTWISE = frozenset((
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Neg", "Abs", "Sqrt",
+    "Reciprocal", "Exp", "Log", "Erf", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Sigmoid",
+    "HardSigmoid", "HardSwish", "Softplus", "Tanh", "Clip"))
+PER_ELEMENT = {"BatchNormalization": 2, "Softmax": 3, "LogSoftmax": 3}
+POOLS = frozenset(("MaxPool", "AveragePool", "LpPool"))
+GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
+FREE = frozenset((
+    "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
+    "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand"))
+
+
+@dataclass(frozen=True)
+class NodeFlops:
+    name: str
+    op_type: str
+    flops: int
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    nodes: tuple[NodeFlops, ...]
+    uncounted: tuple[str, ...] = field(default=())  # op types this module does not count
+
+    @property
+    def total(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+    def by_op(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.op_type] = out.get(n.op_type, 0) + n.flops
+        return out
+
+
+def count_flops(path: Path | str) -> FlopCount:
+    """FLOPs of one sample of the model at `path`."""
+    model = onnx.load(str(path))
+    for value in model.graph.input:  # a symbolic batch axis becomes one sample
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_value = 1
+    model = shape_inference.infer_shapes(model)
+    shapes = _shapes(model.graph)
+    nodes, uncounted = [], set()
+    for node in model.graph.node:
+        try:
+            flops = _node_flops(node, shapes)
+        except KeyError:  # a shape inference could not fix
+            flops = None
+        if flops is None:
+            uncounted.add(node.op_type)
+            flops = 0
+        nodes.append(NodeFlops(node.name or node.output[0], node.op_type, flops))
+    if uncounted:
+        log.warning("%s: FLOPs of %s are not counted", path, sorted(uncounted))
+    return FlopCount(tuple(nodes), tuple(sorted(uncounted)))
+
+
+def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    shapes = {t.name: tuple(t.dims) for t in graph.initializer}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
+    return shapes
+
+
+def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    op = node.op_type
+    if op in FREE:
+        return 0
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    out = shapes.get(node.output[0])
+    if out is None:
+        return None
+    outputs = math.prod(out)
+    has_bias = len(node.input) > 2 and bool(node.input[2])
+    if op == "Conv":
+        weight = shapes[node.input[1]]  # [Cout, Cin/group, *kernel]
+        return 2 * outputs * math.prod(weight[1:]) + (outputs if has_bias else 0)
+    if op == "Gemm":
+        a = shapes[node.input[0]]
+        k = a[0] if attrs.get("transA", 0) else a[1]
+        return 2 * outputs * k + (outputs if has_bias else 0)
+    if op == "MatMul":
+        return 2 * outputs * shapes[node.input[0]][-1]
+    if op in POOLS:
+        return outputs * math.prod(attrs["kernel_shape"])
+    if op in GLOBAL_POOLS:
+        return math.prod(shapes[node.input[0]])
+    if op in ELEMENTWISE:
+        return outputs
+    if op in PER_ELEMENT:
+        return PER_ELEMENT[op] * outputs
+    return None

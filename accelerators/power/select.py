@@ -1,0 +1,105 @@
+"""Chooses each device's power source from settings, or finds one: RAPL for CPUs, NVML for
+GPUs, XRT then OPAE for FPGAs. Where none can be read the `model` estimate stands in, and says
+why. Settings name a device (`cpu0`) or a kind (`cpu`); the device wins.
+
+    power_sources: "gpu0=nvml:0,fpga0=hwmon:/sys/class/hwmon/hwmon3,cpu=model"
+    power_model:   "cpu=10:65,fpga0=20:75"   (idle watts : busy watts)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+from accelerators.engine import Device
+from accelerators.power.hwmon import hwmon_source
+from accelerators.power.model import ModelEstimate
+from accelerators.power.nvml import NvmlSource
+from accelerators.power.opae import OpaeSource
+from accelerators.power.rapl import RaplSource
+from accelerators.power.source import PowerSource, SourceError
+from accelerators.power.xrt import XrtSource
+
+log = logging.getLogger(__name__)
+
+# Placeholders for the estimate, to be replaced by the figures of the real parts.
+DEFAULT_MODEL_WATTS = "cpu=10:65,gpu=30:250,fpga=20:75"
+
+SENSORS: dict[str, Callable[[str], PowerSource]] = {
+    "rapl": lambda arg: RaplSource(),
+    "nvml": lambda arg: NvmlSource(int(arg or 0)),
+    "hwmon": lambda arg: hwmon_source(arg),
+    "xrt": lambda arg: XrtSource(arg),
+    "opae": lambda arg: OpaeSource(arg),
+}
+AUTO = {"cpu": ["rapl"], "gpu": ["nvml"], "fpga": ["xrt", "opae"]}
+
+
+def parse_map(text: str, setting: str) -> dict[str, str]:
+    """`key=value,key=value` into a dict, with an error naming the setting and the entry."""
+    out = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{setting}: entry {entry!r} is not DEVICE=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_watts(text: str) -> dict[str, tuple[float, float]]:
+    out = {}
+    for key, value in parse_map(text, "power_model").items():
+        idle, sep, busy = value.partition(":")
+        try:
+            out[key] = (float(idle), float(busy))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"power_model: {key}={value!r} is not IDLE_W:BUSY_W, e.g. 10:65")
+    return out
+
+
+class SourcePicker:
+    def __init__(self, sources: str = "", model_watts: str = DEFAULT_MODEL_WATTS) -> None:
+        self.sources = parse_map(sources, "power_sources")
+        for key, spec in self.sources.items():
+            name = spec.partition(":")[0]
+            if name not in (*SENSORS, "model", "auto"):
+                raise ValueError(f"power_sources: {key}={spec!r}: source {name!r} is unknown; "
+                                 f"expected one of {[*SENSORS, 'model', 'auto']}")
+        self.watts = parse_watts(model_watts)
+
+    def pick(self, device: Device) -> PowerSource:
+        spec = self.sources.get(device.name) or self.sources.get(device.kind) or "auto"
+        name, _, arg = spec.partition(":")
+        if name == "model":
+            return self._estimate(device, "configured")
+        if name == "auto":
+            tries = [(s, _index(device) if s == "nvml" else "") for s in AUTO.get(device.kind, [])]
+        else:
+            tries = [(name, arg)]
+        reasons = []
+        for sensor, sensor_arg in tries:
+            try:
+                source = SENSORS[sensor](sensor_arg)
+                log.info("%s: power from %s", device.name, source.describe())
+                return source
+            except (SourceError, ValueError) as e:
+                reasons.append(str(e))
+        if name != "auto":
+            log.error("%s: configured power source %r cannot be read: %s", device.name, spec,
+                      "; ".join(reasons))
+        return self._estimate(device, "; ".join(reasons) or f"no sensor known for {device.kind}")
+
+    def _estimate(self, device: Device, reason: str) -> ModelEstimate:
+        idle, busy = (self.watts.get(device.name) or self.watts.get(device.kind)
+                      or parse_watts(DEFAULT_MODEL_WATTS).get(device.kind, (0.0, 0.0)))
+        estimate = ModelEstimate(idle, busy, reason)
+        log.warning("%s: no power sensor, using the %s", device.name, estimate.describe())
+        return estimate
+
+
+def _index(device: Device) -> str:
+    digits = re.search(r"\d+$", device.name)
+    return digits.group() if digits else "0"

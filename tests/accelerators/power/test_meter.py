@@ -1,0 +1,78 @@
+"""Device meters: busy time, utilization, energy attributed to models; source selection."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from accelerators.engine import Device
+from accelerators.power.hwmon import HwmonPower
+from accelerators.power.meter import DeviceMeter, PowerMonitor
+from accelerators.power.model import ModelEstimate
+from accelerators.power.select import SourcePicker
+from tests.accelerators.power.test_sources import write
+
+CPU = Device("cpu0", "cpu", "onnxruntime")
+
+
+def test_energy_is_attributed_to_models_by_busy_time() -> None:
+    meter = DeviceMeter(CPU, ModelEstimate(10.0, 50.0))
+    meter.add_model("idle_model")
+    meter.sample(0.0)
+    meter.add_busy("a", 0.3)
+    meter.add_busy("b", 0.1)
+    meter.sample(1.0)  # 40% busy: 10 + 0.4 × 40 = 26 W for 1 s, split 3:1
+    reading = meter.read()
+    assert (reading.up, reading.source, reading.power_w) == (True, "model", pytest.approx(26.0))
+    assert reading.energy_j == pytest.approx(26.0)
+    assert reading.busy_s == pytest.approx(0.4)
+    assert reading.model_energy_j == {"idle_model": 0.0, "a": pytest.approx(19.5),
+                                      "b": pytest.approx(6.5)}
+    meter.sample(2.0)  # nothing ran: 10 J of idle energy, no model's
+    reading = meter.read()
+    assert reading.energy_j == pytest.approx(36.0)
+    assert sum(reading.model_energy_j.values()) == pytest.approx(26.0)
+
+
+def test_a_failing_sensor_turns_the_device_down_and_keeps_totals(tmp_path: Path) -> None:
+    power = write(tmp_path / "power1_input", "20000000")
+    meter = DeviceMeter(CPU, HwmonPower(power))
+    meter.sample(0.0)
+    meter.sample(1.0)
+    power.unlink()
+    meter.sample(2.0)
+    reading = meter.read()
+    assert (reading.up, reading.energy_j) == (False, pytest.approx(20.0))
+    write(power, "20000000")
+    meter.sample(3.0)
+    assert meter.read().up
+
+
+def test_configured_sources_and_estimates() -> None:
+    picker = SourcePicker("cpu=model,gpu0=hwmon:/nonexistent", "cpu=5:15,gpu=1:2")
+    cpu = picker.pick(CPU)
+    assert isinstance(cpu, ModelEstimate) and (cpu.idle_w, cpu.busy_w) == (5.0, 15.0)
+    gpu = picker.pick(Device("gpu0", "gpu", "onnxruntime"))  # configured sensor unreadable
+    assert isinstance(gpu, ModelEstimate) and "/nonexistent does not exist" in gpu.reason
+    with pytest.raises(ValueError, match="source 'watts' is unknown"):
+        SourcePicker("cpu=watts")
+    with pytest.raises(ValueError, match="is not IDLE_W:BUSY_W"):
+        SourcePicker("", "cpu=10")
+
+
+def test_monitor_samples_on_its_thread_and_the_estimate_says_why() -> None:
+    monitor = PowerMonitor(interval_s=0.05)
+    meter = monitor.meter(CPU)
+    assert monitor.meter(CPU) is meter
+    if isinstance(meter.source, ModelEstimate):  # no readable RAPL here: the reason is given
+        assert "rapl" in meter.source.reason
+    monitor.start()
+    try:
+        meter.add_busy("m", 0.01)
+        time.sleep(0.3)
+    finally:
+        monitor.stop()
+    reading = meter.read()
+    assert reading.up and reading.energy_j > 0 and reading.model_energy_j["m"] > 0

@@ -1,0 +1,85 @@
+"""FLOP counting: the example CNN by hand and against onnx-tool, and a generated graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_tool
+from onnx import TensorProto, helper, numpy_helper
+
+from accelerators.flops import count_flops
+from tests.conftest import MODELS
+
+MNIST = MODELS / "mnist_cnn" / "1" / "model.onnx"
+
+
+def test_mnist_cnn_matches_a_hand_count() -> None:
+    # conv 1->32 3x3 on 28x28 -> 26x26; conv 32->64 3x3 -> 24x24; maxpool 2x2 -> 12x12;
+    # fc 9216->128; fc 128->10. A multiply-add is 2 FLOPs, a bias add 1, elementwise 1.
+    conv1 = 2 * 26 * 26 * 32 * (1 * 3 * 3) + 26 * 26 * 32
+    conv2 = 2 * 24 * 24 * 64 * (32 * 3 * 3) + 24 * 24 * 64
+    fc1, fc2 = 2 * 9216 * 128 + 128, 2 * 128 * 10 + 10
+    relus = 26 * 26 * 32 + 24 * 24 * 64 + 128
+    pool = 12 * 12 * 64 * 4
+    normalize = 2 * 28 * 28  # (x - mean) / std
+    count = count_flops(MNIST)
+    assert count.uncounted == ()
+    assert count.by_op() == {"Constant": 0, "Sub": 784, "Div": 784, "Conv": conv1 + conv2,
+                             "Relu": relus, "MaxPool": pool, "Flatten": 0, "Gemm": fc1 + fc2}
+    assert count.total == conv1 + conv2 + fc1 + fc2 + relus + pool + normalize
+
+
+def test_mnist_cnn_agrees_with_onnx_tool() -> None:
+    """onnx-tool counts multiply-accumulates, with a bias add as one more MAC: per node,
+    Conv/Gemm FLOPs are twice its MACs less one per output; pooling and Relu are equal."""
+    model = onnx_tool.Model(str(MNIST))
+    model.graph.shape_infer({"image": np.zeros((1, 1, 28, 28), np.float32)})
+    model.graph.profile()
+    theirs = {name: node.macs[0] for name, node in model.graph.nodemap.items()}
+    outputs = {name: int(np.prod(model.graph.tensormap[node.output[0]].get_shape()))
+               for name, node in model.graph.nodemap.items()}
+    compared = 0
+    for node in count_flops(MNIST).nodes:
+        if node.op_type in ("Conv", "Gemm"):
+            assert node.flops == 2 * theirs[node.name] - outputs[node.name], node
+        elif node.op_type in ("Relu", "MaxPool", "Sub", "Flatten", "Constant"):
+            assert node.flops == theirs[node.name], node
+        else:
+            continue
+        compared += 1
+    assert compared == 12  # every node but Div, which onnx-tool prices at 4 MACs
+
+
+def test_generated_graph_with_matmul_pooling_softmax_and_an_uncounted_op(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 5, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])
+    w = numpy_helper.from_array(np.ones((8, 3), np.float32), "w")
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    graph = helper.make_graph([
+        helper.make_node("GlobalAveragePool", ["x"], ["g"]),            # 8*5*5 = 200
+        helper.make_node("Flatten", ["g"], ["f"]),                      # free
+        helper.make_node("MatMul", ["f", "w"], ["m"]),                  # 2*3*8 = 48
+        helper.make_node("Softmax", ["m"], ["y"]),                      # 3*3 = 9
+        helper.make_node("TopK", ["y", "k"], ["v", "i"]),               # not counted
+    ], "g", [x], [y], [w, k])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert count.by_op() == {"GlobalAveragePool": 200, "Flatten": 0, "MatMul": 48,
+                             "Softmax": 9, "TopK": 0}
+    assert count.uncounted == ("TopK",)
+    assert count.total == 257
+
+
+def test_a_node_whose_shapes_are_unknown_is_uncounted(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, None)  # a runtime weight
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                               helper.make_node("MatMul", ["r", "w"], ["y"])], "g", [x, w], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert (count.by_op(), count.uncounted) == ({"Relu": 4, "MatMul": 0}, ("MatMul",))

@@ -1,0 +1,143 @@
+"""A real daemon under steady load, scraped by a real Prometheus server with the project's rules.
+
+Prometheus and promtool come from Debian's `prometheus` package, unpacked by tools/system-deps.sh
+into .tools/prometheus (or found on PATH)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+
+from tests.conftest import MODEL, ROOT, Daemon, free_port, image_input
+
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+
+
+def prometheus_tool(name: str) -> str:
+    local = ROOT / ".tools" / "prometheus" / "usr" / "bin" / name
+    found = str(local) if local.is_file() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found: run tools/system-deps.sh (it unpacks Debian's "
+                    f"prometheus package into {local.parent.parent.parent})")
+    return found
+
+
+def recording_rules() -> set[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read().decode()
+
+
+class Load:
+    """Batches of 4 digits sent back to back from one thread until stopped."""
+
+    def __init__(self, url: str, images: np.ndarray) -> None:
+        self._client = grpcclient.InferenceServerClient(url)
+        self._inputs = image_input(images[:4])
+        self._stop = threading.Event()
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._client.infer(MODEL, self._inputs)
+            self.sent += 1
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, target: str, interval: str = "1s") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "prometheus.yml"
+        config.write_text(json.dumps({  # JSON is YAML
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": "hetserve",
+                                "static_configs": [{"targets": [target]}]}]}))
+        self._log = open(tmp / "prometheus.log", "wb")
+        self._process = subprocess.Popen(
+            [prometheus_tool("prometheus"), f"--config.file={config}",
+             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                scrape(f"{self.url}/-/ready")
+                return
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"prometheus did not start; see {tmp}/prometheus.log")
+                time.sleep(0.2)
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        body = json.loads(scrape(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}"))
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(20)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+
+
+@dataclass
+class Stack:
+    daemon: Daemon
+    load: Load
+    prometheus: Prometheus
+    before: str  # the daemon's own /metrics before Prometheus started, under load
+    rule_names: set[str]
+
+
+@pytest.fixture(scope="package")
+def stack(tmp_path_factory: pytest.TempPathFactory,
+          holdout: tuple[np.ndarray, np.ndarray]) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("stack")
+    daemon = Daemon(tmp)
+    load = prometheus = None
+    try:
+        load = Load(daemon.url, holdout[0])
+        time.sleep(3)  # a few power samples under load before the first scrape
+        before = scrape(daemon.metrics_url)
+        prometheus = Prometheus(tmp, f"127.0.0.1:{daemon.metrics_port}")
+        deadline = time.monotonic() + 60
+        while not prometheus.query("count_over_time(hetserve_inferences_total[1m]) >= 8"):
+            assert time.monotonic() < deadline, "Prometheus gathered no 8 samples in 60 s"
+            time.sleep(0.5)
+        yield Stack(daemon, load, prometheus, before, recording_rules())
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if load is not None:
+            load.stop()
+        assert daemon.stop() == 0

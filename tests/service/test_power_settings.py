@@ -1,0 +1,35 @@
+"""Power settings reach the daemon's metrics; bad ones stop it at start-up with a clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT, Daemon
+from tests.deploy.conftest import scrape
+from tests.deploy.test_prometheus import samples, value
+
+
+def test_a_configured_estimate_is_exported_as_the_model_source(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, ROOT / "models", "--power-sources", "cpu=model",
+                    "--power-model", "cpu0=2:4")
+    try:
+        series = samples(scrape(daemon.metrics_url))
+    finally:
+        assert daemon.stop() == 0
+    watts = value(series, "hetserve_device_power_watts", device="cpu0", source="model")
+    assert 2.0 <= watts <= 4.0
+    assert value(series, "hetserve_device_up", device="cpu0") == 1.0
+    assert value(series, "hetserve_model_energy_joules_total", model="mnist_cnn",
+                 device="cpu0", source="model") == 0.0  # exported before the first inference
+
+
+def test_bad_power_settings_are_start_up_errors() -> None:
+    for flag, text, message in (
+            ("--power-model", "cpu=10", "power_model: cpu='10' is not IDLE_W:BUSY_W"),
+            ("--power-sources", "cpu=watts", "source 'watts' is unknown")):
+        done = subprocess.run([sys.executable, "-m", "service", "serve", flag, text, "--port",
+                               "0", "--socket", "", "--metrics-port", "0"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
