@@ -20,6 +20,8 @@ _SERVE_FLAGS = [
     ("--metrics-port", "metrics_port"),
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
+    ("--shutdown-grace-s", "shutdown_grace_s"),
+    ("--engine-modules", "engine_modules"),
     ("--log-level", "log_level"),
 ]
 

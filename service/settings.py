@@ -40,6 +40,13 @@ class Settings:
                          "unless config.pbtxt sets max_queue_size"})
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
+    shutdown_grace_s: float = field(
+        default=10.0,
+        metadata={"doc": "seconds requests in flight get to finish after SIGTERM"})
+    engine_modules: str = field(
+        default="",
+        metadata={"doc": "comma-separated Python modules to import at start-up that register "
+                         "extra engines (accelerators.engines.register_engine)"})
     log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
 
     @classmethod
@@ -65,6 +72,11 @@ def _parse(f: dataclasses.Field, raw: str) -> object:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.name}: {raw!r} is not an integer") from None
+    if kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{f.name}: {raw!r} is not a number") from None
     if kind.startswith("Path"):
         return Path(raw) if raw else None
     return raw
