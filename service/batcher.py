@@ -12,6 +12,7 @@ packed whole and their outputs split back in order.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.batch_buffers import BatchBuffers
-from service.errors import DeadlineExceededError, ModelUnavailableError, QueueFullError
+from service.errors import (DeadlineExceededError, HetserveError, ModelUnavailableError,
+                            QueueFullError)
 from service.queue_policy import BatchPolicy, RequestOptions
 from service.statistics import ModelStatistics
 
+log = logging.getLogger(__name__)
 Tensors = dict[str, np.ndarray]
 RunBatch = Callable[[Tensors, int], Awaitable[Tensors]]
 
@@ -127,6 +130,9 @@ class DynamicBatcher:
     def _ran(self, task: asyncio.Task) -> None:
         self._running.discard(task)
         self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("model %r: a batch failed unexpectedly", self.model,
+                      exc_info=task.exception())
 
     async def _next_batch(self) -> list[_Pending]:
         while True:
@@ -186,10 +192,15 @@ class DynamicBatcher:
         assembled = time.monotonic()
         try:
             outputs = await self._run_batch(inputs, total)
-        except Exception as e:
+        except HetserveError as e:
             for pending in batch:
                 _settle(pending, error=e)
             return
+        except BaseException:  # a bug or the batcher closing: nobody may wait forever
+            for pending in batch:
+                _settle(pending, error=ModelUnavailableError(
+                    f"model {self.model!r}: the batch was not run to the end"))
+            raise
         finally:
             self._buffers.release(buffers)
         ran = time.monotonic()

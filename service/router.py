@@ -48,7 +48,7 @@ class Router:
                 result = await worker.run(inputs, self._outputs, size)
             except DeviceError as e:
                 errors.append(str(e))
-                self._failed(worker, inputs, e)
+                self._failed(worker, inputs, size, e)
                 continue
             if not worker.healthy:  # a last-resort run on an unhealthy device worked
                 worker.mark_healthy()
@@ -78,12 +78,15 @@ class Router:
                               key=lambda w: w.expected_completion_s(size))
         return ordered + [w for w in self.workers if not w.healthy]
 
-    def _failed(self, worker: DeviceWorker, inputs: Tensors, error: Exception) -> None:
+    def _failed(self, worker: DeviceWorker, inputs: Tensors, size: int,
+                error: Exception) -> None:
         worker.mark_failed()
         self._failovers[worker.device.name].inc()
         log.warning("model %r: %s; re-running the batch on the next device, probing again in "
                     "%.1f s", self.model, error, worker.retry_at - time.monotonic())
-        self._probe_inputs = {name: array[:1].copy() for name, array in inputs.items()}
+        # One sample to probe with (a model without a batch axis takes the request whole).
+        self._probe_inputs = {name: (array if size == 1 else array[:1]).copy()
+                              for name, array in inputs.items()}
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe(), name=f"probe-{self.model}")
 

@@ -92,9 +92,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 reply = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, context.time_remaining()))
-            except HetserveError as e:
+            except Exception as e:  # every request of a stream gets an answer, even a bug's
+                if not isinstance(e, HetserveError):
+                    log.exception("stream request %r failed", request.id)
+                status = e.status if isinstance(e, HetserveError) else grpc.StatusCode.INTERNAL
                 reply = pb.ModelStreamInferResponse(
-                    error_message=f"{e.status.name}: {e}", infer_response=pb.ModelInferResponse(
+                    error_message=f"{status.name}: {e}", infer_response=pb.ModelInferResponse(
                         model_name=request.model_name, id=request.id))
             replies.put_nowait(reply)
 

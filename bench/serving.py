@@ -1,0 +1,264 @@
+"""Serving benchmark: batch-1 MNIST requests from an async gRPC client, closed loop at several
+concurrencies, an open-loop Poisson rate sweep, and a streaming client, against
+  echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
+  daemon    `hetserve serve` on the example model (dynamic batching on),
+  unbatched the same daemon and model with dynamic_batching removed.
+Every target is driven by the same client in the same run; figures are ratios to echo.
+
+    .venv/bin/python bench/serving.py [--seconds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "mnist_cnn"
+
+
+# --- the echo server: the protocol's ModelInfer and ModelStreamInfer, no model behind them ----
+
+class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers every request with a fixed, well-formed reply of the model's output shape."""
+
+    def __init__(self) -> None:
+        self._logits = np.zeros((1, 10), np.float32).tobytes()
+
+    def _reply(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        reply = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
+                                      id=request.id)
+        reply.outputs.add(name="logits", datatype="FP32", shape=[1, 10])
+        reply.raw_output_contents.append(self._logits)
+        return reply
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelInfer(self, request, context):
+        return self._reply(request)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        async for request in request_iterator:
+            yield pb.ModelStreamInferResponse(infer_response=self._reply(request))
+
+
+async def serve_echo(port: int) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoServicer(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+# --- the client -------------------------------------------------------------------------------
+
+def _request(image: np.ndarray) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(np.ascontiguousarray(image, np.float32).tobytes())
+    return request
+
+
+def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
+    ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
+    return {"rps": len(latencies) / seconds, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "errors": errors}
+
+
+async def closed_loop(stub, request, concurrency: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    end = time.perf_counter() + seconds
+
+    async def worker():
+        nonlocal errors
+        while (start := time.perf_counter()) < end:
+            try:
+                await stub.ModelInfer(request)
+                latencies.append(time.perf_counter() - start)
+            except grpc.aio.AioRpcError:
+                errors += 1
+    started = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return _summary(latencies, errors, time.perf_counter() - started)
+
+
+async def open_loop(stub, request, rate: float, seconds: float) -> dict:
+    """Poisson arrivals at `rate` per second, whatever the replies do."""
+    latencies: list[float] = []
+    errors = 0
+    rng = random.Random(0)
+
+    async def one(start: float):
+        nonlocal errors
+        try:
+            await stub.ModelInfer(request)
+            latencies.append(time.perf_counter() - start)
+        except grpc.aio.AioRpcError:
+            errors += 1
+    calls = []
+    started = time.perf_counter()
+    due = started
+    while due < started + seconds:
+        due += rng.expovariate(rate)
+        await asyncio.sleep(max(due - time.perf_counter(), 0))
+        calls.append(asyncio.create_task(one(due)))
+    await asyncio.gather(*calls)
+    return _summary(latencies, errors, time.perf_counter() - started) | {"offered": rate}
+
+
+async def streaming(stub, image: np.ndarray, window: int, seconds: float) -> dict:
+    """One bidirectional stream keeping `window` requests in flight."""
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    errors = 0
+    slots = asyncio.Semaphore(window)
+    end = time.perf_counter() + seconds
+    requests = [_request(image) for _ in range(window)]
+
+    async def produce():
+        i = 0
+        while time.perf_counter() < end:
+            await slots.acquire()
+            request = requests[i % window]
+            request.id = str(i)
+            sent[request.id] = time.perf_counter()
+            yield request
+            i += 1
+    started = time.perf_counter()
+    async for reply in stub.ModelStreamInfer(produce()):
+        if reply.error_message:
+            errors += 1
+        else:
+            latencies.append(time.perf_counter() - sent.pop(reply.infer_response.id))
+        slots.release()
+    return _summary(latencies, errors, time.perf_counter() - started) | {"window": window}
+
+
+# --- running it -------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unbatched_repository(folder: Path) -> Path:
+    shutil.copytree(ROOT / "models" / MODEL, folder / MODEL)
+    config = folder / MODEL / "config.pbtxt"
+    config.write_text(re.sub(r"dynamic_batching \{.*\}\n", "", config.read_text()))
+    return folder
+
+
+def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
+    if kind == "echo":
+        args = [sys.executable, __file__, "--echo-server", str(port)]
+    else:
+        models = ROOT / "models" if kind == "daemon" else _unbatched_repository(tmp / "models")
+        args = [sys.executable, "-m", "service", "serve", "--models", str(models),
+                "--port", str(port), "--socket", "", "--metrics-port", "0",
+                "--intra-op-threads", str(threads), "--log-level", "WARNING"]
+    return subprocess.Popen(args, cwd=ROOT)
+
+
+async def _wait_ready(stub) -> None:
+    for _ in range(600):
+        try:
+            if (await stub.ServerReady(pb.ServerReadyRequest(), timeout=1)).ready:
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("server did not become ready")
+
+
+async def bench_target(port: int, args: argparse.Namespace, image: np.ndarray) -> dict:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        await _wait_ready(stub)
+        request = _request(image)
+        await closed_loop(stub, request, 16, 1.0)  # warm-up
+        results = {"closed": [await closed_loop(stub, request, c, args.seconds)
+                              for c in args.concurrency],
+                   "poisson": [await open_loop(stub, request, r, args.seconds)
+                               for r in args.rates]}
+        if args.stream_window:
+            results["stream"] = await streaming(stub, image, args.stream_window, args.seconds)
+        return results
+
+
+def _table(results: dict) -> str:
+    echo = results["echo"]
+    lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | errors |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for target, runs in results.items():
+        rows = [(f"concurrency {c}", r, e) for c, r, e in
+                zip(results["args"]["concurrency"], runs["closed"], echo["closed"])] \
+            if target != "args" else []
+        if target == "args":
+            continue
+        rows += [(f"Poisson {r['offered']:.0f}/s", r, e)
+                 for r, e in zip(runs["poisson"], echo["poisson"])]
+        if "stream" in runs:
+            rows.append((f"stream, window {runs['stream']['window']}", runs["stream"],
+                         echo["stream"]))
+        for load, r, e in rows:
+            lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
+                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--rates", type=float, nargs="+", default=[500, 1000, 2000, 3000],
+                        help="open-loop Poisson arrival rates, requests per second")
+    parser.add_argument("--stream-window", type=int, default=64,
+                        help="requests in flight on the streaming run; 0 skips it")
+    parser.add_argument("--targets", nargs="+", default=["echo", "daemon", "unbatched"])
+    parser.add_argument("--intra-op-threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.echo_server:
+        asyncio.run(serve_echo(args.echo_server))
+        return
+    sys.path.insert(0, str(ROOT / "tools"))
+    import mnist_digits
+    image = mnist_digits.holdout_split()[0][:1]
+    results: dict = {"args": {k: v for k, v in vars(args).items() if k != "json"}
+                     | {"json": str(args.json)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for target in args.targets:
+            port = _free_port()
+            process = _start(target, port, Path(tmp), args.intra_op_threads)
+            try:
+                results[target] = asyncio.run(bench_target(port, args, image))
+            finally:
+                process.terminate()
+                process.wait(30)
+            print(f"{target}: done", file=sys.stderr)
+    print(_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
