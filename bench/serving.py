@@ -2,7 +2,8 @@
 concurrencies, an open-loop Poisson rate sweep, and a streaming client, against
   echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
   daemon    `hetserve serve` on the example model (dynamic batching on),
-  unbatched the same daemon and model with dynamic_batching removed.
+  unbatched the same daemon and model with dynamic_batching removed,
+and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--json out.json]
@@ -203,16 +204,33 @@ async def bench_target(port: int, args: argparse.Namespace, image: np.ndarray) -
         return results
 
 
+def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
+    """Images per second of ONNX Runtime alone, no serving around it."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(ROOT / "models" / MODEL / "1" / "model.onnx"), options,
+                                   providers=["CPUExecutionProvider"])
+    rates = {}
+    for batch in (1, 16):
+        x = {"image": np.repeat(image, batch, axis=0)}
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            session.run(["logits"], x)
+            runs += 1
+        rates[f"batch_{batch}_img_per_s"] = runs * batch / (time.perf_counter() - start)
+    return rates
+
+
 def _table(results: dict) -> str:
     echo = results["echo"]
     lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | errors |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for target, runs in results.items():
-        rows = [(f"concurrency {c}", r, e) for c, r, e in
-                zip(results["args"]["concurrency"], runs["closed"], echo["closed"])] \
-            if target != "args" else []
-        if target == "args":
+        if target in ("args", "onnxruntime"):
             continue
+        rows = [(f"concurrency {c}", r, e) for c, r, e in
+                zip(results["args"]["concurrency"], runs["closed"], echo["closed"])]
         rows += [(f"Poisson {r['offered']:.0f}/s", r, e)
                  for r, e in zip(runs["poisson"], echo["poisson"])]
         if "stream" in runs:
@@ -221,14 +239,17 @@ def _table(results: dict) -> str:
         for load, r, e in rows:
             lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
                          f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |")
+    ceiling = results["onnxruntime"]
+    lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
+                 f"batch 1, {ceiling['batch_16_img_per_s']:.0f} at batch 16")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--rates", type=float, nargs="+", default=[500, 1000, 2000, 3000],
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument("--rates", type=float, nargs="*", default=[500, 1000, 2000, 3000],
                         help="open-loop Poisson arrival rates, requests per second")
     parser.add_argument("--stream-window", type=int, default=64,
                         help="requests in flight on the streaming run; 0 skips it")
@@ -243,8 +264,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
-    results: dict = {"args": {k: v for k, v in vars(args).items() if k != "json"}
-                     | {"json": str(args.json)}}
+    results: dict = {"args": {**vars(args), "json": str(args.json)}}
+    results["onnxruntime"] = model_ceiling(image, args.intra_op_threads, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         for target in args.targets:
             port = _free_port()

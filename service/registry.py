@@ -27,9 +27,9 @@ from service.statistics import ModelStatistics
 from service.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
-# Batches handed to each device at once: one running, one ready, so a device never waits on
-# Python between batches.
-BATCHES_PER_WORKER = 2
+# Batches in flight per device. One: while a device runs a batch the next one grows, so a busy
+# device gets the largest batches (with two, a small batch would follow every large one).
+BATCHES_PER_WORKER = 1
 DEFAULT_LATENCY_BUDGET_MS = 100
 
 
