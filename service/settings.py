@@ -36,7 +36,8 @@ class Settings:
         default=64 << 20, metadata={"doc": "largest gRPC message accepted or sent"})
     max_queue_size: int = field(
         default=4096,
-        metadata={"doc": "queued samples per model before RESOURCE_EXHAUSTED, "
+        metadata={"doc": "queued samples per model and priority level before "
+                         "RESOURCE_EXHAUSTED, "
                          "unless config.pbtxt sets max_queue_size"})
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
