@@ -147,7 +147,8 @@ class DynamicBatcher:
                     break
                 self._arrived.clear()
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # no task per wait, unlike wait_for
+                        await self._arrived.wait()
                 except TimeoutError:
                     break
             batch = self._take()
