@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import socket
+from collections import Counter
 import subprocess
 import sys
 import tempfile
@@ -76,25 +77,24 @@ def _request(image: np.ndarray) -> pb.ModelInferRequest:
     return request
 
 
-def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
+def _summary(latencies: list[float], errors: Counter, seconds: float) -> dict:
     ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
     return {"rps": len(latencies) / seconds, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "errors": errors}
+            "p99_ms": float(np.percentile(ms, 99)), "errors": dict(errors)}
 
 
 async def closed_loop(stub, request, concurrency: int, seconds: float) -> dict:
     latencies: list[float] = []
-    errors = 0
+    errors: Counter = Counter()
     end = time.perf_counter() + seconds
 
     async def worker():
-        nonlocal errors
         while (start := time.perf_counter()) < end:
             try:
                 await stub.ModelInfer(request)
                 latencies.append(time.perf_counter() - start)
-            except grpc.aio.AioRpcError:
-                errors += 1
+            except grpc.aio.AioRpcError as e:
+                errors[e.code().name] += 1
     started = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     return _summary(latencies, errors, time.perf_counter() - started)
@@ -103,16 +103,15 @@ async def closed_loop(stub, request, concurrency: int, seconds: float) -> dict:
 async def open_loop(stub, request, rate: float, seconds: float) -> dict:
     """Poisson arrivals at `rate` per second, whatever the replies do."""
     latencies: list[float] = []
-    errors = 0
+    errors: Counter = Counter()
     rng = random.Random(0)
 
     async def one(start: float):
-        nonlocal errors
         try:
             await stub.ModelInfer(request)
             latencies.append(time.perf_counter() - start)
-        except grpc.aio.AioRpcError:
-            errors += 1
+        except grpc.aio.AioRpcError as e:
+            errors[e.code().name] += 1
     calls = []
     started = time.perf_counter()
     due = started
@@ -128,7 +127,7 @@ async def streaming(stub, image: np.ndarray, window: int, seconds: float) -> dic
     """One bidirectional stream keeping `window` requests in flight."""
     sent: dict[str, float] = {}
     latencies: list[float] = []
-    errors = 0
+    errors: Counter = Counter()
     slots = asyncio.Semaphore(window)
     end = time.perf_counter() + seconds
     requests = [_request(image) for _ in range(window)]
@@ -145,7 +144,7 @@ async def streaming(stub, image: np.ndarray, window: int, seconds: float) -> dic
     started = time.perf_counter()
     async for reply in stub.ModelStreamInfer(produce()):
         if reply.error_message:
-            errors += 1
+            errors[reply.error_message.split(":")[0]] += 1
         else:
             latencies.append(time.perf_counter() - sent.pop(reply.infer_response.id))
         slots.release()
@@ -189,19 +188,32 @@ async def _wait_ready(stub) -> None:
     raise RuntimeError("server did not become ready")
 
 
-async def bench_target(port: int, args: argparse.Namespace, image: np.ndarray) -> dict:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        await _wait_ready(stub)
+async def bench_targets(ports: dict[str, int], args: argparse.Namespace,
+                        image: np.ndarray) -> dict:
+    """Every load point runs on each target in turn, so that drift on a shared machine hits
+    all targets alike."""
+    channels = {t: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for t, p in ports.items()}
+    try:
+        stubs = {t: service_pb2_grpc.GRPCInferenceServiceStub(c) for t, c in channels.items()}
         request = _request(image)
-        await closed_loop(stub, request, 16, 1.0)  # warm-up
-        results = {"closed": [await closed_loop(stub, request, c, args.seconds)
-                              for c in args.concurrency],
-                   "poisson": [await open_loop(stub, request, r, args.seconds)
-                               for r in args.rates]}
+        for stub in stubs.values():
+            await _wait_ready(stub)
+            await closed_loop(stub, request, 16, 1.0)  # warm-up
+        results: dict = {t: {"closed": [], "poisson": []} for t in stubs}
+        for c in args.concurrency:
+            for t, stub in stubs.items():
+                results[t]["closed"].append(await closed_loop(stub, request, c, args.seconds))
+        for rate in args.rates:
+            for t, stub in stubs.items():
+                results[t]["poisson"].append(await open_loop(stub, request, rate, args.seconds))
         if args.stream_window:
-            results["stream"] = await streaming(stub, image, args.stream_window, args.seconds)
+            for t, stub in stubs.items():
+                results[t]["stream"] = await streaming(stub, image, args.stream_window,
+                                                       args.seconds)
         return results
+    finally:
+        for channel in channels.values():
+            await channel.close()
 
 
 def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
@@ -238,7 +250,8 @@ def _table(results: dict) -> str:
                          echo["stream"]))
         for load, r, e in rows:
             lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
-                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} |")
+                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                         + (", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
     ceiling = results["onnxruntime"]
     lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
                  f"batch 1, {ceiling['batch_16_img_per_s']:.0f} at batch 16")
@@ -267,15 +280,14 @@ def main() -> None:
     results: dict = {"args": {**vars(args), "json": str(args.json)}}
     results["onnxruntime"] = model_ceiling(image, args.intra_op_threads, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
-        for target in args.targets:
-            port = _free_port()
-            process = _start(target, port, Path(tmp), args.intra_op_threads)
-            try:
-                results[target] = asyncio.run(bench_target(port, args, image))
-            finally:
+        ports = {target: _free_port() for target in args.targets}
+        processes = [_start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()]
+        try:
+            results |= asyncio.run(bench_targets(ports, args, image))
+        finally:
+            for process in processes:
                 process.terminate()
                 process.wait(30)
-            print(f"{target}: done", file=sys.stderr)
     print(_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
