@@ -102,13 +102,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             replies.put_nowait(reply)
 
         async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(one(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.gather(*running)
-            replies.put_nowait(None)
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.gather(*running)
+            finally:  # the writer below ends however reading ended
+                replies.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
