@@ -18,11 +18,11 @@ import random
 import re
 import shutil
 import socket
-from collections import Counter
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -242,9 +242,9 @@ def _table(results: dict) -> str:
         if target in ("args", "onnxruntime"):
             continue
         rows = [(f"concurrency {c}", r, e) for c, r, e in
-                zip(results["args"]["concurrency"], runs["closed"], echo["closed"])]
+                zip(results["args"]["concurrency"], runs["closed"], echo["closed"], strict=True)]
         rows += [(f"Poisson {r['offered']:.0f}/s", r, e)
-                 for r, e in zip(runs["poisson"], echo["poisson"])]
+                 for r, e in zip(runs["poisson"], echo["poisson"], strict=True)]
         if "stream" in runs:
             rows.append((f"stream, window {runs['stream']['window']}", runs["stream"],
                          echo["stream"]))

@@ -21,9 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.batch_buffers import BatchBuffers
-from service.errors import (DeadlineExceededError, HetserveError, ModelUnavailableError,
-                            QueueFullError)
-from service.queue_policy import BatchPolicy, RequestOptions
+from service.errors import (
+    DeadlineExceededError,
+    HetserveError,
+    ModelUnavailableError,
+    QueueFullError,
+)
+from service.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.statistics import ModelStatistics
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,7 @@ class DynamicBatcher:
         return sum(self._queued)
 
     async def submit(self, inputs: Tensors, size: int,
-                     options: RequestOptions = RequestOptions()) -> Tensors:
+                     options: RequestOptions = DEFAULT_OPTIONS) -> Tensors:
         level = self.policy.level(options.priority)
         limit = self.policy.levels[level].max_queue_size
         if self._queued[level] + size > limit:

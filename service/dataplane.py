@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.errors import HetserveError, ModelUnavailableError
-from service.queue_policy import RequestOptions
+from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.registry import LoadedModel, ModelRegistry
 
 Tensors = dict[str, np.ndarray]
@@ -42,7 +42,7 @@ class DataPlane:
         return self.ready
 
     async def infer(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
-                    options: RequestOptions = RequestOptions()) -> Tensors:
+                    options: RequestOptions = DEFAULT_OPTIONS) -> Tensors:
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
+from prometheus_client import Gauge
 
 # Request latencies from 100 µs to 10 s.
 _LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
@@ -41,7 +42,8 @@ class Metrics:
             "Batches re-run on another device after `device` failed them",
             ["model", "device"], registry=r)
         self.device_healthy = Gauge(
-            "hetserve_device_healthy", "1 while a device worker takes batches, 0 while it backs off",
+            "hetserve_device_healthy",
+            "1 while a device worker takes batches, 0 while it backs off",
             ["model", "device", "kind", "engine"], registry=r)
         self.expired = Counter(
             "hetserve_requests_expired",

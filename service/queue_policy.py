@@ -39,6 +39,9 @@ class RequestOptions:
     deadline: float | None = None
 
 
+DEFAULT_OPTIONS = RequestOptions()
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     max_batch_size: int  # 0: the model has no batch axis, so every request runs alone

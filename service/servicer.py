@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from importlib.metadata import version as package_version
 
 import grpc
+from prometheus_client import Counter
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service import codec
@@ -27,6 +27,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane, metrics: Metrics) -> None:
         self._plane = plane
         self._metrics = metrics
+        self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
     @contextlib.asynccontextmanager
     async def _status(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -139,9 +140,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._metrics.request_duration.labels(model_label).observe(time.perf_counter() - start)
         return codec.encode_response(request, model.spec.name, model.spec.version, outputs)
 
-    @functools.cache
-    def _counter(self, model: str, code: grpc.StatusCode):
-        return self._metrics.requests.labels(model, code.name)
-
     def _count(self, model: str, code: grpc.StatusCode) -> None:
-        self._counter(model, code).inc()
+        counter = self._counters.get((model, code))
+        if counter is None:  # served model names times status codes: a bounded set
+            counter = self._counters[model, code] = self._metrics.requests.labels(
+                model, code.name)
+        counter.inc()
