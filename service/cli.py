@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 
 from service.settings import ENV_PREFIX, Settings
@@ -76,4 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     except StartupError as e:
         print(f"hetserve: {e}", file=sys.stderr)
         return 2
+    # Drained and stopped: a repeated SIGTERM while the interpreter exits must not turn the
+    # clean exit into a kill.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0

@@ -46,16 +46,18 @@ def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
 
 @pytest.fixture
 def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    """serve(max_batch_size, dynamic_batching, **parameters) -> (Daemon, Control); stopped
+    """serve(max_batch_size, dynamic_batching, *daemon_args, **parameters) -> (Daemon, Control);
+    stopped
     at the end of the test (exit status 0 checked)."""
     control = Control(tmp_path / "control.json")
     monkeypatch.setenv(CONTROL_ENV, str(control.path))
     started: list[Daemon] = []
 
-    def start(max_batch_size: int, dynamic_batching: str | None,
+    def start(max_batch_size: int, dynamic_batching: str | None, *daemon_args: str,
               **parameters: str) -> tuple[Daemon, Control]:
         models = write_model(tmp_path / "models", max_batch_size, dynamic_batching, parameters)
-        started.append(Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE))
+        started.append(Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE,
+                              *daemon_args))
         return started[-1], control
 
     yield start

@@ -40,3 +40,22 @@ def test_sigterm_drains_requests_in_flight(serve, holdout) -> None:
         assert "draining" in refused.value.message()
         assert all(f.result(timeout=10).shape == (1, 10) for f in in_flight)
     assert daemon.process.stop() == 0
+
+
+def test_requests_still_running_when_the_grace_ends_are_cut_off(serve, holdout) -> None:
+    daemon, control = serve(1, "max_queue_delay_microseconds: 0", "--shutdown-grace-s", "0.5",
+                            devices="faulty:cpu1")
+    control.set(delay_s=3.0)
+    with ThreadPoolExecutor(1) as pool:
+        def call():
+            with grpcclient.InferenceServerClient(daemon.url) as c:
+                return c.infer(MODEL, image_input(holdout[0][:1]))
+        slow = pool.submit(call)
+        time.sleep(0.5)
+        start = time.monotonic()
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        with pytest.raises(InferenceServerException) as cut:
+            slow.result(timeout=10)
+        assert time.monotonic() - start < 2.0  # the grace, not the 3 s batch
+    assert cut.value.status() in ("StatusCode.CANCELLED", "StatusCode.UNAVAILABLE")
+    assert daemon.process.stop() == 0
