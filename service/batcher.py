@@ -65,6 +65,7 @@ class DynamicBatcher:
         self._delayed: deque[_Pending] = deque()
         self._queued = [0] * len(policy.levels)  # samples waiting per level
         self._arrived = asyncio.Event()
+        self._wanted = 1  # samples the dispatcher waits for
         self._slots = asyncio.Semaphore(slots)  # batches in flight at once
         self._running: set[asyncio.Task] = set()
         self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
@@ -93,7 +94,8 @@ class DynamicBatcher:
         pending.future.add_done_callback(lambda _, p=pending: self._leave(p))
         self._levels[level].append(pending)
         self._queued[level] += size
-        self._arrived.set()
+        if self.queued() >= self._wanted:
+            self._arrived.set()
         return await pending.future
 
     async def close(self) -> None:
@@ -141,23 +143,26 @@ class DynamicBatcher:
     async def _next_batch(self) -> list[_Pending]:
         while True:
             while not any(self._levels) and not self._delayed:
-                self._arrived.clear()
-                await self._arrived.wait()
+                await self._wait_for(1)
             oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
             close_at = oldest + self.policy.max_queue_delay_s
-            while self.queued() < self.policy.dispatch_size:
-                remaining = close_at - self._loop.time()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()
+            remaining = close_at - self._loop.time()
+            if self.queued() < self.policy.dispatch_size and remaining > 0:
                 try:
-                    async with asyncio.timeout(remaining):  # no task per wait, unlike wait_for
-                        await self._arrived.wait()
+                    async with asyncio.timeout(remaining):
+                        await self._wait_for(self.policy.dispatch_size)
                 except TimeoutError:
-                    break
+                    pass
             batch = self._take()
             if batch:
                 return batch
+
+    async def _wait_for(self, samples: int) -> None:
+        """Until `samples` are queued; submit wakes this only then, not on every arrival."""
+        self._wanted = samples
+        while self.queued() < samples:
+            self._arrived.clear()
+            await self._arrived.wait()
 
     def _take(self) -> list[_Pending]:
         """Highest priority first, FIFO within a level, delayed requests last."""
