@@ -4,7 +4,8 @@ concurrencies, an open-loop Poisson rate sweep, and a streaming client, against
   daemon    `hetserve serve` on the example model (dynamic batching on),
   unbatched the same daemon and model with dynamic_batching removed,
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
-Every target is driven by the same client in the same run; figures are ratios to echo.
+Every target is driven by the same client in the same run; figures are ratios to echo. Besides
+req/s and latency, each load point reports the server's CPU time per answered request.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--json out.json]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import shutil
@@ -34,40 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
 
 
-# --- the echo server: the protocol's ModelInfer and ModelStreamInfer, no model behind them ----
-
-class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Answers every request with a fixed, well-formed reply of the model's output shape."""
-
-    def __init__(self) -> None:
-        self._logits = np.zeros((1, 10), np.float32).tobytes()
-
-    def _reply(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        reply = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
-                                      id=request.id)
-        reply.outputs.add(name="logits", datatype="FP32", shape=[1, 10])
-        reply.raw_output_contents.append(self._logits)
-        return reply
-
-    async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=True)
-
-    async def ModelInfer(self, request, context):
-        return self._reply(request)
-
-    async def ModelStreamInfer(self, request_iterator, context):
-        async for request in request_iterator:
-            yield pb.ModelStreamInferResponse(infer_response=self._reply(request))
-
-
-async def serve_echo(port: int) -> None:
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoServicer(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
-
-
 # --- the client -------------------------------------------------------------------------------
 
 def _request(image: np.ndarray) -> pb.ModelInferRequest:
@@ -79,7 +47,7 @@ def _request(image: np.ndarray) -> pb.ModelInferRequest:
 
 def _summary(latencies: list[float], errors: Counter, seconds: float) -> dict:
     ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
-    return {"rps": len(latencies) / seconds, "p50_ms": float(np.percentile(ms, 50)),
+    return {"rps": len(latencies) / seconds, "requests": len(latencies), "p50_ms": float(np.percentile(ms, 50)),
             "p99_ms": float(np.percentile(ms, 99)), "errors": dict(errors)}
 
 
@@ -168,7 +136,7 @@ def _unbatched_repository(folder: Path) -> Path:
 
 def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
     if kind == "echo":
-        args = [sys.executable, __file__, "--echo-server", str(port)]
+        args = [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
     else:
         models = ROOT / "models" if kind == "daemon" else _unbatched_repository(tmp / "models")
         args = [sys.executable, "-m", "service", "serve", "--models", str(models),
@@ -188,7 +156,21 @@ async def _wait_ready(stub) -> None:
     raise RuntimeError("server did not become ready")
 
 
-async def bench_targets(ports: dict[str, int], args: argparse.Namespace,
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _metered(pid: int, run) -> dict:
+    """A load point, with the server's CPU time per answered request: unlike throughput on a
+    shared machine, it does not depend on how much CPU the server was given."""
+    before = _cpu_s(pid)
+    result = await run
+    return result | {"server_cpu_us": 1e6 * (_cpu_s(pid) - before) / max(result["requests"], 1)}
+
+
+async def bench_targets(ports: dict[str, int], pids: dict[str, int], args: argparse.Namespace,
                         image: np.ndarray) -> dict:
     """Every load point runs on each target in turn, so that drift on a shared machine hits
     all targets alike."""
@@ -202,14 +184,16 @@ async def bench_targets(ports: dict[str, int], args: argparse.Namespace,
         results: dict = {t: {"closed": [], "poisson": []} for t in stubs}
         for c in args.concurrency:
             for t, stub in stubs.items():
-                results[t]["closed"].append(await closed_loop(stub, request, c, args.seconds))
+                results[t]["closed"].append(await _metered(
+                    pids[t], closed_loop(stub, request, c, args.seconds)))
         for rate in args.rates:
             for t, stub in stubs.items():
-                results[t]["poisson"].append(await open_loop(stub, request, rate, args.seconds))
+                results[t]["poisson"].append(await _metered(
+                    pids[t], open_loop(stub, request, rate, args.seconds)))
         if args.stream_window:
             for t, stub in stubs.items():
-                results[t]["stream"] = await streaming(stub, image, args.stream_window,
-                                                       args.seconds)
+                results[t]["stream"] = await _metered(
+                    pids[t], streaming(stub, image, args.stream_window, args.seconds))
         return results
     finally:
         for channel in channels.values():
@@ -236,8 +220,8 @@ def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
 
 def _table(results: dict) -> str:
     echo = results["echo"]
-    lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | errors |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | server CPU µs/req | x echo "
+             "| errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for target, runs in results.items():
         if target in ("args", "onnxruntime"):
             continue
@@ -250,7 +234,8 @@ def _table(results: dict) -> str:
                          echo["stream"]))
         for load, r, e in rows:
             lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
-                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_us']:.0f} | "
+                         f"{r['server_cpu_us'] / e['server_cpu_us']:.2f} | "
                          + (", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
     ceiling = results["onnxruntime"]
     lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
@@ -269,11 +254,7 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=["echo", "daemon", "unbatched"])
     parser.add_argument("--intra-op-threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the raw results here")
-    parser.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.echo_server:
-        asyncio.run(serve_echo(args.echo_server))
-        return
     sys.path.insert(0, str(ROOT / "tools"))
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
@@ -281,11 +262,12 @@ def main() -> None:
     results["onnxruntime"] = model_ceiling(image, args.intra_op_threads, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         ports = {target: _free_port() for target in args.targets}
-        processes = [_start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()]
+        processes = {t: _start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()}
         try:
-            results |= asyncio.run(bench_targets(ports, args, image))
+            results |= asyncio.run(bench_targets(
+                ports, {t: p.pid for t, p in processes.items()}, args, image))
         finally:
-            for process in processes:
+            for process in processes.values():
                 process.terminate()
                 process.wait(30)
     print(_table(results))
