@@ -38,7 +38,7 @@ MODEL = "mnist_cnn"
 
 # --- the client -------------------------------------------------------------------------------
 
-def _request(image: np.ndarray) -> pb.ModelInferRequest:
+def infer_request(image: np.ndarray) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
     request.raw_input_contents.append(np.ascontiguousarray(image, np.float32).tobytes())
@@ -98,7 +98,7 @@ async def streaming(stub, image: np.ndarray, window: int, seconds: float) -> dic
     errors: Counter = Counter()
     slots = asyncio.Semaphore(window)
     end = time.perf_counter() + seconds
-    requests = [_request(image) for _ in range(window)]
+    requests = [infer_request(image) for _ in range(window)]
 
     async def produce():
         i = 0
@@ -177,7 +177,7 @@ async def bench_targets(ports: dict[str, int], pids: dict[str, int], args: argpa
     channels = {t: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for t, p in ports.items()}
     try:
         stubs = {t: service_pb2_grpc.GRPCInferenceServiceStub(c) for t, c in channels.items()}
-        request = _request(image)
+        request = infer_request(image)
         for stub in stubs.values():
             await _wait_ready(stub)
             await closed_loop(stub, request, 16, 1.0)  # warm-up
