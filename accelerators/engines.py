@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,14 @@ from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
 ENGINES = ("onnxruntime",)
 DEFAULT_DEVICES = "onnxruntime"
+# Engines from outside this package (a site's own, or a test double), by name.
+_REGISTERED: dict[str, Callable[[DeviceSpec, Path, int], Engine]] = {}
+
+
+def register_engine(name: str, factory: Callable[[DeviceSpec, Path, int], Engine]) -> None:
+    """Makes `name:device` usable in a model's `devices` parameter; `factory(spec, model_path,
+    intra_op_threads)` builds the engine or raises saying why the model cannot run there."""
+    _REGISTERED[name] = factory
 
 
 @dataclass(frozen=True)
@@ -21,9 +30,9 @@ class DeviceSpec:
     @classmethod
     def parse(cls, text: str) -> DeviceSpec:
         engine, _, device = text.strip().partition(":")
-        if engine not in ENGINES:
+        if engine not in ENGINES and engine not in _REGISTERED:
             raise ValueError(f"device {text.strip()!r}: engine {engine!r} is unknown; expected "
-                             f"one of {list(ENGINES)}, as in 'onnxruntime:cpu0'")
+                             f"one of {[*ENGINES, *_REGISTERED]}, as in 'onnxruntime:cpu0'")
         return cls(engine, device)
 
     def __str__(self) -> str:
@@ -36,6 +45,8 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 
 
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0) -> Engine:
+    if spec.engine in _REGISTERED:
+        return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
     engine = OnnxRuntimeEngine(model_path, intra_op_threads,
                                use_gpu=not spec.device.startswith("cpu"))
     if spec.device and engine.device.name != spec.device:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 
 from service.settings import ENV_PREFIX, Settings
@@ -20,6 +21,8 @@ _SERVE_FLAGS = [
     ("--metrics-port", "metrics_port"),
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
+    ("--shutdown-grace-s", "shutdown_grace_s"),
+    ("--engine-modules", "engine_modules"),
     ("--log-level", "log_level"),
     ("--power-sources", "power_sources"),
     ("--power-model", "power_model"),
@@ -104,4 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
     except StartupError as e:
         print(f"hetserve: {e}", file=sys.stderr)
         return 2
+    # Drained and stopped: a repeated SIGTERM while the interpreter exits must not turn the
+    # clean exit into a kill.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0

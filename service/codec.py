@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
 from service import tensors
 from service.errors import InvalidInputError
+from service.queue_policy import RequestOptions
 
 Tensors = dict[str, np.ndarray]
 
@@ -58,3 +60,24 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
                              shape=array.shape)
         response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
     return response
+
+
+def request_options(request: service_pb2.ModelInferRequest,
+                    time_remaining_s: float | None) -> RequestOptions:
+    """Priority and queue timeout (µs) as tritonclient sends them, and the gRPC deadline."""
+    values = {}
+    for key in ("priority", "timeout"):
+        if key not in request.parameters:
+            continue
+        param = request.parameters[key]
+        kind = param.WhichOneof("parameter_choice")
+        if kind not in ("uint64_param", "int64_param") or getattr(param, kind) < 0:
+            raise InvalidInputError(
+                f"parameters[{key!r}]: {kind} {getattr(param, kind) if kind else None!r} "
+                "received, a non-negative uint64_param or int64_param expected")
+        values[key] = getattr(param, kind)
+    # grpc reports no deadline as None or as a practically infinite time
+    deadline = time.monotonic() + time_remaining_s \
+        if time_remaining_s is not None and time_remaining_s < 1e7 else None
+    return RequestOptions(priority=values.get("priority", 0),
+                          timeout_us=values.get("timeout", 0), deadline=deadline)

@@ -1,12 +1,15 @@
-"""The transport-neutral core of the daemon: validate, queue, batch, run, answer."""
+"""The transport-neutral core of the daemon: validate, queue, batch, run, answer, drain."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from service.errors import HetserveError, ModelUnavailableError
+from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.registry import LoadedModel, ModelRegistry
 
 Tensors = dict[str, np.ndarray]
@@ -24,6 +27,9 @@ class DataPlane:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
         self.ready = False  # true once models are loaded, false again while draining
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def model(self, name: str, version: str = "") -> LoadedModel:
         return self.registry.get(name, version)
@@ -35,14 +41,39 @@ class DataPlane:
             return False
         return self.ready
 
-    async def infer(self, model: LoadedModel, inputs: Tensors,
-                    requested_outputs: list[str]) -> Tensors:
+    async def infer(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
+                    options: RequestOptions = DEFAULT_OPTIONS) -> Tensors:
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
-        size = model.spec.validate(inputs)
-        names = model.spec.check_outputs(requested_outputs)
-        outputs = await model.batcher.submit(inputs, size)
+        start = time.monotonic()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            size = model.spec.validate(inputs)
+            names = model.spec.check_outputs(requested_outputs)
+            outputs = await model.batcher.submit(inputs, size, options)
+        except BaseException:  # errors and cancellations (a client gone) alike
+            model.stats.fail.add(time.monotonic() - start)
+            raise
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        model.stats.success.add(time.monotonic() - start)
         return {name: outputs[name] for name in names}
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuses new requests and waits for those in flight; false if the grace ran out."""
+        self.ready = False
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def statistics(self, name: str, version: str) -> list[LoadedModel]:
+        """Every served model version when `name` is empty, else the one asked for."""
+        return self.registry.loaded() if not name else [self.registry.get(name, version)]
 
     def index(self) -> list[ModelState]:
         states = [ModelState(m.spec.name, str(m.spec.version), "READY")

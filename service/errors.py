@@ -23,6 +23,12 @@ class QueueFullError(HetserveError):
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class DeadlineExceededError(HetserveError):
+    """The client's deadline or the queue timeout passed before the request could run."""
+
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class ModelUnavailableError(HetserveError):
     status = grpc.StatusCode.UNAVAILABLE
 

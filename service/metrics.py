@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector,
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
 
 from accelerators.power.meter import PowerMonitor
@@ -45,8 +45,17 @@ class Metrics:
             "hetserve_flops", "Floating-point operations executed, counted from the ONNX graph "
             "(a multiply-add is 2)", ["model", "device", "kind", "engine"], registry=r)
         self.failovers = Counter(
-            "hetserve_failovers", "Batches re-run on another device after this device failed",
+            "hetserve_failovers",
+            "Batches re-run on another device after `device` failed them",
             ["model", "device"], registry=r)
+        self.device_healthy = Gauge(
+            "hetserve_device_healthy",
+            "1 while a device worker takes batches, 0 while it backs off",
+            ["model", "device", "kind", "engine"], registry=r)
+        self.expired = Counter(
+            "hetserve_requests_expired",
+            "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",
+            ["model"], registry=r)
 
     def serve(self, host: str, port: int) -> None:
         """Exposes /metrics over HTTP on its own thread."""

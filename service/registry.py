@@ -1,5 +1,6 @@
-"""Loaded models: each version with its engine, device worker and batcher. A model that fails to
-load is kept as a reason, reported by readiness and the index, and never takes others down."""
+"""Loaded models: each version with a worker on every device of its `devices` parameter that can
+run it, a router among them, and a batcher. A model that fails to load is kept as a reason,
+reported by readiness and the index, and never takes others down."""
 
 from __future__ import annotations
 
@@ -8,25 +9,38 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2
+
 from accelerators.engine import Engine
 from accelerators.engines import DEFAULT_DEVICES, create_engine, parse_devices
 from accelerators.flops import count_flops
-from service.batcher import BatchPolicy, DynamicBatcher
+from service import tensors
+from service.batch_buffers import BatchBuffers
+from service.batcher import DynamicBatcher
 from service.errors import ConfigError, ModelNotFoundError
 from service.metrics import Metrics
 from service.model import ModelSpec
+from service.queue_policy import BatchPolicy
 from service.repository import ModelRepository, check_model_name
+from service.router import POLICIES, Router
 from service.settings import Settings
+from service.statistics import ModelStatistics
 from service.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
+# Batches in flight per device. One: while a device runs a batch the next one grows, so a busy
+# device gets the largest batches (with two, a small batch would follow every large one).
+BATCHES_PER_WORKER = 1
+DEFAULT_LATENCY_BUDGET_MS = 100
 
 
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    worker: DeviceWorker
+    config: model_config_pb2.ModelConfig  # the effective configuration, defaults filled in
+    router: Router
     batcher: DynamicBatcher
+    stats: ModelStatistics
 
 
 class ModelRegistry:
@@ -50,41 +64,63 @@ class ModelRegistry:
         versions: dict[int, LoadedModel] = {}
         for version, path in entry.versions.items():
             spec = ModelSpec.from_config(entry.config, version)
-            engine = await asyncio.to_thread(self._first_engine, spec, path)
+            routing = _parameter(spec, "policy", "prefer")
+            if routing not in POLICIES:
+                raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
+                                  f"expected one of {list(POLICIES)}")
+            budget_s = _budget_s(spec)
+            devices = _parameter(spec, "devices", DEFAULT_DEVICES)
+            engines = await asyncio.to_thread(self._engines, spec, path, devices)
             flops = await asyncio.to_thread(count_flops, path)
-            worker = DeviceWorker(name, engine, self._metrics, flops.total)
-            queue_s = self._metrics.queue_duration.labels(model=name)
+            workers = [DeviceWorker(name, e, self._metrics, flops.total) for e in engines]
+            router = Router(name, workers, routing, budget_s, [o.name for o in spec.outputs],
+                            self._metrics)
+            policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
+            slots = BATCHES_PER_WORKER * len(workers)
+            buffers = BatchBuffers({t.name: (t.dims, tensors.numpy_dtype(t.datatype))
+                                    for t in spec.inputs}, spec.max_batch_size, slots)
+            stats = ModelStatistics()
             batcher = DynamicBatcher(
-                name, BatchPolicy.from_config(entry.config, self._settings.max_queue_size),
-                lambda inputs, size, w=worker, s=spec: w.run(
-                    inputs, [o.name for o in s.outputs], size),
-                queue_s.observe)
-            versions[version] = LoadedModel(spec, worker, batcher)
-            log.info("model %r version %d ready on %s", name, version, engine.device.name)
+                name, policy, router.run, slots, buffers, stats,
+                self._metrics.queue_duration.labels(model=name).observe,
+                self._metrics.expired.labels(model=name).inc)
+            config = model_config_pb2.ModelConfig()
+            config.CopyFrom(entry.config)
+            policy.effective(config)
+            config.parameters["devices"].string_value = ", ".join(
+                f"{e.device.engine}:{e.device.name}" for e in engines)
+            config.parameters["policy"].string_value = router.policy
+            config.parameters["latency_budget_ms"].string_value = \
+                f"{router.latency_budget_s * 1e3:g}"
+            versions[version] = LoadedModel(spec, config, router, batcher, stats)
+            log.info("model %r version %d ready on %s (policy %s)", name, version,
+                     config.parameters["devices"].string_value, router.policy)
         self._models[name] = versions
 
-    def _first_engine(self, spec: ModelSpec, path: Path) -> Engine:
-        """The first device of the model's `devices` parameter that can run it."""
-        param = spec.config.parameters.get("devices")
-        text = param.string_value if param is not None else DEFAULT_DEVICES
+    def _engines(self, spec: ModelSpec, path: Path, text: str) -> list[Engine]:
+        """An engine on every device of the model's `devices` parameter that can run it; each
+        device that cannot is logged with its reason."""
         try:
             devices = parse_devices(text)
         except ValueError as e:
             raise ConfigError(f"model {spec.name!r}: parameters.devices: {e}") from e
-        reasons = []
+        engines, reasons = [], []
         for device in devices:
             try:
                 engine = create_engine(device, path, self._settings.intra_op_threads)
                 _check_signature(spec, engine)
-                return engine
+                engines.append(engine)
+                continue
             except ConfigError as e:
                 reasons.append(str(e))
             except Exception as e:  # engines raise their own types for models they cannot run
                 reasons.append(f"{device}: {e}")
             log.warning("model %r version %d cannot run on %s: %s", spec.name, spec.version,
                         device, reasons[-1])
-        raise ConfigError(f"model {spec.name!r} version {spec.version}: no device can run "
-                          f"{path}: " + "; ".join(reasons))
+        if not engines:
+            raise ConfigError(f"model {spec.name!r} version {spec.version}: no device can run "
+                              f"{path}: " + "; ".join(reasons))
+        return engines
 
     def get(self, name: str, version: str = "") -> LoadedModel:
         versions = self._models.get(check_model_name(name))
@@ -106,8 +142,25 @@ class ModelRegistry:
     async def close(self) -> None:
         for model in self.loaded():
             await model.batcher.close()
-            model.worker.close()
+            await model.router.close()
         self._models.clear()
+
+
+def _parameter(spec: ModelSpec, key: str, default: str) -> str:
+    param = spec.config.parameters.get(key)
+    return param.string_value.strip() if param is not None else default
+
+
+def _budget_s(spec: ModelSpec) -> float:
+    text = _parameter(spec, "latency_budget_ms", str(DEFAULT_LATENCY_BUDGET_MS))
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        raise ConfigError(f"model {spec.name!r}: parameters.latency_budget_ms: {text!r} is not "
+                          "a positive number of milliseconds")
+    return budget / 1e3
 
 
 def _check_signature(spec: ModelSpec, engine: Engine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import socket
@@ -20,7 +21,6 @@ from service.servicer import InferenceServicer
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-GRACE_S = 10.0
 _SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 
@@ -30,7 +30,12 @@ class StartupError(Exception):
 
 async def serve(settings: Settings) -> None:
     """Runs until SIGTERM or SIGINT, then drains: health turns NOT_SERVING, new requests are
-    refused with UNAVAILABLE, and requests in flight get GRACE_S seconds to finish."""
+    refused with UNAVAILABLE, and requests in flight get `shutdown_grace_s` to finish."""
+    for module in filter(None, (m.strip() for m in settings.engine_modules.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise StartupError(f"engine_modules: cannot import {module!r}: {e}") from e
     try:
         power = PowerMonitor(settings.power_sources, settings.power_model)
     except ValueError as e:
@@ -73,10 +78,13 @@ async def serve(settings: Settings) -> None:
     log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
 
     await stop.wait()
-    log.info("draining (grace %.0f s)", GRACE_S)
-    plane.ready = False
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(GRACE_S)
+    grace_s = settings.shutdown_grace_s
+    log.info("draining: refusing new requests, %.1f s for those in flight", grace_s)
+    started = loop.time()
+    await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
+    if not await plane.drain(grace_s):
+        log.warning("requests still in flight after %.1f s are cancelled", grace_s)
+    await server.stop(max(grace_s - (loop.time() - started), 0.0))
     await registry.close()
     power.stop()
     if settings.unix_socket:

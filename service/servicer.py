@@ -3,6 +3,7 @@ place where domain errors become gRPC statuses."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 from importlib.metadata import version as package_version
 
 import grpc
+from prometheus_client import Counter
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service import codec
@@ -25,6 +27,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane, metrics: Metrics) -> None:
         self._plane = plane
         self._metrics = metrics
+        self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
     @contextlib.asynccontextmanager
     async def _status(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -44,7 +47,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(name="hetserve", version=package_version("hetserve"),
-                                         extensions=["model_repository"])
+                                         extensions=["model_repository", "statistics"])
 
     async def ModelMetadata(self, request, context):
         async with self._status(context):
@@ -60,7 +63,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request, context):
         async with self._status(context):
             return pb.ModelConfigResponse(
-                config=self._plane.model(request.name, request.version).spec.config)
+                config=self._plane.model(request.name, request.version).config)
 
     async def RepositoryIndex(self, request, context):
         return pb.RepositoryIndexResponse(models=[
@@ -68,17 +71,78 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                   reason=s.reason)
             for s in self._plane.index() if s.state == "READY" or not request.ready])
 
+    async def ModelStatistics(self, request, context):
+        async with self._status(context):
+            return pb.ModelStatisticsResponse(model_stats=[
+                m.stats.proto(m.spec.name, m.spec.version)
+                for m in self._plane.statistics(request.name, request.version)])
+
     async def ModelInfer(self, request, context):
+        try:
+            return await self._infer(request, context.time_remaining())
+        except HetserveError as e:
+            await context.abort(e.status, str(e))
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests of one stream run concurrently (so that they batch together); each reply
+        or error goes back as soon as it is ready, carrying the request's id."""
+        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                reply = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, context.time_remaining()))
+            except Exception as e:  # every request of a stream gets an answer, even a bug's
+                if not isinstance(e, HetserveError):
+                    log.exception("stream request %r failed", request.id)
+                status = e.status if isinstance(e, HetserveError) else grpc.StatusCode.INTERNAL
+                reply = pb.ModelStreamInferResponse(
+                    error_message=f"{status.name}: {e}", infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name, id=request.id))
+            replies.put_nowait(reply)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.gather(*running)
+            finally:  # the writer below ends however reading ended
+                replies.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                yield reply
+            await reader  # raises what reading the stream raised
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _infer(self, request: pb.ModelInferRequest,
+                     time_remaining_s: float | None) -> pb.ModelInferResponse:
         start = time.perf_counter()
         model_label = ""  # only served names become label values: clients cannot grow the set
         try:
             model = self._plane.model(request.model_name, request.model_version)
             model_label = model.spec.name
-            outputs = await self._plane.infer(model, codec.decode_inputs(request),
-                                              [o.name for o in request.outputs])
+            outputs = await self._plane.infer(
+                model, codec.decode_inputs(request), [o.name for o in request.outputs],
+                codec.request_options(request, time_remaining_s))
         except HetserveError as e:
-            self._metrics.requests.labels(model_label, e.status.name).inc()
-            await context.abort(e.status, str(e))
-        self._metrics.requests.labels(model_label, grpc.StatusCode.OK.name).inc()
+            self._count(model_label, e.status)
+            raise
+        self._count(model_label, grpc.StatusCode.OK)
         self._metrics.request_duration.labels(model_label).observe(time.perf_counter() - start)
         return codec.encode_response(request, model.spec.name, model.spec.version, outputs)
+
+    def _count(self, model: str, code: grpc.StatusCode) -> None:
+        counter = self._counters.get((model, code))
+        if counter is None:  # served model names times status codes: a bounded set
+            counter = self._counters[model, code] = self._metrics.requests.labels(
+                model, code.name)
+        counter.inc()

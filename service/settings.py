@@ -38,10 +38,18 @@ class Settings:
         default=64 << 20, metadata={"doc": "largest gRPC message accepted or sent"})
     max_queue_size: int = field(
         default=4096,
-        metadata={"doc": "queued samples per model before RESOURCE_EXHAUSTED, "
+        metadata={"doc": "queued samples per model and priority level before "
+                         "RESOURCE_EXHAUSTED, "
                          "unless config.pbtxt sets max_queue_size"})
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
+    shutdown_grace_s: float = field(
+        default=10.0,
+        metadata={"doc": "seconds requests in flight get to finish after SIGTERM"})
+    engine_modules: str = field(
+        default="",
+        metadata={"doc": "comma-separated Python modules to import at start-up that register "
+                         "extra engines (accelerators.engines.register_engine)"})
     log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
     power_sources: str = field(
         default="", metadata={"doc": "power source per device or kind, e.g. "
@@ -75,6 +83,11 @@ def _parse(f: dataclasses.Field, raw: str) -> object:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.name}: {raw!r} is not an integer") from None
+    if kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{f.name}: {raw!r} is not a number") from None
     if kind.startswith("Path"):
         return Path(raw) if raw else None
     return raw

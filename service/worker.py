@@ -1,4 +1,6 @@
-"""A device worker: runs one model's batches on one engine, off the event loop, and meters them."""
+"""A device worker: runs one model's batches on one engine in its own thread (engines release the
+GIL), meters them, and keeps what the router needs: expected completion time, joules per
+inference, and health with backoff."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ from accelerators.engine import Engine
 from service.errors import DeviceError
 from service.metrics import Metrics
 
+_SMOOTHING = 0.2  # weight of the newest batch in the per-sample time average
+_BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
+
 
 class DeviceWorker:
     def __init__(self, model: str, engine: Engine, metrics: Metrics,
                  flops_per_sample: int = 0) -> None:
         self.model = model
         self.engine = engine
+        self.device = engine.device
         # One thread per worker: engines are not re-entrant, and ONNX Runtime releases the GIL.
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{engine.device.name}")
         labels = dict(model=model, device=engine.device.name, kind=engine.device.kind,
@@ -27,26 +33,70 @@ class DeviceWorker:
         self._inferences = metrics.inferences.labels(**labels)
         self._flops = metrics.flops.labels(**labels)
         self._flops_per_sample = flops_per_sample
-        metrics.failovers.labels(model=model, device=engine.device.name)  # exported from zero
-        self._meter = metrics.power.meter(engine.device)
-        self._meter.add_model(model)
+        self.meter = metrics.power.meter(engine.device)
+        self.meter.add_model(model)
+        self._healthy_gauge = metrics.device_healthy.labels(**labels)
+        self._healthy_gauge.set(1)
+        self.pending_samples = 0  # queued or running on this worker
+        self.seconds_per_sample: float | None = None
+        self.healthy = True
+        self.retry_at = 0.0  # time.monotonic() when an unhealthy device may be probed
+        self._backoff_s = _BACKOFF_S[0]
+
+    def expected_completion_s(self, size: int) -> float:
+        """Seconds until a batch of `size` handed over now would be done, from measured speed;
+        0 before the first batch (an unmeasured device gets tried)."""
+        return (self.pending_samples + size) * (self.seconds_per_sample or 0.0)
+
+    def joules_per_inference(self) -> float | None:
+        """The device's busy watts (from its sensor, or the `model` estimate: see
+        `self.meter.source`) times measured seconds per sample; None until both are known."""
+        watts = self.meter.busy_power_w()
+        if watts is None or self.seconds_per_sample is None:
+            return None
+        return watts * self.seconds_per_sample
 
     async def run(self, inputs: dict[str, np.ndarray], outputs: list[str],
                   size: int) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
+        self.pending_samples += size
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self.engine.run, inputs, outputs)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._timed_run, inputs, outputs, size)
         except Exception as e:
-            raise DeviceError(f"device {self.engine.device.name} failed to run a batch of "
-                              f"{size}: {e}") from e
-        elapsed = time.perf_counter() - start
-        self._compute.observe(elapsed)
+            raise DeviceError(f"device {self.device.name} failed to run a batch of "
+                              f"{size}: {type(e).__name__}: {e}") from e
+        finally:
+            self.pending_samples -= size
+
+    def _timed_run(self, inputs: dict[str, np.ndarray], outputs: list[str],
+                   size: int) -> dict[str, np.ndarray]:
+        start = time.perf_counter()
+        result = self.engine.run(inputs, outputs)
+        busy_s = time.perf_counter() - start
+        # Plain float updates from the worker thread: the router only reads them.
+        sample_s = busy_s / size
+        previous = self.seconds_per_sample
+        self.seconds_per_sample = sample_s if previous is None else \
+            previous + _SMOOTHING * (sample_s - previous)
+        self._compute.observe(busy_s)
         self._batch_size.observe(size)
         self._inferences.inc(size)
         self._flops.inc(size * self._flops_per_sample)
-        self._meter.add_busy(self.model, elapsed)
+        self.meter.add_busy(self.model, busy_s)
         return result
+
+    def mark_failed(self) -> None:
+        """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""
+        if not self.healthy:
+            self._backoff_s = min(self._backoff_s * 2, _BACKOFF_S[1])
+        self.retry_at = time.monotonic() + self._backoff_s
+        self.healthy = False
+        self._healthy_gauge.set(0)
+
+    def mark_healthy(self) -> None:
+        self.healthy = True
+        self._backoff_s = _BACKOFF_S[0]
+        self._healthy_gauge.set(1)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

@@ -46,6 +46,10 @@ class DaemonProcess:
             self._process = subprocess.Popen([sys.executable, "-m", "service", "serve", *args],
                                              stdout=log, stderr=subprocess.STDOUT)
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not is_ready(self.address, timeout_s=1.0):

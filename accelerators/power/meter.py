@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from accelerators.engine import Device
+from accelerators.power.model import ModelEstimate
 from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource, SourceError
 
@@ -70,6 +71,15 @@ class DeviceMeter:
             for model, seconds in busy.items():
                 self._model_energy_j[model] = (self._model_energy_j.get(model, 0.0)
                                                + increase * seconds / total_busy)
+
+    def busy_power_w(self) -> float | None:
+        """Watts while running batches, for routing by energy: the estimate's busy watts, or a
+        sensor's energy in intervals with batches over their busy time (None until measured)."""
+        if isinstance(self.source, ModelEstimate):
+            return self.source.busy_w
+        with self._lock:
+            attributed = sum(self._model_energy_j.values())
+            return attributed / self._busy_s if attributed > 0 and self._busy_s > 0 else None
 
     def read(self) -> MeterReading:
         with self._lock:

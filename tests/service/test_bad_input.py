@@ -86,3 +86,20 @@ def test_unknown_requested_output(client, holdout) -> None:
                          outputs=[grpcclient.InferRequestedOutput("probabilities")])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert "'probabilities'" in error.message() and "['logits']" in error.message()
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("priority", dict(string_param="high"), "string_param 'high'"),
+    ("timeout", dict(int64_param=-5), "int64_param -5"),
+])
+def test_priority_and_timeout_must_be_non_negative_integers(daemon, holdout, key, value,
+                                                            shown) -> None:
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(holdout[0][:1].tobytes())
+    request.parameters[key].CopyFrom(service_pb2.InferParameter(**value))
+    with grpc.insecure_channel(daemon.url) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"parameters['{key}']: {shown} received" in caught.value.details()

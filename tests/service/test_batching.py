@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,16 +10,7 @@ import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 
 from tests.conftest import MODEL, MODELS, image_input
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Sums each metric family's samples over their labels, for the model under test."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    sums: dict[str, float] = {}
-    for name, value in re.findall(rf'^(\w+)\{{[^}}]*model="{MODEL}"[^}}]*\}} (\S+)$', text,
-                                  re.MULTILINE):
-        sums[name] = sums.get(name, 0.0) + float(value)
-    return sums
+from tests.service.conftest import scrape, total
 
 
 def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) -> None:
@@ -44,11 +34,13 @@ def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) 
                                    rtol=1e-4, atol=1e-4)
 
     after = scrape(daemon.metrics_url)
-    batches = after["hetserve_batch_size_count"] - before.get("hetserve_batch_size_count", 0)
-    samples = after["hetserve_batch_size_sum"] - before.get("hetserve_batch_size_sum", 0)
+
+    def grew(name: str) -> float:
+        return total(after, name, model=MODEL) - total(before, name, model=MODEL)
+    samples = grew("hetserve_batch_size_sum")
     assert samples == sum(sizes)
-    assert samples / batches > 1.0, "concurrent requests should share model runs"
-    assert after["hetserve_inferences_total"] - before.get("hetserve_inferences_total", 0) \
-        == sum(sizes)
+    assert samples / grew("hetserve_batch_size_count") > 1.0, \
+        "concurrent requests should share model runs"
+    assert grew("hetserve_inferences_total") == sum(sizes)
     ok = 'hetserve_requests_total{code="OK",model="mnist_cnn"}'
     assert ok in urllib.request.urlopen(daemon.metrics_url).read().decode()

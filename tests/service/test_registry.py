@@ -1,4 +1,4 @@
-"""Loading models onto the first device of their `devices` parameter that can run them."""
+"""Loading models onto every device of their `devices` parameter that can run them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from service.settings import Settings
 from tests.conftest import MODEL, MODELS
 
 
-def _load(tmp_path: Path, devices: str) -> ModelRegistry:
+def _load(tmp_path: Path, devices: str, inspect=lambda registry: None) -> ModelRegistry:
     shutil.copytree(MODELS / MODEL, tmp_path / MODEL)
     config = tmp_path / MODEL / "config.pbtxt"
     config.write_text(config.read_text() +
@@ -24,6 +24,7 @@ def _load(tmp_path: Path, devices: str) -> ModelRegistry:
 
     async def main() -> None:
         await registry.load_all()
+        inspect(registry)
         await registry.close()
     asyncio.run(main())
     return registry
@@ -42,3 +43,20 @@ def test_unknown_engines_are_reported_naming_the_value(tmp_path) -> None:
     registry = _load(tmp_path, "quantum:qpu0")
     assert "parameters.devices" in registry.failures[MODEL]
     assert "'quantum'" in registry.failures[MODEL]
+
+
+def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch,
+                                                           caplog) -> None:
+    import tests.service.faulty_engine as faulty
+    monkeypatch.setenv(faulty.CONTROL_ENV, str(tmp_path / "control.json"))
+    served = []
+
+    def keep(registry: ModelRegistry) -> None:
+        model = registry.loaded()[0]
+        served.extend(w.device.name for w in model.router.workers)
+        served.append(model.config.parameters["devices"].string_value)
+
+    registry = _load(tmp_path, "faulty:fpga0, onnxruntime:gpu9, onnxruntime:cpu0", keep)
+    assert not registry.failures
+    assert served == ["fpga0", "cpu0", "faulty:fpga0, onnxruntime:cpu0"]
+    assert "onnxruntime:gpu9" in caplog.text  # the device that cannot, with its reason

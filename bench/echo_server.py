@@ -1,0 +1,51 @@
+"""The benchmark's ceiling: a bare grpc.aio server speaking the same protocol with the same
+stubs as the daemon, answering ModelInfer and ModelStreamInfer with a fixed reply and no model.
+
+    python bench/echo_server.py PORT
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+
+class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers every request with a fixed, well-formed reply of the model's output shape."""
+
+    def __init__(self) -> None:
+        self._logits = np.zeros((1, 10), np.float32).tobytes()
+
+    def _reply(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        reply = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
+                                      id=request.id)
+        reply.outputs.add(name="logits", datatype="FP32", shape=[1, 10])
+        reply.raw_output_contents.append(self._logits)
+        return reply
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelInfer(self, request, context):
+        return self._reply(request)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        async for request in request_iterator:
+            yield pb.ModelStreamInferResponse(infer_response=self._reply(request))
+
+
+async def serve_echo(port: int) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoServicer(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_echo(int(sys.argv[1])))

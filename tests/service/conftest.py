@@ -1,0 +1,78 @@
+"""Daemons serving variants of the example model on the faulty test engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MODEL, MODELS, Daemon
+from tests.service.faulty_engine import CONTROL_ENV
+
+ENGINE_MODULE = "tests.service.faulty_engine"
+
+
+class Control:
+    """Slows down or breaks the faulty engine of a running daemon."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set()
+
+    def set(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.path.write_text(json.dumps({"delay_s": delay_s, "fail": fail}))
+
+
+def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
+                parameters: dict[str, str]) -> Path:
+    """The example model with its batching and parameters replaced."""
+    folder = root / MODEL
+    shutil.copytree(MODELS / MODEL / "1", folder / "1")
+    config = (MODELS / MODEL / "config.pbtxt").read_text()
+    config = config.replace("max_batch_size: 128", f"max_batch_size: {max_batch_size}")
+    config = re.sub(r"dynamic_batching \{.*\}\n",
+                    f"dynamic_batching {{ {dynamic_batching} }}\n" if dynamic_batching else "",
+                    config)
+    config += "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+                      for k, v in parameters.items())
+    (folder / "config.pbtxt").write_text(config)
+    return root
+
+
+@pytest.fixture
+def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """serve(max_batch_size, dynamic_batching, *daemon_args, **parameters) -> (Daemon, Control);
+    stopped
+    at the end of the test (exit status 0 checked)."""
+    control = Control(tmp_path / "control.json")
+    monkeypatch.setenv(CONTROL_ENV, str(control.path))
+    started: list[Daemon] = []
+
+    def start(max_batch_size: int, dynamic_batching: str | None, *daemon_args: str,
+              **parameters: str) -> tuple[Daemon, Control]:
+        models = write_model(tmp_path / "models", max_batch_size, dynamic_batching, parameters)
+        started.append(Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE,
+                              *daemon_args))
+        return started[-1], control
+
+    yield start
+    for d in started:
+        assert d.stop() == 0
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of the daemon's /metrics, keyed by name and labels as exposed."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {key: float(value) for key, value in
+            re.findall(r"^(\w+(?:\{[^}]*\})?) (\S+)$", text, re.MULTILINE)}
+
+
+def total(samples: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels`."""
+    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(
+        f'{label}="{value}"' in k for label, value in labels.items()))

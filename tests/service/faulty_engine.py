@@ -1,0 +1,43 @@
+"""A device that can be slowed down or made to fail mid-batch, for fault and overload tests
+(a real device fault cannot be produced on these machines). It computes with real ONNX Runtime,
+implements the same Engine protocol and is plugged in the way any extra engine is: the daemon
+imports this module (`--engine-modules`), which registers `faulty:<device>`, e.g. `faulty:fpga0`.
+
+Each batch reads the JSON file named by HETSERVE_TEST_ENGINE_CONTROL:
+{"delay_s": seconds to add per batch, "fail": true to raise after computing}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from accelerators.engine import Device
+from accelerators.engines import DeviceSpec, register_engine
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+
+CONTROL_ENV = "HETSERVE_TEST_ENGINE_CONTROL"
+
+
+class FaultyEngine:
+    def __init__(self, spec: DeviceSpec, model_path: Path, intra_op_threads: int) -> None:
+        self._inner = OnnxRuntimeEngine(model_path, intra_op_threads, use_gpu=False)
+        name = spec.device or "fpga0"
+        self.device = Device(name, name.rstrip("0123456789"), "faulty")
+        self.inputs, self.outputs = self._inner.inputs, self._inner.outputs
+        self._control = Path(os.environ[CONTROL_ENV])
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        control = json.loads(self._control.read_text()) if self._control.exists() else {}
+        time.sleep(control.get("delay_s", 0.0))
+        result = self._inner.run(inputs, outputs)
+        if control.get("fail"):
+            raise RuntimeError(f"{self.device.name}: simulated device fault mid-batch")
+        return result
+
+
+register_engine("faulty", FaultyEngine)

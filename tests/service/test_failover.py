@@ -1,0 +1,82 @@
+"""Device faults: a device that fails mid-batch hands its batches to the next device, no request
+is lost, the metrics count the failover, and a probe brings the device back."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MODEL, MODELS, image_input
+from tests.service.conftest import scrape, total
+
+
+def _infer_all(url: str, images: np.ndarray) -> list[np.ndarray]:
+    def call(i: int) -> np.ndarray:
+        with grpcclient.InferenceServerClient(url) as c:
+            return c.infer(MODEL, image_input(images[i:i + 1])).as_numpy("logits")
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(call, range(len(images))))
+
+
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_failing_device_fails_over_and_comes_back(serve, holdout) -> None:
+    daemon, control = serve(8, "max_queue_delay_microseconds: 2000",
+                            devices="faulty:fpga0, onnxruntime:cpu0", policy="prefer")
+    images = holdout[0][:48]
+    expected = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
+        ["logits"], {"image": images})[0]
+
+    control.set(fail=True)
+    replies = _infer_all(daemon.url, images)
+    np.testing.assert_allclose(np.concatenate(replies), expected, rtol=1e-4, atol=1e-4)
+    m = scrape(daemon.metrics_url)
+    assert total(m, "hetserve_failovers_total", device="fpga0") >= 1
+    assert total(m, "hetserve_device_healthy", device="fpga0") == 0
+    assert total(m, "hetserve_inferences_total", device="cpu0") >= 48
+    assert total(m, "hetserve_requests_total", code="OK") == 48
+
+    control.set(fail=False)  # the device recovers; a probe notices
+    _wait_for(lambda: total(scrape(daemon.metrics_url), "hetserve_device_healthy",
+                            device="fpga0") == 1)
+    before = total(scrape(daemon.metrics_url), "hetserve_inferences_total", device="fpga0")
+    _infer_all(daemon.url, images[:8])
+    after = total(scrape(daemon.metrics_url), "hetserve_inferences_total", device="fpga0")
+    assert after - before == 8, "the preferred device serves again once healthy"
+
+
+def test_when_every_device_fails_the_request_fails_with_internal(serve, holdout) -> None:
+    daemon, control = serve(8, "max_queue_delay_microseconds: 1000", devices="faulty:fpga0")
+    control.set(fail=True)
+    with grpcclient.InferenceServerClient(daemon.url) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer(MODEL, image_input(holdout[0][:1]))
+        assert caught.value.status() == "StatusCode.INTERNAL"
+        assert "every device failed" in caught.value.message()
+        assert "simulated device fault" in caught.value.message()
+        control.set(fail=False)
+        assert client.infer(MODEL, image_input(holdout[0][:1])).as_numpy("logits").shape == \
+            (1, 10)
+
+
+def test_the_latency_policy_spreads_load_over_devices(serve, holdout) -> None:
+    # A slow fpga0 and a fast cpu0: the latency policy sends most batches to cpu0, and both
+    # devices get used while requests queue.
+    daemon, control = serve(4, "max_queue_delay_microseconds: 1000",
+                            devices="faulty:fpga0, onnxruntime:cpu0", policy="latency")
+    control.set(delay_s=0.05)
+    _infer_all(daemon.url, holdout[0][:96])
+    m = scrape(daemon.metrics_url)
+    fpga, cpu = (total(m, "hetserve_inferences_total", device=d) for d in ("fpga0", "cpu0"))
+    assert fpga + cpu == 96 and cpu > fpga

@@ -1,0 +1,61 @@
+"""SIGTERM with requests in flight: health turns NOT_SERVING, new requests get UNAVAILABLE,
+requests in flight finish, and the daemon exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MODEL, image_input
+
+
+def test_sigterm_drains_requests_in_flight(serve, holdout) -> None:
+    daemon, control = serve(2, "max_queue_delay_microseconds: 1000", devices="faulty:cpu1")
+    control.set(delay_s=0.3)  # 6 requests in flight: three batches, about 0.9 s
+
+    def call(i: int):
+        with grpcclient.InferenceServerClient(daemon.url) as c:
+            return c.infer(MODEL, image_input(holdout[0][i:i + 1])).as_numpy("logits")
+
+    with ThreadPoolExecutor(6) as pool, grpc.insecure_channel(daemon.url) as channel, \
+            grpcclient.InferenceServerClient(daemon.url) as late:
+        health = health_pb2_grpc.HealthStub(channel)
+        in_flight = [pool.submit(call, i) for i in range(6)]
+        time.sleep(0.2)
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        time.sleep(0.1)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(InferenceServerException) as refused:
+            late.infer(MODEL, image_input(holdout[0][:1]))
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert "draining" in refused.value.message()
+        assert all(f.result(timeout=10).shape == (1, 10) for f in in_flight)
+    assert daemon.process.stop() == 0
+
+
+def test_requests_still_running_when_the_grace_ends_are_cut_off(serve, holdout) -> None:
+    daemon, control = serve(1, "max_queue_delay_microseconds: 0", "--shutdown-grace-s", "0.5",
+                            devices="faulty:cpu1")
+    control.set(delay_s=3.0)
+    with ThreadPoolExecutor(1) as pool:
+        def call():
+            with grpcclient.InferenceServerClient(daemon.url) as c:
+                return c.infer(MODEL, image_input(holdout[0][:1]))
+        slow = pool.submit(call)
+        time.sleep(0.5)
+        start = time.monotonic()
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        with pytest.raises(InferenceServerException) as cut:
+            slow.result(timeout=10)
+        assert time.monotonic() - start < 2.0  # the grace, not the 3 s batch
+    assert cut.value.status() in ("StatusCode.CANCELLED", "StatusCode.UNAVAILABLE")
+    assert daemon.process.stop() == 0

@@ -1,0 +1,110 @@
+"""Priorities, deadlines and overload against a real daemon whose device is slowed down (the
+faulty test engine), driven by tritonclient's asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import tritonclient.grpc.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MODEL, image_input
+from tests.service.conftest import scrape, total
+
+BATCH_S = 0.02  # added to every batch on the device: capacity is max_batch_size / BATCH_S
+
+
+async def _timed(client, images, **kwargs) -> tuple[float, str]:
+    """(seconds, status name) of one request; "OK" when it succeeded."""
+    start = time.monotonic()
+    try:
+        await client.infer(MODEL, image_input(images), **kwargs)
+        status = "OK"
+    except InferenceServerException as e:
+        status = e.status().removeprefix("StatusCode.")
+    return time.monotonic() - start, status
+
+
+def test_a_low_priority_flood_does_not_delay_high_priority_requests(serve, holdout) -> None:
+    daemon, control = serve(8, "max_queue_delay_microseconds: 1000 priority_levels: 2 "
+                               "default_priority_level: 2", devices="faulty:cpu1")
+    control.set(delay_s=BATCH_S)
+    budget_s = 0.25  # a few batches; the flood below queues about 1.2 s of work
+    image = holdout[0][:1]
+
+    async def main():
+        async with aioclient.InferenceServerClient(daemon.url) as client:
+            flood = [asyncio.create_task(_timed(client, image, priority=2)) for _ in range(480)]
+            await asyncio.sleep(0.4)  # the flood has arrived and waits
+            high = []
+            for _ in range(8):
+                high.append(await _timed(client, image, priority=1))
+            return high, await asyncio.gather(*flood)
+
+    high, low = asyncio.run(main())
+    assert all(status == "OK" for _, status in high + low)
+    assert max(s for s, _ in high) < budget_s, f"high-priority latencies {high}"
+    # The flood was real: low-priority requests behind the backlog waited far past the budget.
+    assert np.percentile([s for s, _ in low], 90) > 3 * budget_s
+
+
+def test_expired_requests_never_reach_the_device(serve, holdout) -> None:
+    daemon, control = serve(4, "max_queue_delay_microseconds: 1000 default_queue_policy { "
+                               "allow_timeout_override: true }", devices="faulty:cpu1")
+    control.set(delay_s=BATCH_S)
+    image = holdout[0][:1]
+
+    async def main():
+        async with aioclient.InferenceServerClient(daemon.url) as client:
+            backlog = [asyncio.create_task(_timed(client, image)) for _ in range(100)]
+            await asyncio.sleep(0.1)  # about 0.4 s of work is queued
+            # A client gRPC deadline, and a queue timeout (µs) as a request parameter.
+            expiring = [asyncio.create_task(_timed(client, image, client_timeout=0.1))
+                        for _ in range(10)]
+            expiring += [asyncio.create_task(_timed(client, image, timeout=50_000))
+                         for _ in range(10)]
+            return await asyncio.gather(*backlog), await asyncio.gather(*expiring)
+
+    backlog, expiring = asyncio.run(main())
+    assert all(status == "OK" for _, status in backlog)
+    assert [status for _, status in expiring] == ["DEADLINE_EXCEEDED"] * 20
+    assert max(s for s, _ in expiring) < 0.3  # answered at the deadline, not after the backlog
+    time.sleep(0.2)
+    metrics = scrape(daemon.metrics_url)
+    assert total(metrics, "hetserve_inferences_total", model=MODEL) == 100
+    assert total(metrics, "hetserve_requests_expired_total", model=MODEL) >= 10
+
+
+def test_overload_at_three_times_capacity(serve, holdout) -> None:
+    # Capacity: 4 samples per 50 ms = 80 requests/s; offered: 240/s for 2 s, open loop.
+    daemon, control = serve(4, "max_queue_delay_microseconds: 1000 default_queue_policy { "
+                               "max_queue_size: 16 }", devices="faulty:cpu1")
+    control.set(delay_s=0.05)
+    images = holdout[0][:480]
+    before = scrape(daemon.metrics_url)["process_resident_memory_bytes"]
+
+    async def main():
+        async with aioclient.InferenceServerClient(daemon.url) as client:
+            calls = []
+            start = time.monotonic()
+            for i in range(480):
+                await asyncio.sleep(max(start + i / 240 - time.monotonic(), 0))
+                calls.append(asyncio.create_task(_timed(client, images[i:i + 1])))
+            return await asyncio.gather(*calls)
+
+    replies = asyncio.run(main())
+    after = scrape(daemon.metrics_url)["process_resident_memory_bytes"]
+    statuses = [status for _, status in replies]
+    assert set(statuses) <= {"OK", "RESOURCE_EXHAUSTED"}  # every request answered
+    accepted = statuses.count("OK")
+    assert 100 <= accepted <= 260, f"{accepted} accepted of 480 at ~160 per 2 s capacity"
+    refused = [s for s, status in replies if status == "RESOURCE_EXHAUSTED"]
+    served = [s for s, status in replies if status == "OK"]
+    # Refused at once: far sooner than a request that waits its turn in the queue.
+    assert len(refused) >= 200
+    assert np.median(refused) < 0.1 * np.median(served)
+    assert np.percentile(refused, 90) < np.median(served)
+    # The queue is bounded (16 samples), so memory is too.
+    assert after - before < 50 * 2**20, f"resident memory grew {(after - before) / 2**20} MiB"
