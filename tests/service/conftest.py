@@ -47,8 +47,7 @@ def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
 @pytest.fixture
 def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """serve(max_batch_size, dynamic_batching, *daemon_args, **parameters) -> (Daemon, Control);
-    stopped
-    at the end of the test (exit status 0 checked)."""
+    stopped at the end of the test (exit status 0 checked)."""
     control = Control(tmp_path / "control.json")
     monkeypatch.setenv(CONTROL_ENV, str(control.path))
     started: list[Daemon] = []

@@ -50,6 +50,16 @@ def test_a_failing_sensor_turns_the_device_down_and_keeps_totals(tmp_path: Path)
     assert meter.read().up
 
 
+def test_busy_watts_for_routing_come_from_the_sensor_or_the_estimate(tmp_path: Path) -> None:
+    assert DeviceMeter(CPU, ModelEstimate(10.0, 50.0)).busy_power_w() == 50.0
+    meter = DeviceMeter(CPU, HwmonPower(write(tmp_path / "power1_input", "30000000")))
+    meter.sample(0.0)
+    assert meter.busy_power_w() is None  # nothing measured yet
+    meter.add_busy("a", 0.5)
+    meter.sample(1.0)  # 30 J in an interval with 0.5 s of batches
+    assert meter.busy_power_w() == pytest.approx(60.0)
+
+
 def test_configured_sources_and_estimates() -> None:
     picker = SourcePicker("cpu=model,gpu0=hwmon:/nonexistent", "cpu=5:15,gpu=1:2")
     cpu = picker.pick(CPU)
