@@ -41,8 +41,9 @@ def classify(platform_name: str, device_name: str, type_bits: int) -> str:
     return "other"
 
 
-def opencl_devices() -> list[OpenCLDevice]:
-    """Every device of every platform; an absent ICD loader or no platform means none."""
+def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
+    """Every device of every platform with its pyopencl handle; no ICD loader or no platform
+    means none."""
     try:
         import pyopencl as cl
         platforms = cl.get_platforms()
@@ -57,12 +58,16 @@ def opencl_devices() -> list[OpenCLDevice]:
             log.warning("OpenCL platform %r lists no devices: %s", platform.name, e)
             continue
         for d in devices:
-            found.append(OpenCLDevice(
+            found.append((d, OpenCLDevice(
                 platform=platform.name.strip(), name=d.name.strip(),
                 kind=classify(platform.name, d.name, d.type), type_bits=int(d.type),
                 driver_version=d.driver_version, compute_units=d.max_compute_units,
-                global_mem_bytes=d.global_mem_size))
+                global_mem_bytes=d.global_mem_size)))
     return found
+
+
+def opencl_devices() -> list[OpenCLDevice]:
+    return [record for _, record in opencl_handles()]
 
 
 def onnxruntime_providers() -> list[dict[str, str]]:

@@ -1,0 +1,58 @@
+"""The OpenCL engine: an ONNX model on one OpenCL device, behind accelerators.engine.Engine.
+Loading checks every op (an unsupported one fails here, naming op and node, so the daemon
+falls back to its next device) by compiling the batch-1 plan; plans for other batch sizes are
+compiled on first use and cached."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+
+from accelerators.engine import Device, TensorSignature
+from accelerators.opencl.device import OpenCLDevice, open_device
+from accelerators.opencl.executor import Executor
+from accelerators.opencl.graph import Graph, load_graph
+from accelerators.opencl.lowering import lower
+from accelerators.opencl.program_cache import ProgramCache
+
+log = logging.getLogger(__name__)
+
+
+class OpenCLEngine:
+    def __init__(self, model_path: Path, device: str = "",
+                 cache: ProgramCache | None = None) -> None:
+        self.graph: Graph = load_graph(model_path)
+        self._dev: OpenCLDevice = open_device(device)
+        self.device = Device(self._dev.name, self._dev.kind, "opencl")
+        self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
+        self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
+        self._cache = cache or ProgramCache()
+        self._consts: dict[str, cl.Buffer] = {}
+        self._plans: dict[int, Executor] = {}
+        first = lower(self.graph, 1)  # raises for unsupported ops before touching the device
+        self.program = self._cache.program(self._dev, {la.kernel for la in first.launches})
+        plan = self.plan(1)
+        log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
+                 "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
+                 self._dev.description, len(first.launches), dict(self.graph.fused),
+                 plan.peak_bytes / 2**20, plan.sum_bytes / 2**20)
+
+    def plan(self, batch: int) -> Executor:
+        """The launch plan for `batch` samples, compiled once and cached."""
+        plan = self._plans.get(batch)
+        if plan is None:
+            lowered = lower(self.graph, batch)
+            for key, value in lowered.consts.items():
+                if key not in self._consts:
+                    self._consts[key] = cl.Buffer(
+                        self._dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                        hostbuf=value)
+            plan = self._plans[batch] = Executor(self._dev, self.program, lowered, self._consts)
+        return plan
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        batch = next(iter(inputs.values())).shape[0]
+        return self.plan(batch).run(inputs, outputs)

@@ -1,0 +1,74 @@
+"""A launch plan for one batch size on one device: buffers allocated by the planner, kernels
+with their arguments bound once, and a run that enqueues the input copies, every kernel and the
+output copies on the in-order queue, waiting only for the outputs (no host round trip between
+layers). Kernel events are kept so runs can be profiled per launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from accelerators.opencl.device import OpenCLDevice
+from accelerators.opencl.lowering import Launch, Lowered, Ref
+from accelerators.opencl.planner import plan_buffers
+
+
+@dataclass(frozen=True)
+class LaunchTime:
+    kernel: str
+    node: str
+    seconds: float
+    flops: int
+
+
+class Executor:
+    def __init__(self, dev: OpenCLDevice, program: cl.Program, lowered: Lowered,
+                 consts: dict[str, cl.Buffer]) -> None:
+        self._queue = dev.queue
+        self._lowered = lowered
+        self.buffers, self.sum_bytes = plan_buffers(lowered)
+        slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))
+                 for size in self.buffers.slot_bytes]
+
+        def buffer(ref: Ref) -> cl.Buffer:
+            slot = self.buffers.slot_of.get(ref.name)
+            return slots[slot] if slot is not None else consts[ref.name]
+
+        self._inputs = {name: buffer(Ref(d.storage)) for name, d in lowered.inputs.items()}
+        self._outputs = {name: (buffer(Ref(d.storage)), d.shape)
+                         for name, d in lowered.outputs.items()}
+        self._kernels: list[tuple[cl.Kernel, Launch]] = []
+        for launch in lowered.launches:
+            kernel = cl.Kernel(program, launch.kernel)
+            kernel.set_args(*[buffer(a) if isinstance(a, Ref) else a for a in launch.args])
+            self._kernels.append((kernel, launch))
+        self._events: list[cl.Event] = []
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.buffers.peak_bytes
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        q = self._queue
+        held = []  # host arrays must outlive their non-blocking copies
+        for name, buf in self._inputs.items():
+            array = np.ascontiguousarray(inputs[name], np.float32)
+            held.append(array)
+            cl.enqueue_copy(q, buf, array, is_blocking=False)
+        self._events = [cl.enqueue_nd_range_kernel(q, k, launch.global_size, launch.local_size)
+                        for k, launch in self._kernels]
+        results = {}
+        for name in outputs:
+            buf, shape = self._outputs[name]
+            results[name] = np.empty(shape, np.float32)
+            cl.enqueue_copy(q, results[name], buf, is_blocking=False)
+        q.finish()
+        return results
+
+    def profile(self) -> list[LaunchTime]:
+        """Device time of each launch of the last run, from its profiling event."""
+        return [LaunchTime(launch.kernel, launch.node,
+                           (e.profile.end - e.profile.start) * 1e-9, launch.flops)
+                for e, (_, launch) in zip(self._events, self._kernels)]
