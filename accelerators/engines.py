@@ -1,5 +1,6 @@
 """Creates engines from device specs: `onnxruntime` (its best device), `onnxruntime:cpu0`,
-`onnxruntime:gpu0`, and, as engines land, `opencl:fpga0` and the like."""
+`onnxruntime:gpu0`, and `opencl` (its preferred device: fpga, then gpu, then cpu), `opencl:fpga0`,
+`opencl:gpu1`, `opencl:cpu0` (the n-th OpenCL device of that kind)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from accelerators.engine import Engine
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
-ENGINES = ("onnxruntime",)
+ENGINES = ("onnxruntime", "opencl")
 DEFAULT_DEVICES = "onnxruntime"
 
 
@@ -36,6 +37,10 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 
 
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0) -> Engine:
+    if spec.engine == "opencl":
+        from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
+
+        return OpenCLEngine(model_path, spec.device)
     engine = OnnxRuntimeEngine(model_path, intra_op_threads,
                                use_gpu=not spec.device.startswith("cpu"))
     if spec.device and engine.device.name != spec.device:

@@ -42,9 +42,9 @@ def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
             if by_kind.get(kind):
                 return f"{kind}0", kind, by_kind[kind][0]
         raise NoSuchDeviceError(f"no OpenCL fpga, gpu or cpu device found (present: {present})")
-    match = re.fullmatch(r"(fpga|gpu|cpu)(\d+)", spec)
+    match = re.fullmatch(r"(fpga|gpu|cpu|other)(\d+)", spec)
     if match is None:
-        raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0 or cpu0")
+        raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0, cpu0 (or other0 for simulators such as Oclgrind)")
     kind, index = match[1], int(match[2])
     devices = by_kind.get(kind, [])
     if index >= len(devices):

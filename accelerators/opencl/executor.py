@@ -29,8 +29,9 @@ class Executor:
         self._queue = dev.queue
         self._lowered = lowered
         self.buffers, self.sum_bytes = plan_buffers(lowered)
-        slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))
-                 for size in self.buffers.slot_bytes]
+        # Kept here: a kernel's arguments do not keep their buffers alive.
+        self._slots = slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))
+                               for size in self.buffers.slot_bytes]
 
         def buffer(ref: Ref) -> cl.Buffer:
             slot = self.buffers.slot_of.get(ref.name)
