@@ -15,7 +15,7 @@ from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.lowering import lower
+from accelerators.opencl.lowering import Lowered, lower
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
@@ -34,17 +34,17 @@ class OpenCLEngine:
         self._plans: dict[int, Executor] = {}
         first = lower(self.graph, 1)  # raises for unsupported ops before touching the device
         self.program = self._cache.program(self._dev, {la.kernel for la in first.launches})
-        plan = self.plan(1)
+        plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
                  self._dev.description, len(first.launches), dict(self.graph.fused),
                  plan.peak_bytes / 2**20, plan.sum_bytes / 2**20)
 
-    def plan(self, batch: int) -> Executor:
+    def plan(self, batch: int, lowered: Lowered | None = None) -> Executor:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lower(self.graph, batch)
+            lowered = lowered or lower(self.graph, batch)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(

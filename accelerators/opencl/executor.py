@@ -27,7 +27,6 @@ class Executor:
     def __init__(self, dev: OpenCLDevice, program: cl.Program, lowered: Lowered,
                  consts: dict[str, cl.Buffer]) -> None:
         self._queue = dev.queue
-        self._lowered = lowered
         self.buffers, self.sum_bytes = plan_buffers(lowered)
         # Kept here: a kernel's arguments do not keep their buffers alive.
         self._slots = slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))

@@ -46,6 +46,7 @@ class Graph:
     consts: dict[str, np.ndarray]
     opset: int
     fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
+    derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
 
     def consumers(self, name: str) -> list[Node]:
         return [n for n in self.nodes if name in n.inputs]

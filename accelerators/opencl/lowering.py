@@ -167,7 +167,11 @@ class Lowering:
             raise UnsupportedModelError(
                 f"{node.op} node {node.name!r}: only a 2-D activation times a constant 2-D "
                 f"matrix (transA=0) is supported")
-        wt = (w.T if trans_b else w) * np.float32(alpha)
+        wkey = f"{node.inputs[1]}:T" if trans_b or alpha != 1 else node.inputs[1]
+        if wkey not in self.graph.derived:  # transposed once, whatever the batch size
+            self.graph.derived[wkey] = np.ascontiguousarray(
+                (w.T if trans_b else w) * np.float32(alpha), np.float32)
+        wt = self.graph.derived[wkey]
         m, k = x.shape
         n = wt.shape[1]
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (m, n))
@@ -178,7 +182,6 @@ class Lowering:
                 raise UnsupportedModelError(
                     f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
             bias = self._ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
-        wkey = f"{node.inputs[1]}:T" if trans_b or alpha != 1 else node.inputs[1]
         self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage), m, n, k,
                    (k, n, n), 1, (0, 0, 0, 0, 0, 0, 1), BIAS_COL if bias else BIAS_NONE,
                    _act(node, self.values), 2 * m * n * k)
