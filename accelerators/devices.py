@@ -99,4 +99,8 @@ def format_table(found: dict[str, list[dict]]) -> str:
         lines.append(f"{p['kind']:<6} {'onnxruntime':<12} {p['provider']:<40}")
     if len(lines) == 1:
         lines.append("(no OpenCL device and no ONNX Runtime provider found)")
+    if "models" in found:
+        lines += ["", f"{'DEVICE':<20} {'MODEL':<24} CAN RUN"]
+        lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()
+                  for model, answer in models.items()]
     return "\n".join(lines)

@@ -47,3 +47,23 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0)
         raise ValueError(f"device {str(spec)!r} is not available: onnxruntime runs this model "
                          f"on {engine.device.name}")
     return engine
+
+
+def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
+    """One spec per device of an inventory (accelerators.devices.inventory)."""
+    specs, seen = [], {}
+    for d in found["opencl"]:
+        index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
+        specs.append(DeviceSpec("opencl", f"{d['kind']}{index}"))
+    kinds = {p["kind"] for p in found["onnxruntime"]}
+    specs += [DeviceSpec("onnxruntime", f"{k}0") for k in ("gpu", "cpu") if k in kinds]
+    return specs
+
+
+def can_run(spec: DeviceSpec, model_path: Path) -> str:
+    """"yes", or why the device cannot run the model: the check the daemon's loading does."""
+    try:
+        create_engine(spec, model_path, intra_op_threads=1)
+    except Exception as e:  # engines raise their own types for models they cannot run
+        return f"no: {e}"
+    return "yes"
