@@ -1,7 +1,9 @@
 // GEMM for fully connected layers and convolutions: C = act(A x B + bias), row-major, batched
 // over z = batch * groups + group with a stride per batch and per group for each operand.
-// A work-item owns a TM x VN register tile: VN contiguous columns loaded as one vector per k
-// (PoCL maps float16 onto AVX-512 registers) and TM rows each broadcast from A.
+// A work-item owns a TM x VN register tile: VN contiguous columns of B loaded as one vector per
+// k (PoCL maps float16 onto AVX-512 registers), each of the TM rows of A broadcast into it.
+// Row tiles vary fastest (dimension 0), so the work-items running together share their columns
+// of B in cache.
 #ifndef VN
 #define VN 16
 #endif
@@ -11,57 +13,12 @@
 #define VLOAD CAT(vload, VN)
 #define VSTORE CAT(vstore, VN)
 #ifndef GEMM_WG
-#define GEMM_WG 8
+#define GEMM_WG 4
 #endif
 
 #define BIAS_NONE 0
 #define BIAS_ROW 1
 #define BIAS_COL 2
-
-inline void gemm_tile(__global const float* A, __global const float* B,
-                      __global const float* bias, __global float* C, const int M, const int N,
-                      const int K, const int lda, const int ldb, const int ldc, const int groups,
-                      const int a_batch, const int a_group, const int b_batch, const int b_group,
-                      const int c_batch, const int c_group, const int bias_mode, const int act,
-                      const float alpha, const float beta, const int tm) {
-    const int n0 = get_global_id(0) * VN, m0 = get_global_id(1) * tm, z = get_global_id(2);
-    if (n0 >= N || m0 >= M) return;
-    const int bi = z / groups, g = z % groups;
-    A += bi * a_batch + g * a_group;
-    B += bi * b_batch + g * b_group;
-    C += bi * c_batch + g * c_group;
-    // Rows past M repeat the last row (never stored), so the tile stays branch-free.
-    __global const float* rows[8];
-    for (int t = 0; t < tm; ++t) rows[t] = A + min(m0 + t, M - 1) * lda;
-    if (n0 + VN <= N) {
-        VEC acc[8];
-        for (int t = 0; t < tm; ++t) acc[t] = (VEC)(0.0f);
-        for (int k = 0; k < K; ++k) {
-            const VEC bv = VLOAD(0, B + k * ldb + n0);
-            for (int t = 0; t < tm; ++t) acc[t] = mad((VEC)(rows[t][k]), bv, acc[t]);
-        }
-        for (int t = 0; t < tm && m0 + t < M; ++t) {
-            VEC r = acc[t];
-            if (bias_mode == BIAS_ROW) r += (VEC)(bias[g * M + m0 + t]);
-            else if (bias_mode == BIAS_COL) r += VLOAD(0, bias + n0);
-            float out[VN];
-            VSTORE(r, 0, out);
-            for (int j = 0; j < VN; ++j) out[j] = activate(out[j], act, alpha, beta);
-            VSTORE(VLOAD(0, out), 0, C + (m0 + t) * ldc + n0);
-        }
-        return;
-    }
-    // The last, partial column tile.
-    for (int t = 0; t < tm && m0 + t < M; ++t) {
-        for (int n = n0; n < N; ++n) {
-            float s = 0.0f;
-            for (int k = 0; k < K; ++k) s = mad(rows[t][k], B[k * ldb + n], s);
-            if (bias_mode == BIAS_ROW) s += bias[g * M + m0 + t];
-            else if (bias_mode == BIAS_COL) s += bias[n];
-            C[(m0 + t) * ldc + n] = activate(s, act, alpha, beta);
-        }
-    }
-}
 
 #define GEMM_ARGS                                                                              \
     __global const float *A, __global const float *B, __global const float *bias,             \
@@ -69,13 +26,82 @@ inline void gemm_tile(__global const float* A, __global const float* B,
         const int ldb, const int ldc, const int groups, const int a_batch, const int a_group, \
         const int b_batch, const int b_group, const int c_batch, const int c_group,           \
         const int bias_mode, const int act, const float alpha, const float beta
-#define GEMM_PASS A, B, bias, C, M, N, K, lda, ldb, ldc, groups, a_batch, a_group, b_batch, \
-    b_group, c_batch, c_group, bias_mode, act, alpha, beta
+
+inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
+    switch (act) {
+    case ACT_RELU: return fmax(x, (VEC)(0.0f));
+    case ACT_LEAKY_RELU: return select(x * a, x, x >= (VEC)(0.0f));
+    case ACT_CLIP: return fmin(fmax(x, (VEC)(a)), (VEC)(b));
+    case ACT_SIGMOID: return (VEC)(1.0f) / ((VEC)(1.0f) + exp(-x));
+    default: return x;
+    }
+}
+
+// Stores one finished row of a tile: bias, activation, vector store.
+inline void store_row(VEC r, __global float* C, __global const float* bias, const int g,
+                      const int M, const int m, const int n0, const int ldc,
+                      const int bias_mode, const int act, const float alpha, const float beta) {
+    if (m >= M) return;
+    if (bias_mode == BIAS_ROW) r += (VEC)(bias[g * M + m]);
+    else if (bias_mode == BIAS_COL) r += VLOAD(0, bias + n0);
+    VSTORE(activate_vec(r, act, alpha, beta), 0, C + m * ldc + n0);
+}
+
+// The last, partial column tile, one scalar at a time.
+inline void gemm_edge(__global const float* A, __global const float* B,
+                      __global const float* bias, __global float* C, const int M, const int N,
+                      const int K, const int lda, const int ldb, const int ldc, const int g,
+                      const int m0, const int tm, const int n0, const int bias_mode,
+                      const int act, const float alpha, const float beta) {
+    for (int m = m0; m < min(m0 + tm, M); ++m) {
+        for (int n = n0; n < N; ++n) {
+            float s = 0.0f;
+            for (int k = 0; k < K; ++k) s = fma(A[m * lda + k], B[k * ldb + n], s);
+            if (bias_mode == BIAS_ROW) s += bias[g * M + m];
+            else if (bias_mode == BIAS_COL) s += bias[n];
+            C[m * ldc + n] = activate(s, act, alpha, beta);
+        }
+    }
+}
+
+#define GEMM_PROLOGUE(TM)                                                                     \
+    const int m0 = get_global_id(0) * TM, n0 = get_global_id(1) * VN, z = get_global_id(2);  \
+    if (m0 >= M || n0 >= N) return;                                                           \
+    const int bi = z / groups, g = z % groups;                                                \
+    A += bi * a_batch + g * a_group;                                                          \
+    B += bi * b_batch + g * b_group;                                                          \
+    C += bi * c_batch + g * c_group;                                                          \
+    if (n0 + VN > N) {                                                                        \
+        gemm_edge(A, B, bias, C, M, N, K, lda, ldb, ldc, g, m0, TM, n0, bias_mode, act,      \
+                  alpha, beta);                                                               \
+        return;                                                                               \
+    }
+
+// Rows past M repeat the last row (never stored), so the tile stays branch-free.
+#define ROW(t) __global const float* a##t = A + min(m0 + t, M - 1) * lda; VEC c##t = (VEC)(0.0f);
+#define FMA(t) c##t = fma((VEC)(a##t[k]), b, c##t);
+#define STORE(t) store_row(c##t, C, bias, g, M, m0 + t, n0, ldc, bias_mode, act, alpha, beta);
 
 // Eight rows per work-item: convolutions and batched fully connected layers.
 __kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
-void gemm8(GEMM_ARGS) { gemm_tile(GEMM_PASS, 8); }
+void gemm8(GEMM_ARGS) {
+    GEMM_PROLOGUE(8)
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+    for (int k = 0; k < K; ++k) {
+        const VEC b = VLOAD(0, B + k * ldb + n0);
+        FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7)
+    }
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+}
 
 // One row per work-item: a single sample through a fully connected layer, depthwise groups.
 __kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
-void gemm1(GEMM_ARGS) { gemm_tile(GEMM_PASS, 1); }
+void gemm1(GEMM_ARGS) {
+    GEMM_PROLOGUE(1)
+    ROW(0)
+    for (int k = 0; k < K; ++k) {
+        const VEC b = VLOAD(0, B + k * ldb + n0);
+        FMA(0)
+    }
+    STORE(0)
+}

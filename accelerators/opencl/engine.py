@@ -1,7 +1,9 @@
 """The OpenCL engine: an ONNX model on one OpenCL device, behind accelerators.engine.Engine.
 Loading checks every op (an unsupported one fails here, naming op and node, so the daemon
 falls back to its next device) by compiling the batch-1 plan; plans for other batch sizes are
-compiled on first use and cached."""
+compiled on first use and cached. On CPUs a large batch runs as back-to-back slices of
+`CPU_SLICE` samples through one plan, so each layer's tensors stay in cache (measured: GEMM
+throughput falls fourfold once a batch's im2col buffer outgrows the cache)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from accelerators.opencl.lowering import Lowered, lower
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
+
+CPU_SLICE = 8
 
 
 class OpenCLEngine:
@@ -55,4 +59,16 @@ class OpenCLEngine:
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         batch = next(iter(inputs.values())).shape[0]
-        return self.plan(batch).run(inputs, outputs)
+        step = CPU_SLICE if self.device.kind == "cpu" else batch
+        if batch <= step:
+            return self.plan(batch).run(inputs, outputs)
+        shapes = {o.name: o.shape[1:] for o in self.outputs}
+        results = {name: np.empty((batch, *shapes[name]), np.float32) for name in outputs}
+        held = []  # every slice is enqueued before the one wait: no host round trip between
+        for lo in range(0, batch, step):
+            hi = min(lo + step, batch)
+            held += self.plan(hi - lo).enqueue(
+                {k: v[lo:hi] for k, v in inputs.items()},
+                {k: v[lo:hi] for k, v in results.items()})
+        self._dev.queue.finish()
+        return results

@@ -51,21 +51,27 @@ class Executor:
         return self.buffers.peak_bytes
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        results = {name: np.empty(self._outputs[name][1], np.float32) for name in outputs}
+        held = self.enqueue(inputs, results)
+        self._queue.finish()
+        del held
+        return results
+
+    def enqueue(self, inputs: dict[str, np.ndarray],
+                results: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Enqueues one run, reading outputs into `results` (contiguous float32 arrays); they
+        are filled once the queue finishes. Returns the host arrays that must live until then."""
         q = self._queue
-        held = []  # host arrays must outlive their non-blocking copies
+        held = []
         for name, buf in self._inputs.items():
             array = np.ascontiguousarray(inputs[name], np.float32)
             held.append(array)
             cl.enqueue_copy(q, buf, array, is_blocking=False)
         self._events = [cl.enqueue_nd_range_kernel(q, k, launch.global_size, launch.local_size)
                         for k, launch in self._kernels]
-        results = {}
-        for name in outputs:
-            buf, shape = self._outputs[name]
-            results[name] = np.empty(shape, np.float32)
-            cl.enqueue_copy(q, results[name], buf, is_blocking=False)
-        q.finish()
-        return results
+        for name, array in results.items():
+            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False)
+        return held
 
     def profile(self) -> list[LaunchTime]:
         """Device time of each launch of the last run, from its profiling event."""

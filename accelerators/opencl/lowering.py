@@ -12,8 +12,8 @@ import numpy as np
 from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
 
-# Must match the build options (program_cache.BUILD_OPTIONS) and kernels' reqd_work_group_size.
-WG_1D, GEMM_WG, VN = 64, 8, 16
+# Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
+WG_1D, GEMM_WG, VN = 64, 4, 16
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
@@ -120,15 +120,19 @@ class Lowering:
         self.out.consts.setdefault(key, np.ascontiguousarray(value, np.float32))
         return Ref(key)
 
-    def _emit(self, node: Node, kernel: str, total: int, args: list, flops: int = 0) -> None:
-        self.out.launches.append(Launch(kernel, (_up(total, WG_1D),), (WG_1D,), args,
-                                        node.name, flops))
+    def _emit(self, node: Node, kernel: str, size: int | tuple[int, ...], args: list,
+              flops: int = 0) -> None:
+        """A launch of work-groups of WG_1D along the first dimension of `size`."""
+        size = (size,) if isinstance(size, int) else size
+        self.out.launches.append(Launch(kernel, (_up(size[0], WG_1D), *size[1:]),
+                                        (WG_1D,) + (1,) * (len(size) - 1), args, node.name,
+                                        flops))
 
     def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int, n: int,
               k: int, lds: tuple[int, int, int], groups: int, strides: tuple[int, ...],
               bias_mode: int, act: list, flops: int) -> None:
         tm = 8 if m >= 8 else 1
-        size = (_up(-(-n // VN), GEMM_WG), -(-m // tm), strides[-1])
+        size = (_up(-(-m // tm), GEMM_WG), -(-n // VN), strides[-1])
         args = [a, b, bias or a, c, *_i(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act]
         self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1), args, node.name,
                                         flops))
@@ -149,9 +153,8 @@ class Lowering:
             col = Ref(x.storage)  # a 1x1 convolution reads its input as the GEMM's B
         else:
             col = Ref(self._new(f"{node.name}:col", (n * g * kg * p,)).storage)
-            total = n * g * kg * p
-            self._emit(node, "im2col", total, [Ref(x.storage), col, *_i(
-                total, cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)])
+            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *_i(
+                cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)])
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
@@ -201,7 +204,7 @@ class Lowering:
         kh, kw = node.attrs["kernel_shape"]
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), (eh, ew) = window(node, (h, w), (kh, kw))
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
-        self._emit(node, "pool2d", n * c * oh * ow, [Ref(x.storage), Ref(out.storage), *_i(
+        self._emit(node, "pool2d", (oh * ow, n * c), [Ref(x.storage), Ref(out.storage), *_i(
             n * c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, dh, dw, is_max,
             node.attrs.get("count_include_pad", 0))])
 
@@ -223,8 +226,9 @@ class Lowering:
         x, a = args[0], node.attrs
         n, c = x.shape[:2]
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
-        self._emit(node, "lrn", math.prod(x.shape), [
-            Ref(x.storage), Ref(out.storage), *_i(n, c, math.prod(x.shape[2:]), a["size"]),
+        hw = math.prod(x.shape[2:])
+        self._emit(node, "lrn", (hw, c, n), [
+            Ref(x.storage), Ref(out.storage), *_i(c, hw, a["size"]),
             np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
             np.float32(a.get("bias", 1.0))])
 
