@@ -252,8 +252,8 @@ class Lowering:
             strides += [0 if s[i] == 1 and dims[i] != 1 else contiguous[i] for i in range(4)]
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
         refs = [self._ref(v, i) for v, i in zip(args, node.inputs)]
-        self._emit(node, "binary4d", math.prod(shape), [
-            *refs, Ref(out.storage), *_i(math.prod(shape), *dims[1:], *strides, BINARY[node.op]),
+        self._emit(node, "binary4d", (dims[2] * dims[3], dims[0] * dims[1]), [
+            *refs, Ref(out.storage), *_i(*dims[1:], *strides, BINARY[node.op]),
             *_act(node, self.values)])
 
     _add = _sub = _mul = _div = _sum = _binary
