@@ -2,8 +2,9 @@
 // over z = batch * groups + group with a stride per batch and per group for each operand.
 // A work-item owns a TM x VN register tile: VN contiguous columns of B loaded as one vector per
 // k (PoCL maps float16 onto AVX-512 registers), each of the TM rows of A broadcast into it.
-// Row tiles vary fastest (dimension 0), so the work-items running together share their columns
-// of B in cache.
+// Dimension 0 of the range walks the tiles along whichever operand is larger (`rows_first`:
+// row tiles, when B is the larger), so the work-items running together share that operand's
+// slice in cache and it is read from memory about once.
 #ifndef VN
 #define VN 16
 #endif
@@ -25,7 +26,8 @@
         __global float *C, const int M, const int N, const int K, const int lda,              \
         const int ldb, const int ldc, const int groups, const int a_batch, const int a_group, \
         const int b_batch, const int b_group, const int c_batch, const int c_group,           \
-        const int bias_mode, const int act, const float alpha, const float beta
+        const int bias_mode, const int act, const float alpha, const float beta,           \
+        const int rows_first
 
 inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
     switch (act) {
@@ -65,7 +67,8 @@ inline void gemm_edge(__global const float* A, __global const float* B,
 }
 
 #define GEMM_PROLOGUE(TM)                                                                     \
-    const int m0 = get_global_id(0) * TM, n0 = get_global_id(1) * VN, z = get_global_id(2);  \
+    const int g0 = get_global_id(0), g1 = get_global_id(1), z = get_global_id(2);            \
+    const int m0 = (rows_first ? g0 : g1) * TM, n0 = (rows_first ? g1 : g0) * VN;            \
     if (m0 >= M || n0 >= N) return;                                                           \
     const int bi = z / groups, g = z % groups;                                                \
     A += bi * a_batch + g * a_group;                                                          \

@@ -132,8 +132,11 @@ class Lowering:
               k: int, lds: tuple[int, int, int], groups: int, strides: tuple[int, ...],
               bias_mode: int, act: list, flops: int) -> None:
         tm = 8 if m >= 8 else 1
-        size = (_up(-(-m // tm), GEMM_WG), -(-n // VN), strides[-1])
-        args = [a, b, bias or a, c, *_i(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act]
+        rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
+        tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
+        size = (_up(tiles[0], GEMM_WG), tiles[1], strides[-1])
+        args = [a, b, bias or a, c, *_i(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act,
+                np.int32(rows_first)]
         self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1), args, node.name,
                                         flops))
 
