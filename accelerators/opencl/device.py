@@ -44,7 +44,8 @@ def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
         raise NoSuchDeviceError(f"no OpenCL fpga, gpu or cpu device found (present: {present})")
     match = re.fullmatch(r"(fpga|gpu|cpu|other)(\d+)", spec)
     if match is None:
-        raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0, cpu0 (or other0 for simulators such as Oclgrind)")
+        raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0, cpu0 "
+                                f"(or other0: simulators such as Oclgrind)")
     kind, index = match[1], int(match[2])
     devices = by_kind.get(kind, [])
     if index >= len(devices):

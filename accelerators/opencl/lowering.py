@@ -128,9 +128,11 @@ class Lowering:
                                         (WG_1D,) + (1,) * (len(size) - 1), args, node.name,
                                         flops))
 
-    def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int, n: int,
-              k: int, lds: tuple[int, int, int], groups: int, strides: tuple[int, ...],
-              bias_mode: int, act: list, flops: int) -> None:
+    def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int,
+                     n: int, k: int, lds: tuple[int, int, int], groups: int,
+                     strides: tuple[int, ...], bias_mode: int, act: list, flops: int) -> None:
+        """C = act(A x B + bias) for each z; `lds` are the row strides of A, B, C; `strides`
+        the per-batch and per-group offsets of A, B, C, then the number of z."""
         tm = 8 if m >= 8 else 1
         rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
         tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
@@ -162,8 +164,9 @@ class Lowering:
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
         self._launch_gemm(node, weights, col, bias, Ref(out.storage), mg, p, kg, (kg, p, p), g,
-                   (0, mg * kg, g * kg * p, kg * p, oc * p, mg * p, n * g),
-                   BIAS_ROW if bias else BIAS_NONE, _act(node, self.values), 2 * n * oc * kg * p)
+                          (0, mg * kg, g * kg * p, kg * p, oc * p, mg * p, n * g),
+                          BIAS_ROW if bias else BIAS_NONE, _act(node, self.values),
+                          2 * n * oc * kg * p)
 
     def _gemm_node(self, node: Node, args: list, alpha: float, beta: float,
                    trans_b: bool) -> None:
@@ -188,9 +191,9 @@ class Lowering:
                 raise UnsupportedModelError(
                     f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
             bias = self._ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
-        self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage), m, n, k,
-                   (k, n, n), 1, (0, 0, 0, 0, 0, 0, 1), BIAS_COL if bias else BIAS_NONE,
-                   _act(node, self.values), 2 * m * n * k)
+        self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage),
+                          m, n, k, (k, n, n), 1, (0, 0, 0, 0, 0, 0, 1),
+                          BIAS_COL if bias else BIAS_NONE, _act(node, self.values), 2 * m * n * k)
 
     def _gemm(self, node: Node, args: list) -> None:
         a = node.attrs
