@@ -108,3 +108,43 @@ void gemm1(GEMM_ARGS) {
     }
     STORE(0)
 }
+
+// The same GEMM with local-memory tiling, for GPUs and FPGAs: a work-group stages TS x TS tiles
+// of A and B in local memory and each work-item accumulates WPT rows of one column in registers
+// (zero-filled past the edges, so every work-item reaches every barrier).
+#define TS 32
+#define WPT 8
+#define RTS (TS / WPT)
+__kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
+void gemm_local(GEMM_ARGS) {
+    const int tx = get_local_id(0), ty = get_local_id(1), z = get_global_id(2);
+    const int n = get_group_id(0) * TS + tx, m_base = get_group_id(1) * TS;
+    const int bi = z / groups, g = z % groups;
+    A += bi * a_batch + g * a_group;
+    B += bi * b_batch + g * b_group;
+    C += bi * c_batch + g * c_group;
+    __local float a_tile[TS][TS], b_tile[TS][TS];
+    float acc[WPT];
+    for (int w = 0; w < WPT; ++w) acc[w] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TS) {
+        for (int w = 0; w < WPT; ++w) {
+            const int r = ty + w * RTS, m = m_base + r;
+            a_tile[r][tx] = (m < M && k0 + tx < K) ? A[m * lda + k0 + tx] : 0.0f;
+            b_tile[r][tx] = (k0 + r < K && n < N) ? B[(k0 + r) * ldb + n] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TS; ++kk) {
+            const float b = b_tile[kk][tx];
+            for (int w = 0; w < WPT; ++w) acc[w] = fma(a_tile[ty + w * RTS][kk], b, acc[w]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int w = 0; w < WPT; ++w) {
+        const int m = m_base + ty + w * RTS;
+        if (m >= M || n >= N) continue;
+        float s = acc[w];
+        if (bias_mode == BIAS_ROW) s += bias[g * M + m];
+        else if (bias_mode == BIAS_COL) s += bias[n];
+        C[m * ldc + n] = activate(s, act, alpha, beta);
+    }
+}

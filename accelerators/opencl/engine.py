@@ -26,17 +26,20 @@ CPU_SLICE = 8
 
 
 class OpenCLEngine:
-    def __init__(self, model_path: Path, device: str = "",
-                 cache: ProgramCache | None = None) -> None:
+    def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
+                 local_tiles: bool | None = None) -> None:
+        """`local_tiles`: GEMMs through local memory; by default on GPUs and FPGAs only."""
         self.graph: Graph = load_graph(model_path)
         self._dev: OpenCLDevice = open_device(device)
+        self._local_tiles = self._dev.kind in ("gpu", "fpga") if local_tiles is None \
+            else local_tiles
         self.device = Device(self._dev.name, self._dev.kind, "opencl")
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
         self._cache = cache or ProgramCache()
         self._consts: dict[str, cl.Buffer] = {}
         self._plans: dict[int, Executor] = {}
-        first = lower(self.graph, 1)  # raises for unsupported ops before touching the device
+        first = lower(self.graph, 1, self._local_tiles)  # raises for unsupported ops before touching the device
         self.program = self._cache.program(self._dev, {la.kernel for la in first.launches})
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
@@ -48,7 +51,7 @@ class OpenCLEngine:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch)
+            lowered = lowered or lower(self.graph, batch, self._local_tiles)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(

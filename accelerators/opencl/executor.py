@@ -39,6 +39,7 @@ class Executor:
         self._inputs = {name: buffer(Ref(d.storage)) for name, d in lowered.inputs.items()}
         self._outputs = {name: (buffer(Ref(d.storage)), d.shape)
                          for name, d in lowered.outputs.items()}
+        self.launches = lowered.launches
         self._kernels: list[tuple[cl.Kernel, Launch]] = []
         for launch in lowered.launches:
             kernel = cl.Kernel(program, launch.kernel)

@@ -14,6 +14,7 @@ from accelerators.opencl.host_ops import fold, view_shape, window
 
 # Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
 WG_1D, GEMM_WG, VN = 64, 4, 16
+LOCAL_TILE, LOCAL_ROWS = 32, 4  # gemm_local's TS x TS tile, TS / WPT rows of work-items
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
@@ -74,8 +75,8 @@ def _act(node: Node, consts: dict[str, np.ndarray]) -> list:
 
 
 class Lowering:
-    def __init__(self, graph: Graph, batch: int) -> None:
-        self.graph, self.out = graph, Lowered()
+    def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
+        self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
@@ -133,14 +134,19 @@ class Lowering:
                      strides: tuple[int, ...], bias_mode: int, act: list, flops: int) -> None:
         """C = act(A x B + bias) for each z; `lds` are the row strides of A, B, C; `strides`
         the per-batch and per-group offsets of A, B, C, then the number of z."""
+        args = [a, b, bias or a, c, *_i(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act]
+        if self.local_tiles:
+            size = (_up(n, LOCAL_TILE), _up(m, LOCAL_TILE) // LOCAL_TILE * LOCAL_ROWS,
+                    strides[-1])
+            self.out.launches.append(Launch("gemm_local", size, (LOCAL_TILE, LOCAL_ROWS, 1),
+                                            args + [np.int32(0)], node.name, flops))
+            return
         tm = 8 if m >= 8 else 1
         rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
         tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
         size = (_up(tiles[0], GEMM_WG), tiles[1], strides[-1])
-        args = [a, b, bias or a, c, *_i(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act,
-                np.int32(rows_first)]
-        self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1), args, node.name,
-                                        flops))
+        self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1),
+                                        args + [np.int32(rows_first)], node.name, flops))
 
     # --- kernel ops
     def _conv(self, node: Node, args: list) -> None:
@@ -300,5 +306,7 @@ class Lowering:
                                                 *_i(rows, math.prod(x.shape[axis:]))])
 
 
-def lower(graph: Graph, batch: int) -> Lowered:
-    return Lowering(graph, batch).run()
+def lower(graph: Graph, batch: int, local_tiles: bool = False) -> Lowered:
+    """`local_tiles`: GEMMs staged through local memory (GPUs, FPGAs) instead of the register
+    tiles that suit CPUs."""
+    return Lowering(graph, batch, local_tiles).run()

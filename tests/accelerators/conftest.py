@@ -31,10 +31,10 @@ def program_cache(tmp_path_factory: pytest.TempPathFactory) -> ProgramCache:
 @pytest.fixture
 def engine_for(tmp_path: Path, opencl_device: str, program_cache: ProgramCache):
     """Saves an ONNX model and loads it into an OpenCL engine on the device under test."""
-    def load(model: onnx.ModelProto) -> OpenCLEngine:
+    def load(model: onnx.ModelProto, local_tiles: bool | None = None) -> OpenCLEngine:
         path = tmp_path / f"model{len(list(tmp_path.iterdir()))}.onnx"
         onnx.save(model, str(path))
-        return OpenCLEngine(path, opencl_device, program_cache)
+        return OpenCLEngine(path, opencl_device, program_cache, local_tiles)
     return load
 
 

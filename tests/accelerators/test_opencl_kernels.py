@@ -52,9 +52,14 @@ CONV = [
 ]
 
 
+# GEMMs with register tiles (CPUs) and through local memory (GPUs, FPGAs).
+TILES = pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+
+
 @pytest.mark.parametrize("case", _grid(CONV, 4), ids=str)
 @pytest.mark.parametrize("activation", ["none", "Relu"])
-def test_conv(engine_for, case, activation) -> None:
+@TILES
+def test_conv(engine_for, case, activation, local_tiles) -> None:
     from onnx import helper
     n, c, h, w, oc, k, s, pads, d, g = case
     rng, seed = fresh_rng()
@@ -68,13 +73,14 @@ def test_conv(engine_for, case, activation) -> None:
         model.graph.node[0].output[0] = "conv"
         model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
         ref = np.maximum(ref, 0)
-    _check(engine_for(model), {"x": x}, ref, seed)
+    _check(engine_for(model, local_tiles), {"x": x}, ref, seed)
 
 
 @pytest.mark.parametrize("m, k, n, trans_b, alpha, beta", _grid([
     (1, 37, 19, 1, 1.0, 1.0), (64, 300, 130, 1, 1.0, 1.0), (9, 16, 16, 0, 0.5, 2.0),
     (3, 1, 5, 0, 1.0, 1.0), (64, 9216, 128, 1, 1.0, 1.0), (8, 33, 1000, 1, 1.0, 0.0)], 4))
-def test_gemm(engine_for, m, k, n, trans_b, alpha, beta) -> None:
+@TILES
+def test_gemm(engine_for, m, k, n, trans_b, alpha, beta, local_tiles) -> None:
     rng, seed = fresh_rng()
     x = rng.standard_normal((m, k), np.float32)
     w = rng.standard_normal((n, k) if trans_b else (k, n), np.float32)
@@ -82,7 +88,7 @@ def test_gemm(engine_for, m, k, n, trans_b, alpha, beta) -> None:
     ref = alpha * x.astype(np.float64) @ (w.T if trans_b else w).astype(np.float64) + beta * b
     model = single_op("Gemm", {"x": x}, {"w": w, "b": b}, ref.shape, transB=trans_b,
                       alpha=alpha, beta=beta)
-    _check(engine_for(model), {"x": x}, ref, seed)
+    _check(engine_for(model, local_tiles), {"x": x}, ref, seed)
 
 
 def test_matmul(engine_for) -> None:

@@ -39,6 +39,11 @@ def test_mnist_matches_onnxruntime_on_held_out_digits(opencl_device, program_cac
                           for i in range(0, 1000, 100)])
     _compare(got, session.run(None, {"image": images})[0])
     assert (got.argmax(axis=1) == labels).mean() > 0.9
+    # The GEMMs that GPUs and FPGAs run, through local memory, on the same device.
+    tiled = OpenCLEngine(path, opencl_device, program_cache, local_tiles=True)
+    assert {la.kernel for la in tiled.plan(16).launches} >= {"gemm_local"}
+    _compare(tiled.run({"image": images[:16]}, ["logits"])["logits"],
+             session.run(None, {"image": images[:16]})[0])
 
 
 @pytest.mark.parametrize("name", ["alexnet", "googlenet", "resnet50"])
