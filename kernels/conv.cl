@@ -10,6 +10,11 @@ void im2col(__global const float* x, __global float* col, const int c_per_group,
     const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);
     __global const float* plane = x + (z * c_per_group + c) * h * w;
     __global float* row = col + (z * c_per_group * kh * kw + k) * oh * ow;
+    // Output columns whose input column lies inside the row: [ox_lo, ox_hi); zeros elsewhere,
+    // and a plain strided copy between (a vectorizable memcpy for stride 1).
+    const int off = kx * dw - pw;
+    const int ox_lo = clamp((-off + sw - 1) / sw, 0, ow);
+    const int ox_hi = clamp(off >= w ? 0 : (w - 1 - off) / sw + 1, ox_lo, ow);
     for (int oy = 0; oy < oh; ++oy) {
         const int iy = oy * sh - ph + ky * dh;
         __global float* out = row + oy * ow;
@@ -17,10 +22,13 @@ void im2col(__global const float* x, __global float* col, const int c_per_group,
             for (int ox = 0; ox < ow; ++ox) out[ox] = 0.0f;
             continue;
         }
-        __global const float* in = plane + iy * w;
-        for (int ox = 0; ox < ow; ++ox) {
-            const int ix = ox * sw - pw + kx * dw;
-            out[ox] = (ix >= 0 && ix < w) ? in[ix] : 0.0f;
+        __global const float* in = plane + iy * w + off;
+        for (int ox = 0; ox < ox_lo; ++ox) out[ox] = 0.0f;
+        if (sw == 1) {
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox];
+        } else {
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox * sw];
         }
+        for (int ox = ox_hi; ox < ow; ++ox) out[ox] = 0.0f;
     }
 }
