@@ -148,3 +148,37 @@ void gemm_local(GEMM_ARGS) {
         C[m * ldc + n] = activate(s, act, alpha, beta);
     }
 }
+
+// One sample through a wide fully connected layer (M = 1, large K): too few column tiles to
+// keep the cores busy, so K is split into `splits` chunks whose partial sums a second kernel
+// adds up with the bias and activation. partial[s][n] for chunk s.
+__kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
+void gemv_partial(__global const float* a, __global const float* B, __global float* partial,
+                  const int N, const int K, const int ldb, const int chunk) {
+    const int n0 = get_global_id(0) * VN, s = get_global_id(1);
+    if (n0 >= N) return;
+    const int k_end = min(K, (s + 1) * chunk);
+    if (n0 + VN <= N) {
+        VEC acc = (VEC)(0.0f);
+        for (int k = s * chunk; k < k_end; ++k)
+            acc = fma((VEC)(a[k]), VLOAD(0, B + k * ldb + n0), acc);
+        VSTORE(acc, 0, partial + s * N + n0);
+        return;
+    }
+    for (int n = n0; n < N; ++n) {
+        float acc = 0.0f;
+        for (int k = s * chunk; k < k_end; ++k) acc = fma(a[k], B[k * ldb + n], acc);
+        partial[s * N + n] = acc;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void gemv_reduce(__global const float* partial, __global const float* bias,
+                 __global float* out, const int N, const int splits, const int has_bias,
+                 const int act, const float alpha, const float beta) {
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    float s = has_bias ? bias[n] : 0.0f;
+    for (int i = 0; i < splits; ++i) s += partial[i * N + n];
+    out[n] = activate(s, act, alpha, beta);
+}

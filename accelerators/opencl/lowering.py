@@ -14,6 +14,7 @@ from accelerators.opencl.host_ops import fold, view_shape, window
 
 # Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
 WG_1D, GEMM_WG, VN = 64, 4, 16
+GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
 LOCAL_TILE, LOCAL_ROWS = 32, 4  # gemm_local's TS x TS tile, TS / WPT rows of work-items
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
@@ -197,9 +198,25 @@ class Lowering:
                 raise UnsupportedModelError(
                     f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
             bias = self._ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
+        if m == 1 and k >= GEMV_SPLIT_K and not self.local_tiles:
+            self._gemv(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage), n, k)
+            return
         self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage),
                           m, n, k, (k, n, n), 1, (0, 0, 0, 0, 0, 0, 1),
                           BIAS_COL if bias else BIAS_NONE, _act(node, self.values), 2 * m * n * k)
+
+    def _gemv(self, node: Node, x: Ref, w: Ref, bias: Ref | None, out: Ref, n: int,
+              k: int) -> None:
+        """One sample, K split in chunks of GEMV_SPLIT_K / 4 summed by a second launch."""
+        chunk = GEMV_SPLIT_K // 4
+        splits = -(-k // chunk)
+        partial = Ref(self._new(f"{node.name}:partial", (splits, n)).storage)
+        self.out.launches.append(Launch(
+            "gemv_partial", (_up(-(-n // VN), GEMM_WG), splits), (GEMM_WG, 1), [
+                x, w, partial, *_i(n, k, n, chunk)], node.name, 2 * n * k))
+        self._emit(node, "gemv_reduce", n, [partial, bias or w, out,
+                                             *_i(n, splits, bias is not None),
+                                             *_act(node, self.values)])
 
     def _gemm(self, node: Node, args: list) -> None:
         a = node.attrs

@@ -77,8 +77,9 @@ def test_conv(engine_for, case, activation, local_tiles) -> None:
 
 
 @pytest.mark.parametrize("m, k, n, trans_b, alpha, beta", _grid([
-    (1, 37, 19, 1, 1.0, 1.0), (64, 300, 130, 1, 1.0, 1.0), (9, 16, 16, 0, 0.5, 2.0),
-    (3, 1, 5, 0, 1.0, 1.0), (64, 9216, 128, 1, 1.0, 1.0), (8, 33, 1000, 1, 1.0, 0.0)], 4))
+    (1, 37, 19, 1, 1.0, 1.0), (1, 2500, 37, 1, 1.0, 1.0),  # the second splits K
+    (64, 300, 130, 1, 1.0, 1.0), (9, 16, 16, 0, 0.5, 2.0), (3, 1, 5, 0, 1.0, 1.0),
+    (64, 9216, 128, 1, 1.0, 1.0), (8, 33, 1000, 1, 1.0, 0.0)], 4))
 @TILES
 def test_gemm(engine_for, m, k, n, trans_b, alpha, beta, local_tiles) -> None:
     rng, seed = fresh_rng()
