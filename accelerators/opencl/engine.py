@@ -17,7 +17,8 @@ from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.lowering import Lowered, lower
+from accelerators.opencl.launch import Lowered
+from accelerators.opencl.lowering import lower
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ class OpenCLEngine:
         self._cache = cache or ProgramCache()
         self._consts: dict[str, cl.Buffer] = {}
         self._plans: dict[int, Executor] = {}
-        first = lower(self.graph, 1, self._local_tiles)  # raises for unsupported ops before touching the device
+        # Raises for unsupported ops before the device is touched.
+        first = lower(self.graph, 1, self._local_tiles)
         self.program = self._cache.program(self._dev, {la.kernel for la in first.launches})
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "

@@ -11,7 +11,7 @@ import numpy as np
 import pyopencl as cl
 
 from accelerators.opencl.device import OpenCLDevice
-from accelerators.opencl.lowering import Launch, Lowered, Ref
+from accelerators.opencl.launch import Launch, Lowered, Ref
 from accelerators.opencl.planner import plan_buffers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelerators.opencl.lowering import Lowered, Ref
+from accelerators.opencl.launch import Lowered, Ref
 
 
 @dataclass

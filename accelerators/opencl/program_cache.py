@@ -14,7 +14,7 @@ from pathlib import Path
 import pyopencl as cl
 
 from accelerators.opencl.device import OpenCLDevice
-from accelerators.opencl.lowering import GEMM_WG, VN, WG_1D
+from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
 
 log = logging.getLogger(__name__)
 

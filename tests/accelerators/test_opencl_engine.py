@@ -4,7 +4,6 @@ device choice."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pyopencl as cl
 import pytest
 from onnx import helper
