@@ -3,13 +3,26 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,test
 
-.PHONY: demo test setup system-deps train clean
+.PHONY: demo test kernel-check setup system-deps train clean
 
 demo: setup
 	$(PY) tools/demo.py
 
 test: setup
 	$(VENV)/bin/pytest
+
+# The OpenCL kernel tests under Oclgrind with its memory-access and data-race checks, on a reduced
+# shape grid (the simulator is slow). Oclgrind reports on stderr (its --log loses reports under
+# pytest), so stderr is kept and any report fails the target. Its uninitialized-memory plugin
+# cannot read the `freeze` instruction of Debian's LLVM, so it is off.
+OCLGRIND_LOG ?= build/oclgrind.log
+kernel-check: setup
+	@mkdir -p $(dir $(OCLGRIND_LOG))
+	HETSERVE_TEST_OPENCL_DEVICE=other0 HETSERVE_KERNEL_GRID=small oclgrind --data-races \
+	  $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/accelerators/test_opencl_kernels.py \
+	  2>$(OCLGRIND_LOG); status=$$?; cat $(OCLGRIND_LOG) >&2; \
+	  if grep -qE 'Invalid (read|write)|data race|OCLGRIND|Oclgrind' $(OCLGRIND_LOG); then \
+	  echo "kernel-check: Oclgrind reported errors (above)" >&2; exit 1; fi; exit $$status
 
 setup: system-deps $(VENV)/.installed
 

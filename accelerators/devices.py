@@ -41,8 +41,9 @@ def classify(platform_name: str, device_name: str, type_bits: int) -> str:
     return "other"
 
 
-def opencl_devices() -> list[OpenCLDevice]:
-    """Every device of every platform; an absent ICD loader or no platform means none."""
+def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
+    """Every device of every platform with its pyopencl handle; no ICD loader or no platform
+    means none."""
     try:
         import pyopencl as cl
         platforms = cl.get_platforms()
@@ -57,12 +58,16 @@ def opencl_devices() -> list[OpenCLDevice]:
             log.warning("OpenCL platform %r lists no devices: %s", platform.name, e)
             continue
         for d in devices:
-            found.append(OpenCLDevice(
+            found.append((d, OpenCLDevice(
                 platform=platform.name.strip(), name=d.name.strip(),
                 kind=classify(platform.name, d.name, d.type), type_bits=int(d.type),
                 driver_version=d.driver_version, compute_units=d.max_compute_units,
-                global_mem_bytes=d.global_mem_size))
+                global_mem_bytes=d.global_mem_size)))
     return found
+
+
+def opencl_devices() -> list[OpenCLDevice]:
+    return [record for _, record in opencl_handles()]
 
 
 def onnxruntime_providers() -> list[dict[str, str]]:
@@ -94,4 +99,8 @@ def format_table(found: dict[str, list[dict]]) -> str:
         lines.append(f"{p['kind']:<6} {'onnxruntime':<12} {p['provider']:<40}")
     if len(lines) == 1:
         lines.append("(no OpenCL device and no ONNX Runtime provider found)")
+    if "models" in found:
+        lines += ["", f"{'DEVICE':<20} {'MODEL':<24} CAN RUN"]
+        lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()
+                  for model, answer in models.items()]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """Creates engines from device specs: `onnxruntime` (its best device), `onnxruntime:cpu0`,
-`onnxruntime:gpu0`, and, as engines land, `opencl:fpga0` and the like."""
+`onnxruntime:gpu0`, and `opencl` (its preferred device: fpga, then gpu, then cpu), `opencl:fpga0`,
+`opencl:gpu1`, `opencl:cpu0` (the n-th OpenCL device of that kind)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from accelerators.engine import Engine
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
-ENGINES = ("onnxruntime",)
+ENGINES = ("onnxruntime", "opencl")
 DEFAULT_DEVICES = "onnxruntime"
 # Engines from outside this package (a site's own, or a test double), by name.
 _REGISTERED: dict[str, Callable[[DeviceSpec, Path, int], Engine]] = {}
@@ -47,9 +48,33 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0) -> Engine:
     if spec.engine in _REGISTERED:
         return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
+    if spec.engine == "opencl":
+        from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
+
+        return OpenCLEngine(model_path, spec.device)
     engine = OnnxRuntimeEngine(model_path, intra_op_threads,
                                use_gpu=not spec.device.startswith("cpu"))
     if spec.device and engine.device.name != spec.device:
         raise ValueError(f"device {str(spec)!r} is not available: onnxruntime runs this model "
                          f"on {engine.device.name}")
     return engine
+
+
+def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
+    """One spec per device of an inventory (accelerators.devices.inventory)."""
+    specs, seen = [], {}
+    for d in found["opencl"]:
+        index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
+        specs.append(DeviceSpec("opencl", f"{d['kind']}{index}"))
+    kinds = {p["kind"] for p in found["onnxruntime"]}
+    specs += [DeviceSpec("onnxruntime", f"{k}0") for k in ("gpu", "cpu") if k in kinds]
+    return specs
+
+
+def can_run(spec: DeviceSpec, model_path: Path) -> str:
+    """"yes", or why the device cannot run the model: the check the daemon's loading does."""
+    try:
+        create_engine(spec, model_path, intra_op_threads=1)
+    except Exception as e:  # engines raise their own types for models they cannot run
+        return f"no: {e}"
+    return "yes"

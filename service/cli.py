@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from service.settings import ENV_PREFIX, Settings
 
@@ -46,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     devices = commands.add_parser(
         "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    devices.add_argument("--models", metavar="DIR", help="also say which models of this "
+                         "repository each device can run (loads each one there)")
 
     top = commands.add_parser(
         "top", help="live view of one node: requests, latency, watts, GFLOP/s per watt, joules "
@@ -65,16 +68,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "devices":
-        return _devices(args.json)
+        return _devices(args.json, args.models)
     if args.command == "top":
         return _top(args)
     return _serve(args)
 
 
-def _devices(as_json: bool) -> int:
+def _devices(as_json: bool, models: str | None) -> int:
     from accelerators.devices import format_table, inventory
 
     found = inventory()
+    if models:
+        found["models"] = _model_support(found, Path(models))
     print(json.dumps(found, indent=2) if as_json else format_table(found))
     return 0
 
@@ -90,6 +95,24 @@ def _top(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         url = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
     return run(url, args.interval, args.once)
+
+
+def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
+    """device spec -> model -> "yes" or the reason it cannot run there (latest version)."""
+    from accelerators.engines import can_run, device_specs
+    from service.repository import ModelRepository
+
+    repository = ModelRepository(root)
+    paths = {}
+    for name in repository.names():
+        try:
+            versions = repository.load(name).versions
+            paths[name] = versions[max(versions)]
+        except Exception as e:  # a broken config is reported, not fatal
+            paths[name] = e
+    return {str(spec): {name: f"no: {p}" if isinstance(p, Exception) else can_run(spec, p)
+                        for name, p in paths.items()}
+            for spec in device_specs(found)}
 
 
 def _serve(args: argparse.Namespace) -> int:

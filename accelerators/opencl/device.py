@@ -1,0 +1,61 @@
+"""Chooses an OpenCL device explicitly (`fpga0`, `gpu1`, `cpu0`: the n-th device of a kind as
+accelerators.devices classifies it) and opens one context with one in-order profiling queue."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyopencl as cl
+
+from accelerators.devices import opencl_handles
+
+# An empty device part picks the first device of the first kind present, most efficient first.
+PREFERENCE = ("fpga", "gpu", "cpu")
+
+
+class NoSuchDeviceError(LookupError):
+    pass
+
+
+@dataclass
+class OpenCLDevice:
+    name: str  # e.g. "cpu0"
+    kind: str
+    device: cl.Device
+    context: cl.Context
+    queue: cl.CommandQueue
+
+    @property
+    def description(self) -> str:
+        return f"{self.device.platform.name.strip()} / {self.device.name.strip()}"
+
+
+def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
+    """(name, kind, device) for a spec such as "gpu0", or the preferred device for ""."""
+    by_kind: dict[str, list[cl.Device]] = {}
+    for handle, record in opencl_handles():
+        by_kind.setdefault(record.kind, []).append(handle)
+    present = {k: len(v) for k, v in by_kind.items()}
+    if not spec:
+        for kind in PREFERENCE:
+            if by_kind.get(kind):
+                return f"{kind}0", kind, by_kind[kind][0]
+        raise NoSuchDeviceError(f"no OpenCL fpga, gpu or cpu device found (present: {present})")
+    match = re.fullmatch(r"(fpga|gpu|cpu|other)(\d+)", spec)
+    if match is None:
+        raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0, cpu0 "
+                                f"(or other0: simulators such as Oclgrind)")
+    kind, index = match[1], int(match[2])
+    devices = by_kind.get(kind, [])
+    if index >= len(devices):
+        raise NoSuchDeviceError(f"OpenCL device {spec!r} does not exist: found {present}")
+    return spec, kind, devices[index]
+
+
+def open_device(spec: str = "") -> OpenCLDevice:
+    name, kind, device = find_device(spec)
+    context = cl.Context([device])
+    queue = cl.CommandQueue(
+        context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    return OpenCLDevice(name, kind, device, context, queue)

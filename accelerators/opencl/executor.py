@@ -1,0 +1,81 @@
+"""A launch plan for one batch size on one device: buffers allocated by the planner, kernels
+with their arguments bound once, and a run that enqueues the input copies, every kernel and the
+output copies on the in-order queue, waiting only for the outputs (no host round trip between
+layers). Kernel events are kept so runs can be profiled per launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from accelerators.opencl.device import OpenCLDevice
+from accelerators.opencl.launch import Launch, Lowered, Ref
+from accelerators.opencl.planner import plan_buffers
+
+
+@dataclass(frozen=True)
+class LaunchTime:
+    kernel: str
+    node: str
+    seconds: float
+    flops: int
+
+
+class Executor:
+    def __init__(self, dev: OpenCLDevice, program: cl.Program, lowered: Lowered,
+                 consts: dict[str, cl.Buffer]) -> None:
+        self._queue = dev.queue
+        self.buffers, self.sum_bytes = plan_buffers(lowered)
+        # Kept here: a kernel's arguments do not keep their buffers alive.
+        self._slots = slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))
+                               for size in self.buffers.slot_bytes]
+
+        def buffer(ref: Ref) -> cl.Buffer:
+            slot = self.buffers.slot_of.get(ref.name)
+            return slots[slot] if slot is not None else consts[ref.name]
+
+        self._inputs = {name: buffer(Ref(d.storage)) for name, d in lowered.inputs.items()}
+        self._outputs = {name: (buffer(Ref(d.storage)), d.shape)
+                         for name, d in lowered.outputs.items()}
+        self.launches = lowered.launches
+        self._kernels: list[tuple[cl.Kernel, Launch]] = []
+        for launch in lowered.launches:
+            kernel = cl.Kernel(program, launch.kernel)
+            kernel.set_args(*[buffer(a) if isinstance(a, Ref) else a for a in launch.args])
+            self._kernels.append((kernel, launch))
+        self._events: list[cl.Event] = []
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.buffers.peak_bytes
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        results = {name: np.empty(self._outputs[name][1], np.float32) for name in outputs}
+        held = self.enqueue(inputs, results)
+        self._queue.finish()
+        del held
+        return results
+
+    def enqueue(self, inputs: dict[str, np.ndarray],
+                results: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Enqueues one run, reading outputs into `results` (contiguous float32 arrays); they
+        are filled once the queue finishes. Returns the host arrays that must live until then."""
+        q = self._queue
+        held = []
+        for name, buf in self._inputs.items():
+            array = np.ascontiguousarray(inputs[name], np.float32)
+            held.append(array)
+            cl.enqueue_copy(q, buf, array, is_blocking=False)
+        self._events = [cl.enqueue_nd_range_kernel(q, k, launch.global_size, launch.local_size)
+                        for k, launch in self._kernels]
+        for name, array in results.items():
+            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False)
+        return held
+
+    def profile(self) -> list[LaunchTime]:
+        """Device time of each launch of the last run, from its profiling event."""
+        return [LaunchTime(launch.kernel, launch.node,
+                           (e.profile.end - e.profile.start) * 1e-9, launch.flops)
+                for e, (_, launch) in zip(self._events, self._kernels)]

@@ -1,0 +1,170 @@
+"""Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
+nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it,
+activations fused into the Conv, Gemm, MatMul or Add that feeds them. Ops the engine cannot run
+are reported at load time, naming the op and the node."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# Ops lowered to kernels, and ops evaluated on the host when all their inputs are constant
+# (shape arithmetic) or that only rename a buffer (reshapes).
+KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "LRN",
+              "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu", "Clip", "Sigmoid",
+              "Concat", "Softmax"}
+VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
+HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
+SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS
+ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid"}
+_DROPPED = {"Dropout", "Identity"}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Graph:
+    inputs: list[tuple[str, tuple[int, ...]]]  # -1 for free dimensions (the batch)
+    outputs: list[tuple[str, tuple[int, ...]]]
+    nodes: list[Node]
+    consts: dict[str, np.ndarray]
+    opset: int
+    fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
+    derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
+
+    def consumers(self, name: str) -> list[Node]:
+        return [n for n in self.nodes if name in n.inputs]
+
+
+def load_graph(path: Path) -> Graph:
+    model = onnx.load(str(path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = []
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED | {
+                "BatchNormalization"}:
+            raise UnsupportedModelError(
+                f"op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of node {name!r} is not "
+                f"supported by the OpenCL engine")
+        attrs = {a.name: _attr(a) for a in n.attribute}
+        if n.op_type == "Constant":
+            consts[n.output[0]] = _constant(attrs, name)
+            continue
+        nodes.append(Node(n.op_type, name, list(n.input), list(n.output), attrs))
+    graph = Graph(
+        inputs=[(v.name, _dims(v)) for v in model.graph.input if v.name not in consts],
+        outputs=[(v.name, _dims(v)) for v in model.graph.output], nodes=nodes, consts=consts,
+        opset=opset)
+    _drop_passthrough(graph)
+    _fold_batch_norm(graph)
+    _fuse_activations(graph)
+    leftover = [n for n in graph.nodes if n.op == "BatchNormalization"]
+    if leftover:
+        raise UnsupportedModelError(
+            f"op 'BatchNormalization' of node {leftover[0].name!r} is supported only right "
+            f"after a Conv whose output nothing else reads")
+    return graph
+
+
+def _attr(a: onnx.AttributeProto):
+    value = onnx.helper.get_attribute_value(a)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    return value
+
+
+def _constant(attrs: dict, name: str) -> np.ndarray:
+    for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        if key in attrs:
+            return np.asarray(attrs[key], np.int64 if "int" in key else None)
+    raise UnsupportedModelError(f"Constant node {name!r} has none of value, value_float(s), "
+                                f"value_int(s): {sorted(attrs)}")
+
+
+def _dims(v: onnx.ValueInfoProto) -> tuple[int, ...]:
+    return tuple(d.dim_value if d.HasField("dim_value") else -1
+                 for d in v.type.tensor_type.shape.dim)
+
+
+def _rename(graph: Graph, old: str, new: str) -> None:
+    for n in graph.nodes:
+        n.inputs = [new if i == old else i for i in n.inputs]
+
+
+def _drop_passthrough(graph: Graph) -> None:
+    """Dropout (inference: identity; its mask output must be unused) and Identity."""
+    outputs = {name for name, _ in graph.outputs}
+    for n in [n for n in graph.nodes if n.op in _DROPPED]:
+        if len(n.outputs) > 1 and n.outputs[1] and graph.consumers(n.outputs[1]):
+            raise UnsupportedModelError(f"node {n.name!r}: a Dropout mask read by other nodes")
+        graph.nodes.remove(n)
+        if n.outputs[0] in outputs:  # keep the graph's output name: rename the producer
+            for p in graph.nodes:
+                p.outputs = [n.outputs[0] if o == n.inputs[0] else o for o in p.outputs]
+            _rename(graph, n.inputs[0], n.outputs[0])
+        else:
+            _rename(graph, n.outputs[0], n.inputs[0])
+        graph.fused[n.op] += 1
+
+
+def _sole_consumer(graph: Graph, node: Node) -> Node | None:
+    out = node.outputs[0]
+    users = graph.consumers(out)
+    if len(users) != 1 or out in {name for name, _ in graph.outputs}:
+        return None
+    return users[0]
+
+
+def _fold_batch_norm(graph: Graph) -> None:
+    """BN(conv(x, W, b)) = conv(x, W * s, (b - mean) * s + beta), s = gamma / sqrt(var + eps)."""
+    c = graph.consts
+    for conv in [n for n in graph.nodes if n.op == "Conv"]:
+        bn = _sole_consumer(graph, conv)
+        if bn is None or bn.op != "BatchNormalization" or len(bn.outputs) > 1 and any(
+                bn.outputs[1:]) or not all(i in c for i in bn.inputs[1:] + conv.inputs[1:]):
+            continue
+        gamma, beta, mean, var = (c[i].astype(np.float64) for i in bn.inputs[1:5])
+        scale = gamma / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        w = c[conv.inputs[1]].astype(np.float64)
+        b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
+            else np.zeros(w.shape[0])
+        wname, bname = f"{conv.name}:bn_weight", f"{conv.name}:bn_bias"
+        c[wname] = (w * scale[:, None, None, None]).astype(np.float32)
+        c[bname] = ((b - mean) * scale + beta).astype(np.float32)
+        conv.inputs = [conv.inputs[0], wname, bname]
+        conv.outputs = [bn.outputs[0]]
+        graph.nodes.remove(bn)
+        graph.fused["BatchNormalization"] += 1
+
+
+def _fuse_activations(graph: Graph) -> None:
+    for node in [n for n in graph.nodes if n.op in {"Conv", "Gemm", "MatMul", "Add"}]:
+        act = _sole_consumer(graph, node)
+        if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
+            continue
+        if act.op == "Clip" and not all(i in graph.consts for i in act.inputs[1:] if i):
+            continue
+        node.attrs["activation"] = act
+        node.outputs = [act.outputs[0]]
+        graph.nodes.remove(act)
+        graph.fused[f"{node.op}+{act.op}"] += 1

@@ -1,0 +1,72 @@
+"""What a compiled plan is made of: launches of named kernels on named buffers, the kernels'
+work-group sizes and argument codes, shared by the lowering, the planner and the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accelerators.opencl.graph import Node
+
+# Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
+WG_1D, GEMM_WG, VN = 64, 4, 16
+GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
+LOCAL_TILE, LOCAL_ROWS = 32, 4  # gemm_local's TS x TS tile, TS / WPT rows of work-items
+ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
+BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
+BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A device buffer: a planned buffer (`storage`) or an uploaded constant."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Dyn:
+    shape: tuple[int, ...]
+    storage: str  # the buffer holding it; reshapes share their input's
+
+
+@dataclass
+class Launch:
+    kernel: str
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    args: list
+    node: str
+    flops: int = 0
+
+
+@dataclass
+class Lowered:
+    launches: list[Launch] = field(default_factory=list)
+    storages: dict[str, int] = field(default_factory=dict)  # name -> bytes
+    consts: dict[str, np.ndarray] = field(default_factory=dict)  # device constants, float32
+    inputs: dict[str, Dyn] = field(default_factory=dict)
+    outputs: dict[str, Dyn] = field(default_factory=dict)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def ints(*values: int) -> list[np.int32]:
+    return [np.int32(v) for v in values]
+
+
+def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
+    """(code, a, b) of the activation fused into `node`, or of `node` itself."""
+    act = node if node.op in ACT else node.attrs.get("activation")
+    if act is None:
+        return [np.int32(0), np.float32(0), np.float32(0)]
+    a = b = 0.0
+    if act.op == "LeakyRelu":
+        a = act.attrs.get("alpha", 0.01)
+    elif act.op == "Clip":
+        bounds = [consts[i] if i else None for i in act.inputs[1:3]] + [None, None]
+        a = float(bounds[0]) if bounds[0] is not None else act.attrs.get("min", -3.4e38)
+        b = float(bounds[1]) if bounds[1] is not None else act.attrs.get("max", 3.4e38)
+    return [np.int32(ACT[act.op]), np.float32(a), np.float32(b)]

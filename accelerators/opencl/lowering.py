@@ -1,0 +1,174 @@
+"""Compiles a graph for one batch size into a launch list: shapes are inferred and constant
+subgraphs folded with that batch size, each remaining node becomes one or two kernel launches
+on named buffers (`Ref`), and reshapes become aliases of their input's buffer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
+from accelerators.opencl.host_ops import fold, view_shape, window
+from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, Lowered, Ref,
+                                        activation_args, ints, round_up)
+from accelerators.opencl.matmul_lowering import MatMulLowering
+
+
+class Lowering(MatMulLowering):
+    def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
+        self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
+        self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
+        for name, dims in graph.inputs:
+            shape = tuple(batch if d == -1 else d for d in dims)
+            self.values[name] = self.out.inputs[name] = self._new(name, shape)
+
+    def run(self) -> Lowered:
+        for node in self.graph.nodes:
+            args = [self.values.get(i) if i else None for i in node.inputs]
+            missing = [i for i, v in zip(node.inputs, args) if i and v is None]
+            if missing:
+                raise UnsupportedModelError(f"node {node.name!r} reads unknown {missing}")
+            if all(not isinstance(v, Dyn) for v in args) and node.op != "Shape":
+                self.values[node.outputs[0]] = fold(node, args, self.graph.opset)
+            elif node.op == "Shape":
+                shape = args[0].shape
+                start, end = node.attrs.get("start", 0), node.attrs.get("end", len(shape))
+                self.values[node.outputs[0]] = np.array(shape[start:end], np.int64)
+            elif node.op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze"):
+                shape = view_shape(node, args[0].shape, args[1:], self.graph.opset)
+                self.values[node.outputs[0]] = Dyn(shape, args[0].storage)
+            else:
+                lower = getattr(self, f"_{node.op.lower()}", None)
+                if lower is None:
+                    raise UnsupportedModelError(
+                        f"op {node.op!r} of node {node.name!r} is supported on constants only")
+                lower(node, args)
+        for name, _ in self.graph.outputs:
+            value = self.values[name]
+            if not isinstance(value, Dyn):
+                raise UnsupportedModelError(f"graph output {name!r} is a constant")
+            self.out.outputs[name] = value
+        return self.out
+
+    # --- buffers
+    def _new(self, name: str, shape: tuple[int, ...]) -> Dyn:
+        self.out.storages[name] = 4 * math.prod(shape)
+        return Dyn(tuple(shape), name)
+
+    def _ref(self, value: np.ndarray | Dyn, key: str) -> Ref:
+        if isinstance(value, Dyn):
+            return Ref(value.storage)
+        self.out.consts.setdefault(key, np.ascontiguousarray(value, np.float32))
+        return Ref(key)
+
+    def _emit(self, node: Node, kernel: str, size: int | tuple[int, ...], args: list,
+              flops: int = 0) -> None:
+        """A launch of work-groups of WG_1D along the first dimension of `size`."""
+        size = (size,) if isinstance(size, int) else size
+        self.out.launches.append(Launch(kernel, (round_up(size[0], WG_1D), *size[1:]),
+                                        (WG_1D,) + (1,) * (len(size) - 1), args, node.name,
+                                        flops))
+
+    def _pool(self, node: Node, args: list, is_max: bool) -> None:
+        x = args[0]
+        if len(x.shape) != 4:
+            raise UnsupportedModelError(f"node {node.name!r}: only 2-D pooling is supported")
+        n, c, h, w = x.shape
+        kh, kw = node.attrs["kernel_shape"]
+        (oh, ow), (sh, sw), (dh, dw), (ph, pw), (eh, ew) = window(node, (h, w), (kh, kw))
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
+        self._emit(node, "pool2d", (oh * ow, n * c), [Ref(x.storage), Ref(out.storage), *ints(
+            n * c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, dh, dw, is_max,
+            node.attrs.get("count_include_pad", 0))])
+
+    def _maxpool(self, node: Node, args: list) -> None:
+        self._pool(node, args, True)
+
+    def _averagepool(self, node: Node, args: list) -> None:
+        self._pool(node, args, False)
+
+    def _globalaveragepool(self, node: Node, args: list) -> None:
+        x = args[0]
+        n, c = x.shape[:2]
+        out = self.values[node.outputs[0]] = self._new(
+            node.outputs[0], (n, c) + (1,) * (len(x.shape) - 2))
+        self._emit(node, "global_avg_pool", n * c, [Ref(x.storage), Ref(out.storage),
+                                                    *ints(n * c, math.prod(x.shape[2:]))])
+
+    def _lrn(self, node: Node, args: list) -> None:
+        x, a = args[0], node.attrs
+        n, c = x.shape[:2]
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        hw = math.prod(x.shape[2:])
+        self._emit(node, "lrn", (hw, c, n), [
+            Ref(x.storage), Ref(out.storage), *ints(c, hw, a["size"]),
+            np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
+            np.float32(a.get("bias", 1.0))])
+
+    def _binary(self, node: Node, args: list) -> None:
+        if len(args) == 1:  # a one-input Sum is its input
+            self.values[node.outputs[0]] = args[0]
+            return
+        if len(args) != 2:
+            raise UnsupportedModelError(f"node {node.name!r}: {node.op} of {len(args)} inputs "
+                                        f"is supported only with 1 or 2")
+        shapes = [tuple(v.shape) for v in args]
+        shape = np.broadcast_shapes(*shapes)
+        if len(shape) > 4:
+            raise UnsupportedModelError(f"node {node.name!r}: {node.op} over rank "
+                                        f"{len(shape)} > 4")
+        dims = (1,) * (4 - len(shape)) + tuple(shape)
+        strides = []
+        for s in shapes:
+            s = (1,) * (4 - len(s)) + s
+            contiguous = [math.prod(s[i + 1:]) for i in range(4)]
+            strides += [0 if s[i] == 1 and dims[i] != 1 else contiguous[i] for i in range(4)]
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        refs = [self._ref(v, i) for v, i in zip(args, node.inputs)]
+        self._emit(node, "binary4d", (dims[2] * dims[3], dims[0] * dims[1]), [
+            *refs, Ref(out.storage), *ints(*dims[1:], *strides, BINARY[node.op]),
+            *activation_args(node, self.values)])
+
+    _add = _sub = _mul = _div = _sum = _binary
+
+    def _activation(self, node: Node, args: list) -> None:
+        x = args[0]
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        self._emit(node, "activation", math.prod(x.shape), [
+            Ref(x.storage), Ref(out.storage), np.int32(math.prod(x.shape)),
+            *activation_args(node, self.values)])
+
+    _relu = _leakyrelu = _clip = _sigmoid = _activation
+
+    def _concat(self, node: Node, args: list) -> None:
+        rank = len(args[0].shape)
+        axis = node.attrs["axis"] % rank
+        shape = list(args[0].shape)
+        shape[axis] = sum(v.shape[axis] for v in args)
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], tuple(shape))
+        outer, offset = math.prod(shape[:axis]), 0
+        for v, name in zip(args, node.inputs):
+            inner = math.prod(v.shape[axis:])
+            self._emit(node, "copy_strided", outer * inner, [
+                self._ref(v, name), Ref(out.storage),
+                *ints(outer, inner, math.prod(shape[axis:]), offset)])
+            offset += inner
+
+    def _softmax(self, node: Node, args: list) -> None:
+        x = args[0]
+        rank = len(x.shape)
+        axis = node.attrs.get("axis", 1 if self.graph.opset < 13 else -1) % rank
+        if self.graph.opset >= 13 and axis != rank - 1:
+            raise UnsupportedModelError(f"Softmax node {node.name!r}: only the last axis is "
+                                        f"supported, not axis {axis} of {rank}")
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        rows = math.prod(x.shape[:axis])
+        self._emit(node, "softmax_rows", rows, [Ref(x.storage), Ref(out.storage),
+                                                *ints(rows, math.prod(x.shape[axis:]))])
+
+
+def lower(graph: Graph, batch: int, local_tiles: bool = False) -> Lowered:
+    """`local_tiles`: GEMMs staged through local memory (GPUs, FPGAs) instead of the register
+    tiles that suit CPUs."""
+    return Lowering(graph, batch, local_tiles).run()

@@ -1,0 +1,113 @@
+"""Lowering of the matrix-product ops (Conv, Gemm, MatMul) to im2col and the GEMM kernels:
+register tiles on CPUs, local-memory tiles on GPUs and FPGAs, split K for one wide row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accelerators.opencl.graph import Node, UnsupportedModelError
+from accelerators.opencl.host_ops import window
+from accelerators.opencl.launch import (BIAS_COL, BIAS_NONE, BIAS_ROW, GEMM_WG, GEMV_SPLIT_K,
+                                        LOCAL_ROWS, LOCAL_TILE, VN, Dyn, Launch, Ref,
+                                        activation_args, ints, round_up)
+
+
+class MatMulLowering:
+    """Mixed into lowering.Lowering, whose graph, values, out, local_tiles, _new, _ref and
+    _emit these methods use."""
+
+    def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int,
+                     n: int, k: int, lds: tuple[int, int, int], groups: int,
+                     strides: tuple[int, ...], bias_mode: int, act: list, flops: int) -> None:
+        """C = act(A x B + bias) for each z; `lds` are the row strides of A, B, C; `strides`
+        the per-batch and per-group offsets of A, B, C, then the number of z."""
+        args = [a, b, bias or a, c, *ints(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act]
+        if self.local_tiles:
+            size = (round_up(n, LOCAL_TILE), round_up(m, LOCAL_TILE) // LOCAL_TILE * LOCAL_ROWS,
+                    strides[-1])
+            self.out.launches.append(Launch("gemm_local", size, (LOCAL_TILE, LOCAL_ROWS, 1),
+                                            args + [np.int32(0)], node.name, flops))
+            return
+        tm = 8 if m >= 8 else 1
+        rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
+        tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
+        size = (round_up(tiles[0], GEMM_WG), tiles[1], strides[-1])
+        self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1),
+                                        args + [np.int32(rows_first)], node.name, flops))
+
+    # --- kernel ops
+    def _conv(self, node: Node, args: list) -> None:
+        x, w = args[0], args[1]
+        if not isinstance(w, np.ndarray) or len(w.shape) != 4 or len(x.shape) != 4:
+            raise UnsupportedModelError(
+                f"node {node.name!r}: only 2-D Conv with constant weights is supported")
+        n, c, h, wd = x.shape
+        oc, cg, kh, kw = w.shape
+        g = node.attrs.get("group", 1)
+        (oh, ow), (sh, sw), (dh, dw), (ph, pw), _ = window(node, (h, wd), (kh, kw))
+        mg, kg, p = oc // g, cg * kh * kw, oh * ow
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, oc, oh, ow))
+        if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd):
+            col = Ref(x.storage)  # a 1x1 convolution reads its input as the GEMM's B
+        else:
+            col = Ref(self._new(f"{node.name}:col", (n * g * kg * p,)).storage)
+            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *ints(
+                cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)])
+        weights = self._ref(w.reshape(oc, kg), node.inputs[1])
+        bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
+            else None
+        self._launch_gemm(node, weights, col, bias, Ref(out.storage), mg, p, kg, (kg, p, p), g,
+                          (0, mg * kg, g * kg * p, kg * p, oc * p, mg * p, n * g),
+                          BIAS_ROW if bias else BIAS_NONE, activation_args(node, self.values),
+                          2 * n * oc * kg * p)
+
+    def _gemm_node(self, node: Node, args: list, alpha: float, beta: float,
+                   trans_b: bool) -> None:
+        x, w = args[0], args[1]
+        if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(w, np.ndarray) \
+                or w.ndim != 2 or node.attrs.get("transA", 0):
+            raise UnsupportedModelError(
+                f"{node.op} node {node.name!r}: only a 2-D activation times a constant 2-D "
+                f"matrix (transA=0) is supported")
+        wkey = f"{node.inputs[1]}:T" if trans_b or alpha != 1 else node.inputs[1]
+        if wkey not in self.graph.derived:  # transposed once, whatever the batch size
+            self.graph.derived[wkey] = np.ascontiguousarray(
+                (w.T if trans_b else w) * np.float32(alpha), np.float32)
+        wt = self.graph.derived[wkey]
+        m, k = x.shape
+        n = wt.shape[1]
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (m, n))
+        bias = None
+        if len(args) > 2 and args[2] is not None:
+            c = np.asarray(args[2], np.float32) * np.float32(beta)
+            if c.size not in (1, n) or c.ndim > 1 and c.shape[0] != 1:
+                raise UnsupportedModelError(
+                    f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
+            bias = self._ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
+        if m == 1 and k >= GEMV_SPLIT_K and not self.local_tiles:
+            self._gemv(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage), n, k)
+            return
+        self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage),
+                          m, n, k, (k, n, n), 1, (0, 0, 0, 0, 0, 0, 1),
+                          BIAS_COL if bias else BIAS_NONE, activation_args(node, self.values),
+                          2 * m * n * k)
+
+    def _gemv(self, node: Node, x: Ref, w: Ref, bias: Ref | None, out: Ref, n: int,
+              k: int) -> None:
+        """One sample, K split in chunks of GEMV_SPLIT_K / 4 summed by a second launch."""
+        chunk = GEMV_SPLIT_K // 4
+        splits = -(-k // chunk)
+        partial = Ref(self._new(f"{node.name}:partial", (splits, n)).storage)
+        self.out.launches.append(Launch(
+            "gemv_partial", (round_up(-(-n // VN), GEMM_WG), splits), (GEMM_WG, 1), [
+                x, w, partial, *ints(n, k, n, chunk)], node.name, 2 * n * k))
+        self._emit(node, "gemv_reduce", n, [partial, bias or w, out,
+                                             *ints(n, splits, bias is not None),
+                                             *activation_args(node, self.values)])
+
+    def _gemm(self, node: Node, args: list) -> None:
+        a = node.attrs
+        self._gemm_node(node, args, a.get("alpha", 1.0), a.get("beta", 1.0), a.get("transB", 0))
+
+    def _matmul(self, node: Node, args: list) -> None:
+        self._gemm_node(node, args[:2], 1.0, 0.0, False)

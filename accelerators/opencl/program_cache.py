@@ -1,0 +1,118 @@
+"""Programs for a device: GPU and CPU programs are built from kernels/*.cl and their binaries
+cached on disk, keyed by source, build options, device name and driver version (a driver
+upgrade invalidates them); FPGA programs are precompiled (`.aocx` for Intel, `.xclbin` for
+AMD/Xilinx) and loaded from a configured folder."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+
+import pyopencl as cl
+
+from accelerators.opencl.device import OpenCLDevice
+from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
+
+log = logging.getLogger(__name__)
+
+BUILD_OPTIONS = f"-DWG_1D={WG_1D} -DGEMM_WG={GEMM_WG} -DVN={VN}"
+FPGA_BINARY_SUFFIXES = (".aocx", ".xclbin")
+CACHE_DIR_ENV = "HETSERVE_OPENCL_CACHE_DIR"
+FPGA_BINARIES_ENV = "HETSERVE_FPGA_BINARIES"
+
+
+class MissingKernelsError(RuntimeError):
+    pass
+
+
+def kernel_source() -> str:
+    """kernels/common.cl, then every other kernel file, in a stable order."""
+    files = sorted((f for f in resources.files("kernels").iterdir() if f.name.endswith(".cl")),
+                   key=lambda f: (f.name != "common.cl", f.name))
+    return "\n".join(f"// ---- {f.name}\n{f.read_text()}" for f in files)
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hetserve" / "opencl"
+
+
+def default_binary_dir() -> Path | None:
+    value = os.environ.get(FPGA_BINARIES_ENV)
+    return Path(value) if value else None
+
+
+class ProgramCache:
+    def __init__(self, cache_dir: Path | None = None, binary_dir: Path | None = None,
+                 options: str = BUILD_OPTIONS) -> None:
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.binary_dir = binary_dir if binary_dir is not None else default_binary_dir()
+        self.options = options
+        self.hits = 0  # programs loaded from the on-disk cache
+
+    def program(self, dev: OpenCLDevice, required: set[str]) -> cl.Program:
+        program = self._fpga(dev) if dev.kind == "fpga" else self._built(dev)
+        present = set(filter(None, program.get_info(cl.program_info.KERNEL_NAMES).split(";")))
+        missing = sorted(required - present)
+        if missing:
+            raise MissingKernelsError(
+                f"the program for {dev.name} ({dev.description}) lacks kernels {missing}; "
+                f"it has {sorted(present)}")
+        return program
+
+    def key(self, dev: OpenCLDevice, source: str) -> str:
+        d = dev.device
+        text = "\0".join([source, self.options, d.platform.name, d.name, d.driver_version,
+                          d.version])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _built(self, dev: OpenCLDevice) -> cl.Program:
+        source = kernel_source()
+        path = self.cache_dir / f"{self.key(dev, source)}.bin"
+        if path.exists():
+            try:
+                program = cl.Program(dev.context, [dev.device], [path.read_bytes()])
+                program.build(self.options)
+                self.hits += 1
+                return program
+            except cl.Error as e:  # a truncated or foreign file: rebuild over it
+                log.warning("cached OpenCL binary %s unusable (%s); rebuilding", path, e)
+        program = cl.Program(dev.context, source).build(self.options)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(program.binaries[0])
+        tmp.replace(path)  # atomic: concurrent daemons never read half a file
+        log.info("built OpenCL kernels for %s; cached at %s", dev.description, path)
+        return program
+
+    def _fpga(self, dev: OpenCLDevice) -> cl.Program:
+        if self.binary_dir is None:
+            raise FileNotFoundError(
+                f"{dev.name} is an FPGA: set {FPGA_BINARIES_ENV} to the folder holding its "
+                f"precompiled kernels ({' or '.join(FPGA_BINARY_SUFFIXES)}; see docs/opencl.md)")
+        binary = fpga_binary(self.binary_dir, dev.device.name)
+        program = cl.Program(dev.context, [dev.device], [binary.read_bytes()])
+        program.build()
+        log.info("loaded FPGA binary %s on %s", binary, dev.description)
+        return program
+
+
+def fpga_binary(folder: Path, device_name: str) -> Path:
+    """The binary for a board: `<board>.aocx`/`<board>.xclbin` when the device name names one,
+    else the folder's only binary."""
+    found = sorted(p for p in folder.iterdir() if p.suffix in FPGA_BINARY_SUFFIXES) \
+        if folder.is_dir() else []
+    named = [p for p in found if p.stem.lower() in device_name.lower()]
+    if named:
+        return named[0]
+    if len(found) == 1:
+        return found[0]
+    raise FileNotFoundError(
+        f"no FPGA binary for device {device_name!r} in {folder}: expected one "
+        f"{'/'.join(FPGA_BINARY_SUFFIXES)} file, or one named after the board; found "
+        f"{[p.name for p in found]}")

@@ -1,0 +1,86 @@
+"""Images/s of the OpenCL engine against onnxruntime's CPU provider, measured in the same run,
+and GFLOP/s of the engine's dominant kernels from their profiling events.
+
+    .venv/bin/python bench/opencl_engine.py [--device cpu0] [--resnet] [--seconds 2]
+
+MNIST CNN at batch 1, 8, 64; with --resnet also ResNet-50 (random weights) at batch 1 and 8.
+Prints a Markdown table for docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+import cnn_architectures  # noqa: E402
+from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine  # noqa: E402
+
+
+def images_per_s(run: Callable[[], object], batch: int, seconds: float) -> float:
+    """Median over five slices of `seconds` / 5 each, after a warm-up run."""
+    run()
+    rates = []
+    for _ in range(5):
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / 5 or n == 0:
+            run()
+            n += 1
+        rates.append(n * batch / elapsed)
+    return statistics.median(rates)
+
+
+def compare(name: str, path: Path, input_name: str, shape: tuple[int, ...], batches: list[int],
+            device: str, seconds: float) -> list[str]:
+    engine = OpenCLEngine(path, device)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    output = engine.outputs[0].name
+    rows = []
+    for batch in batches:
+        x = np.random.default_rng(0).random((batch, *shape), np.float32)
+        ours = images_per_s(lambda: engine.run({input_name: x}, [output]), batch, seconds)
+        theirs = images_per_s(lambda: session.run(None, {input_name: x}), batch, seconds)
+        engine.run({input_name: x}, [output])  # then profile the plan that ran last
+        plan = engine.plan(min(batch, CPU_SLICE) if engine.device.kind == "cpu" else batch)
+        launches = sorted(plan.profile(), key=lambda t: -t.seconds)
+        total = sum(t.seconds for t in launches)
+        top = "; ".join(f"{t.kernel} ({t.node}) {t.seconds * 1e3:.2f} ms"
+                        + (f" = {t.flops / t.seconds / 1e9:.0f} GFLOP/s" if t.flops else "")
+                        for t in launches[:3])
+        rows.append(f"| {name} | {batch} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} "
+                    f"| {total * 1e3:.1f} ms: {top} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu0", help="OpenCL device, e.g. cpu0, gpu0")
+    parser.add_argument("--resnet", action="store_true", help="also ResNet-50 at batch 1, 8")
+    parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    args = parser.parse_args()
+    print("| model | batch | OpenCL img/s | onnxruntime img/s | ratio | OpenCL device time "
+          f"per batch (on CPUs per slice of up to {CPU_SLICE}): top launches |\n"
+          "|---|---|---|---|---|---|")
+    compare("MNIST CNN", ROOT / "models" / "mnist_cnn" / "1" / "model.onnx", "image",
+            (1, 28, 28), [1, 8, 64], args.device, args.seconds)
+    if args.resnet:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "resnet50.onnx"
+            onnx.save(cnn_architectures.resnet50(), str(path))
+            compare("ResNet-50", path, "image", (3, 224, 224), [1, 8], args.device,
+                    args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+// Elementwise kernels over up to 4-D tensors with numpy broadcasting: the caller passes the
+// output's dims and each input's strides, 0 along a broadcast axis. Dimension 0 of the range
+// spans the last two axes, dimension 1 the first two: two divisions per element, not six.
+#define OP_ADD 0
+#define OP_SUB 1
+#define OP_MUL 2
+#define OP_DIV 3
+
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void binary4d(__global const float* x, __global const float* y, __global float* out,
+              const int d1, const int d2, const int d3,
+              const int xs0, const int xs1, const int xs2, const int xs3,
+              const int ys0, const int ys1, const int ys2, const int ys3,
+              const int op, const int act, const float a, const float b) {
+    const int inner = get_global_id(0), outer = get_global_id(1);
+    if (inner >= d2 * d3) return;
+    const int i3 = inner % d3, i2 = inner / d3, i1 = outer % d1, i0 = outer / d1;
+    const int i = outer * d2 * d3 + inner;
+    const float u = x[i0 * xs0 + i1 * xs1 + i2 * xs2 + i3 * xs3];
+    const float v = y[i0 * ys0 + i1 * ys1 + i2 * ys2 + i3 * ys3];
+    float r;
+    switch (op) {
+    case OP_ADD: r = u + v; break;
+    case OP_SUB: r = u - v; break;
+    case OP_MUL: r = u * v; break;
+    default: r = u / v; break;
+    }
+    out[i] = activate(r, act, a, b);
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void activation(__global const float* x, __global float* out, const int total,
+                const int act, const float a, const float b) {
+    const int i = get_global_id(0);
+    if (i < total) out[i] = activate(x[i], act, a, b);
+}
+
+// Copies `outer` blocks of `inner` floats into a wider tensor: Concat along any axis.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void copy_strided(__global const float* src, __global float* dst, const int outer,
+                  const int inner, const int dst_stride, const int dst_offset) {
+    const int i = get_global_id(0);
+    if (i >= outer * inner) return;
+    const int o = i / inner, j = i % inner;
+    dst[o * dst_stride + dst_offset + j] = src[i];
+}

@@ -1,0 +1,184 @@
+// GEMM for fully connected layers and convolutions: C = act(A x B + bias), row-major, batched
+// over z = batch * groups + group with a stride per batch and per group for each operand.
+// A work-item owns a TM x VN register tile: VN contiguous columns of B loaded as one vector per
+// k (PoCL maps float16 onto AVX-512 registers), each of the TM rows of A broadcast into it.
+// Dimension 0 of the range walks the tiles along whichever operand is larger (`rows_first`:
+// row tiles, when B is the larger), so the work-items running together share that operand's
+// slice in cache and it is read from memory about once.
+#ifndef VN
+#define VN 16
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define VEC CAT(float, VN)
+#define VLOAD CAT(vload, VN)
+#define VSTORE CAT(vstore, VN)
+#ifndef GEMM_WG
+#define GEMM_WG 4
+#endif
+
+#define BIAS_NONE 0
+#define BIAS_ROW 1
+#define BIAS_COL 2
+
+#define GEMM_ARGS                                                                              \
+    __global const float *A, __global const float *B, __global const float *bias,             \
+        __global float *C, const int M, const int N, const int K, const int lda,              \
+        const int ldb, const int ldc, const int groups, const int a_batch, const int a_group, \
+        const int b_batch, const int b_group, const int c_batch, const int c_group,           \
+        const int bias_mode, const int act, const float alpha, const float beta,           \
+        const int rows_first
+
+inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
+    switch (act) {
+    case ACT_RELU: return fmax(x, (VEC)(0.0f));
+    case ACT_LEAKY_RELU: return select(x * a, x, x >= (VEC)(0.0f));
+    case ACT_CLIP: return fmin(fmax(x, (VEC)(a)), (VEC)(b));
+    case ACT_SIGMOID: return (VEC)(1.0f) / ((VEC)(1.0f) + exp(-x));
+    default: return x;
+    }
+}
+
+// Stores one finished row of a tile: bias, activation, vector store.
+inline void store_row(VEC r, __global float* C, __global const float* bias, const int g,
+                      const int M, const int m, const int n0, const int ldc,
+                      const int bias_mode, const int act, const float alpha, const float beta) {
+    if (m >= M) return;
+    if (bias_mode == BIAS_ROW) r += (VEC)(bias[g * M + m]);
+    else if (bias_mode == BIAS_COL) r += VLOAD(0, bias + n0);
+    VSTORE(activate_vec(r, act, alpha, beta), 0, C + m * ldc + n0);
+}
+
+// The last, partial column tile, one scalar at a time.
+inline void gemm_edge(__global const float* A, __global const float* B,
+                      __global const float* bias, __global float* C, const int M, const int N,
+                      const int K, const int lda, const int ldb, const int ldc, const int g,
+                      const int m0, const int tm, const int n0, const int bias_mode,
+                      const int act, const float alpha, const float beta) {
+    for (int m = m0; m < min(m0 + tm, M); ++m) {
+        for (int n = n0; n < N; ++n) {
+            float s = 0.0f;
+            for (int k = 0; k < K; ++k) s = fma(A[m * lda + k], B[k * ldb + n], s);
+            if (bias_mode == BIAS_ROW) s += bias[g * M + m];
+            else if (bias_mode == BIAS_COL) s += bias[n];
+            C[m * ldc + n] = activate(s, act, alpha, beta);
+        }
+    }
+}
+
+#define GEMM_PROLOGUE(TM)                                                                     \
+    const int g0 = get_global_id(0), g1 = get_global_id(1), z = get_global_id(2);            \
+    const int m0 = (rows_first ? g0 : g1) * TM, n0 = (rows_first ? g1 : g0) * VN;            \
+    if (m0 >= M || n0 >= N) return;                                                           \
+    const int bi = z / groups, g = z % groups;                                                \
+    A += bi * a_batch + g * a_group;                                                          \
+    B += bi * b_batch + g * b_group;                                                          \
+    C += bi * c_batch + g * c_group;                                                          \
+    if (n0 + VN > N) {                                                                        \
+        gemm_edge(A, B, bias, C, M, N, K, lda, ldb, ldc, g, m0, TM, n0, bias_mode, act,      \
+                  alpha, beta);                                                               \
+        return;                                                                               \
+    }
+
+// Rows past M repeat the last row (never stored), so the tile stays branch-free.
+#define ROW(t) __global const float* a##t = A + min(m0 + t, M - 1) * lda; VEC c##t = (VEC)(0.0f);
+#define FMA(t) c##t = fma((VEC)(a##t[k]), b, c##t);
+#define STORE(t) store_row(c##t, C, bias, g, M, m0 + t, n0, ldc, bias_mode, act, alpha, beta);
+
+// Eight rows per work-item: convolutions and batched fully connected layers.
+__kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
+void gemm8(GEMM_ARGS) {
+    GEMM_PROLOGUE(8)
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+    for (int k = 0; k < K; ++k) {
+        const VEC b = VLOAD(0, B + k * ldb + n0);
+        FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7)
+    }
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+}
+
+// One row per work-item: a single sample through a fully connected layer, depthwise groups.
+__kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
+void gemm1(GEMM_ARGS) {
+    GEMM_PROLOGUE(1)
+    ROW(0)
+    for (int k = 0; k < K; ++k) {
+        const VEC b = VLOAD(0, B + k * ldb + n0);
+        FMA(0)
+    }
+    STORE(0)
+}
+
+// The same GEMM with local-memory tiling, for GPUs and FPGAs: a work-group stages TS x TS tiles
+// of A and B in local memory and each work-item accumulates WPT rows of one column in registers
+// (zero-filled past the edges, so every work-item reaches every barrier).
+#define TS 32
+#define WPT 8
+#define RTS (TS / WPT)
+__kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
+void gemm_local(GEMM_ARGS) {
+    const int tx = get_local_id(0), ty = get_local_id(1), z = get_global_id(2);
+    const int n = get_group_id(0) * TS + tx, m_base = get_group_id(1) * TS;
+    const int bi = z / groups, g = z % groups;
+    A += bi * a_batch + g * a_group;
+    B += bi * b_batch + g * b_group;
+    C += bi * c_batch + g * c_group;
+    __local float a_tile[TS][TS], b_tile[TS][TS];
+    float acc[WPT];
+    for (int w = 0; w < WPT; ++w) acc[w] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TS) {
+        for (int w = 0; w < WPT; ++w) {
+            const int r = ty + w * RTS, m = m_base + r;
+            a_tile[r][tx] = (m < M && k0 + tx < K) ? A[m * lda + k0 + tx] : 0.0f;
+            b_tile[r][tx] = (k0 + r < K && n < N) ? B[(k0 + r) * ldb + n] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TS; ++kk) {
+            const float b = b_tile[kk][tx];
+            for (int w = 0; w < WPT; ++w) acc[w] = fma(a_tile[ty + w * RTS][kk], b, acc[w]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int w = 0; w < WPT; ++w) {
+        const int m = m_base + ty + w * RTS;
+        if (m >= M || n >= N) continue;
+        float s = acc[w];
+        if (bias_mode == BIAS_ROW) s += bias[g * M + m];
+        else if (bias_mode == BIAS_COL) s += bias[n];
+        C[m * ldc + n] = activate(s, act, alpha, beta);
+    }
+}
+
+// One sample through a wide fully connected layer (M = 1, large K): too few column tiles to
+// keep the cores busy, so K is split into `splits` chunks whose partial sums a second kernel
+// adds up with the bias and activation. partial[s][n] for chunk s.
+__kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
+void gemv_partial(__global const float* a, __global const float* B, __global float* partial,
+                  const int N, const int K, const int ldb, const int chunk) {
+    const int n0 = get_global_id(0) * VN, s = get_global_id(1);
+    if (n0 >= N) return;
+    const int k_end = min(K, (s + 1) * chunk);
+    if (n0 + VN <= N) {
+        VEC acc = (VEC)(0.0f);
+        for (int k = s * chunk; k < k_end; ++k)
+            acc = fma((VEC)(a[k]), VLOAD(0, B + k * ldb + n0), acc);
+        VSTORE(acc, 0, partial + s * N + n0);
+        return;
+    }
+    for (int n = n0; n < N; ++n) {
+        float acc = 0.0f;
+        for (int k = s * chunk; k < k_end; ++k) acc = fma(a[k], B[k * ldb + n], acc);
+        partial[s * N + n] = acc;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void gemv_reduce(__global const float* partial, __global const float* bias,
+                 __global float* out, const int N, const int splits, const int has_bias,
+                 const int act, const float alpha, const float beta) {
+    const int n = get_global_id(0);
+    if (n >= N) return;
+    float s = has_bias ? bias[n] : 0.0f;
+    for (int i = 0; i < splits; ++i) s += partial[i * N + n];
+    out[n] = activate(s, act, alpha, beta);
+}

@@ -1,0 +1,62 @@
+"""OpenCL fixtures: the device under test (PoCL's cpu0 unless HETSERVE_TEST_OPENCL_DEVICE names
+another, e.g. `other0` under Oclgrind) and one program cache for the session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from accelerators.opencl.engine import OpenCLEngine
+from accelerators.opencl.program_cache import ProgramCache
+
+# The kernel-check target runs under Oclgrind, a slow simulator: a reduced shape grid there.
+SMALL_GRID = os.environ.get("HETSERVE_KERNEL_GRID") == "small"
+
+
+@pytest.fixture(scope="session")
+def opencl_device() -> str:
+    return os.environ.get("HETSERVE_TEST_OPENCL_DEVICE", "cpu0")
+
+
+@pytest.fixture(scope="session")
+def program_cache(tmp_path_factory: pytest.TempPathFactory) -> ProgramCache:
+    return ProgramCache(tmp_path_factory.mktemp("opencl-cache"))
+
+
+@pytest.fixture
+def engine_for(tmp_path: Path, opencl_device: str, program_cache: ProgramCache):
+    """Saves an ONNX model and loads it into an OpenCL engine on the device under test."""
+    def load(model: onnx.ModelProto, local_tiles: bool | None = None) -> OpenCLEngine:
+        path = tmp_path / f"model{len(list(tmp_path.iterdir()))}.onnx"
+        onnx.save(model, str(path))
+        return OpenCLEngine(path, opencl_device, program_cache, local_tiles)
+    return load
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """Largest absolute error relative to the largest reference magnitude."""
+    return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def fresh_rng() -> tuple[np.random.Generator, int]:
+    seed = int.from_bytes(os.urandom(4), "little")
+    return np.random.default_rng(seed), seed
+
+
+def single_op(op: str, dynamic: dict[str, np.ndarray], consts: dict[str, np.ndarray],
+              out_shape: tuple[int, ...], opset: int = 17, **attrs) -> onnx.ModelProto:
+    """A one-node model: `dynamic` become graph inputs, `consts` initializers, in the order
+    given (dynamic first), feeding `op` whose output is `y`."""
+    names = list(dynamic) + list(consts)
+    node = helper.make_node(op, names, ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(a.shape))
+                     for n, a in dynamic.items()],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(out_shape))],
+        [numpy_helper.from_array(a, n) for n, a in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

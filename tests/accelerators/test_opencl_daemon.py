@@ -1,0 +1,80 @@
+"""The daemon serving MNIST through the OpenCL engine on PoCL, chosen by the model's `devices`
+parameter: the same predictions as onnxruntime, metrics labelled engine="opencl"; a model with an
+op the engine lacks falls back to onnxruntime; `hetserve devices --models` says which runs where."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+
+from tests.accelerators.conftest import single_op
+from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.service.conftest import scrape, total
+
+# Both devices load; `prefer` keeps OpenCL first under a budget no loaded machine misses.
+DEVICES = ('parameters { key: "devices" value: { string_value: "opencl:cpu0, onnxruntime" } }\n'
+           'parameters { key: "latency_budget_ms" value: { string_value: "60000" } }\n')
+
+
+def _repository(root: Path) -> Path:
+    """MNIST, and `tanh_net` (Tanh: not an op of the OpenCL engine), both preferring OpenCL."""
+    repo = root / "models"
+    shutil.copytree(MODELS / MODEL, repo / MODEL)
+    config = repo / MODEL / "config.pbtxt"
+    config.write_text(config.read_text() + DEVICES)
+    x = np.zeros((1, 4), np.float32)
+    model = single_op("Tanh", {"x": x}, {}, x.shape)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.ir_version = 8
+    (repo / "tanh_net" / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / "tanh_net" / "1" / "model.onnx"))
+    (repo / "tanh_net" / "config.pbtxt").write_text(
+        'name: "tanh_net"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + DEVICES)
+    return repo
+
+
+def test_devices_command_says_which_models_each_device_runs(tmp_path) -> None:
+    listed = json.loads(subprocess.run(
+        [sys.executable, "-m", "service", "devices", "--json", "--models",
+         str(_repository(tmp_path))], capture_output=True, text=True, check=True).stdout)
+    assert listed["models"]["opencl:cpu0"][MODEL] == "yes"
+    assert listed["models"]["onnxruntime:cpu0"] == {MODEL: "yes", "tanh_net": "yes"}
+    assert "op 'Tanh'" in listed["models"]["opencl:cpu0"]["tanh_net"]
+
+
+def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
+    repo = _repository(tmp_path)
+    daemon = Daemon(tmp_path, repo)
+    try:
+        images = holdout[0][:64]
+        ref = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
+            None, {"image": images})[0]
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            for lo, hi in ((0, 1), (1, 9), (9, 64)):
+                got = client.infer(MODEL, image_input(images[lo:hi])).as_numpy("logits")
+                assert np.abs(got - ref[lo:hi]).max() <= 1e-3 * np.abs(ref[lo:hi]).max()
+                assert (got.argmax(1) == ref[lo:hi].argmax(1)).all()
+            x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+            tensor = grpcclient.InferInput("x", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            got = client.infer("tanh_net", [tensor]).as_numpy("y")
+            np.testing.assert_allclose(got, np.tanh(x), rtol=1e-6)
+        assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
+        body = urllib.request.urlopen(daemon.metrics_url).read().decode()
+        assert f'hetserve_inferences_total{{device="cpu0",engine="opencl",kind="cpu",' \
+               f'model="{MODEL}"}} 64.0' in body
+        assert 'engine="onnxruntime",kind="cpu",model="tanh_net"' in body  # the fallback
+    finally:
+        assert daemon.stop() == 0

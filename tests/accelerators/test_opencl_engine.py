@@ -1,0 +1,75 @@
+"""Loading: unsupported ops named at load time, the program cache, FPGA binaries' kernel lists,
+device choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+from onnx import helper
+
+from accelerators.engines import DeviceSpec, create_engine
+from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
+from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
+from tests.accelerators.conftest import single_op
+
+
+def test_an_unsupported_op_is_named_with_its_node_at_load(engine_for) -> None:
+    x = np.zeros((1, 4), np.float32)
+    model = single_op("Relu", {"x": x}, {}, x.shape)
+    model.graph.node[0].output[0] = "r"
+    model.graph.node.append(helper.make_node("Tanh", ["r"], ["y"], name="the_tanh"))
+    with pytest.raises(UnsupportedModelError, match="op 'Tanh'.*node 'the_tanh'"):
+        engine_for(model)
+
+
+def test_engine_factory_builds_opencl_engines(tmp_path) -> None:
+    from tests.conftest import MODEL, MODELS
+    engine = create_engine(DeviceSpec.parse("opencl:cpu0"), MODELS / MODEL / "1" / "model.onnx")
+    assert (engine.device.name, engine.device.kind, engine.device.engine) == (
+        "cpu0", "cpu", "opencl")
+    assert [t.name for t in engine.inputs] == ["image"] and engine.inputs[0].shape[0] == -1
+    with pytest.raises(NoSuchDeviceError, match="'fpga3' does not exist"):
+        create_engine(DeviceSpec.parse("opencl:fpga3"), MODELS / MODEL / "1" / "model.onnx")
+
+
+def test_device_specs(opencl_device) -> None:
+    assert find_device(opencl_device)[0] == opencl_device
+    with pytest.raises(NoSuchDeviceError, match="not of the form"):
+        find_device("tpu0")
+
+
+def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_device) -> None:
+    dev = open_device(opencl_device)
+    cache = ProgramCache(tmp_path)
+    cache.program(dev, {"gemm8"})
+    assert cache.hits == 0 and len(list(tmp_path.glob("*.bin"))) == 1
+    again = ProgramCache(tmp_path)
+    assert "im2col" in again.program(dev, {"gemm8"}).kernel_names
+    assert again.hits == 1
+    other = ProgramCache(tmp_path, options=again.options + " -DUNUSED=1")
+    assert other.key(dev, "src") != again.key(dev, "src")
+    other.program(dev, set())
+    assert other.hits == 0 and len(list(tmp_path.glob("*.bin"))) == 2
+    (next(tmp_path.glob("*.bin"))).write_bytes(b"garbage")  # a bad file is rebuilt
+    for c in (ProgramCache(tmp_path), ProgramCache(tmp_path, options=other.options)):
+        c.program(dev, {"gemm8"})
+
+
+def test_an_fpga_binary_lacking_kernels_is_named(tmp_path, opencl_device) -> None:
+    """The FPGA path loads a precompiled binary; here one built by the device under test from
+    a subset of the kernels stands in for a board's .aocx."""
+    dev = open_device(opencl_device)
+    from importlib import resources
+    source = "".join(resources.files("kernels").joinpath(f).read_text()
+                     for f in ("common.cl", "elementwise.cl"))
+    binary = cl.Program(dev.context, source).build().binaries[0]
+    (tmp_path / "board.aocx").write_bytes(binary)
+    fpga = OpenCLDevice("fpga0", "fpga", dev.device, dev.context, dev.queue)
+    cache = ProgramCache(tmp_path / "cache", binary_dir=tmp_path)
+    assert "binary4d" in cache.program(fpga, {"binary4d"}).kernel_names
+    with pytest.raises(MissingKernelsError, match=r"lacks kernels \['gemm8', 'im2col'\]"):
+        cache.program(fpga, {"binary4d", "gemm8", "im2col"})
+    with pytest.raises(FileNotFoundError, match="HETSERVE_FPGA_BINARIES"):
+        ProgramCache(tmp_path / "cache", binary_dir=None).program(fpga, set())
