@@ -38,6 +38,8 @@ class OnnxRuntimeEngine:
         ort = _import_ort()
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
+        # Idle pool threads would spin for work, taking CPU from gRPC on small machines.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         wanted = ["CPUExecutionProvider"]
         if use_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
             wanted.insert(0, "CUDAExecutionProvider")
