@@ -28,7 +28,7 @@ from spark_jobs.scoring import ScoreOptions, output_schema, score_frames, softma
 
 log = logging.getLogger(__name__)
 __all__ = ["PREDICT_RETURN_TYPE", "image_columns", "make_predict_fn", "node_daemon",
-           "output_schema", "score_arrow_fn", "score_dataframe", "score_options",
+           "output_schema", "score_arrow_fn", "score_dataframe", "score_options", "score_with",
            "stop_started_daemons"]
 
 PREDICT_RETURN_TYPE = "struct<label:int, scores:array<float>>"
@@ -77,11 +77,16 @@ def score_dataframe(spark: SparkSession, frame: DataFrame, model: str, *,
                     profile: object | None = None, **options) -> DataFrame:
     """`frame` scored with mapInPandas; `profile`, a pyspark ResourceProfile, asks for an
     accelerator per task (stage-level scheduling, Spark 4); other options as score_options."""
-    settings = score_options(spark, model, **options)
-    if settings.images and "image" in frame.columns:
+    return score_with(frame, score_options(spark, model, **options), profile)
+
+
+def score_with(frame: DataFrame, options: ScoreOptions,
+               profile: object | None = None) -> DataFrame:
+    """score_dataframe with the options made once (a stream's micro-batches share them)."""
+    if options.images and "image" in frame.columns:
         frame = image_columns(frame)
-    schema = output_schema(frame.schema["id"].dataType.simpleString(), settings.keep_errors)
-    scorer = functools.partial(score_frames, options=settings)
+    schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors)
+    scorer = functools.partial(score_frames, options=options)
     return frame.mapInPandas(scorer, schema, profile=profile) if profile is not None \
         else frame.mapInPandas(scorer, schema)
 

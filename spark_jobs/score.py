@@ -30,13 +30,8 @@ from spark_jobs.resources import task_profile
 log = logging.getLogger("hetserve.score")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", required=True, help="Parquet dataset or image folder")
-    parser.add_argument("--output", required=True, help="Parquet output (replaced)")
-    parser.add_argument("--format", choices=["parquet", "image"], default="parquet",
-                        help="input format (default: parquet)")
+def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, daemon and request options that batch and streaming jobs share."""
     parser.add_argument("--model", default="mnist_cnn", help="model name (default: mnist_cnn)")
     parser.add_argument("--daemon", help=f"daemon address on every node, e.g. unix:/path or "
                         f"127.0.0.1:8001 (default: Spark conf {ADDRESS_CONF}, then each node's "
@@ -56,6 +51,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "level, so that online traffic keeps its latency)")
     parser.add_argument("--top-k", type=int, default=5,
                         help="classes kept per row in top_labels/top_scores (default: 5)")
+
+
+def scoring_options(args: argparse.Namespace) -> dict[str, object]:
+    """score_dataframe's keyword arguments from add_scoring_arguments' options."""
+    return {"address": args.daemon, "batch_size": args.batch_size, "inflight": args.inflight,
+            "model_repository": None if args.no_start_daemon
+            else str(args.model_repository.resolve()),
+            "priority": args.priority, "top_k": args.top_k}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", required=True, help="Parquet dataset or image folder")
+    parser.add_argument("--output", required=True, help="Parquet output (replaced)")
+    parser.add_argument("--format", choices=["parquet", "image"], default="parquet",
+                        help="input format (default: parquet)")
+    add_scoring_arguments(parser)
     parser.add_argument("--errors", help="write malformed rows (id, error) to this Parquet "
                         "output and go on; without it a malformed row fails the job")
     parser.add_argument("--task-resource", metavar="NAME=AMOUNT",
@@ -71,12 +84,11 @@ def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
             spark.read.format("image").option("dropInvalid", True).load(args.input))
     else:
         frame = spark.read.parquet(args.input).select("id", "tensor")
-    repository = None if args.no_start_daemon else str(args.model_repository.resolve())
     return score_dataframe(
-        spark, frame, args.model, address=args.daemon, model_repository=repository,
+        spark, frame, args.model,
         profile=task_profile(args.task_resource) if args.task_resource else None,
-        batch_size=args.batch_size, inflight=args.inflight, priority=args.priority,
-        top_k=args.top_k, keep_errors=args.errors is not None, images=args.format == "image")
+        keep_errors=args.errors is not None, images=args.format == "image",
+        **scoring_options(args))
 
 
 def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> None:
