@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
 from spark_jobs.client import ModelInterface, infer
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
@@ -31,7 +32,8 @@ __all__ = ["PREDICT_RETURN_TYPE", "image_columns", "make_predict_fn", "node_daem
            "output_schema", "score_arrow_fn", "score_dataframe", "score_options", "score_with",
            "stop_started_daemons"]
 
-PREDICT_RETURN_TYPE = "struct<label:int, scores:array<float>>"
+PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
+                                  StructField("scores", ArrayType(FloatType()))])
 
 
 def node_daemon(spark: SparkSession, address: str | None = None,
