@@ -3,13 +3,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,test
 
-.PHONY: demo test setup system-deps train clean
+.PHONY: demo test test-cluster setup system-deps train clean
 
 demo: setup
 	$(PY) tools/demo.py
 
 test: setup
 	$(VENV)/bin/pytest
+
+# The Spark standalone cluster test (master + two workers + a daemon each, ~2-3 minutes).
+test-cluster: setup
+	$(VENV)/bin/pytest -m cluster tests/spark_jobs
 
 setup: system-deps $(VENV)/.installed
 
