@@ -46,9 +46,10 @@ def discover(kind: str) -> dict[str, object]:
     return {"name": kind, "addresses": [str(i) for i in range(count)]}
 
 
-def task_profile(spec: str):  # -> pyspark.resource.ResourceProfile
-    """A ResourceProfile from "NAME=AMOUNT" (e.g. "fpga=1"): executors holding that many
-    devices of the kind (found by the discovery script), one task per AMOUNT of them."""
+def task_profile(spec: str, new_executors: bool = True):  # -> ResourceProfile
+    """A ResourceProfile from "NAME=AMOUNT" (e.g. "fpga=1"): each task holds AMOUNT devices of
+    the kind; with `new_executors` (dynamic allocation on) it also asks for executors holding
+    them, where without it Spark (3.4+) only accepts task requests on the executors it has."""
     from pyspark.resource import (ExecutorResourceRequests, ResourceProfileBuilder,
                                   TaskResourceRequests)
 
@@ -56,9 +57,11 @@ def task_profile(spec: str):  # -> pyspark.resource.ResourceProfile
     if name not in KINDS or not amount.replace(".", "", 1).isdigit() or float(amount) <= 0:
         raise ValueError(f"--task-resource {spec!r}: expected fpga=AMOUNT or gpu=AMOUNT "
                          "with AMOUNT > 0")
-    executor = ExecutorResourceRequests().resource(name, max(1, int(float(amount))))
-    task = TaskResourceRequests().resource(name, float(amount))
-    return ResourceProfileBuilder().require(executor).require(task).build
+    builder = ResourceProfileBuilder().require(TaskResourceRequests().resource(name,
+                                                                              float(amount)))
+    if new_executors:
+        builder.require(ExecutorResourceRequests().resource(name, max(1, int(float(amount)))))
+    return builder.build
 
 
 def main(argv: list[str]) -> int:

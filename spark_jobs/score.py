@@ -84,9 +84,10 @@ def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
             spark.read.format("image").option("dropInvalid", True).load(args.input))
     else:
         frame = spark.read.parquet(args.input).select("id", "tensor")
+    dynamic = spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true"
     return score_dataframe(
         spark, frame, args.model,
-        profile=task_profile(args.task_resource) if args.task_resource else None,
+        profile=task_profile(args.task_resource, dynamic) if args.task_resource else None,
         keep_errors=args.errors is not None, images=args.format == "image",
         **scoring_options(args))
 

@@ -30,5 +30,6 @@ def test_task_profile_asks_executors_and_tasks_for_the_accelerator():
     profile = task_profile("fpga=0.5")
     assert profile.executorResources["fpga"].amount == 1
     assert profile.taskResources["fpga"].amount == 0.5
+    assert not task_profile("gpu=1", new_executors=False).executorResources
     with pytest.raises(ValueError, match="expected fpga=AMOUNT or gpu=AMOUNT"):
         task_profile("tpu=1")
