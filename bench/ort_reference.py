@@ -1,6 +1,7 @@
 """The reference for bench/spark_scoring.py: ONNX Runtime inside Spark's Python workers, the way
 FIELD_NOTES found fastest (one intra-op thread per task, one session per reused worker). A module
-of its own so that workers import it, keeping the session cache, instead of unpickling it per task."""
+of its own so that workers import it, keeping the session cache, instead of unpickling it
+per task."""
 
 from __future__ import annotations
 
