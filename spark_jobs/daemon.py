@@ -39,10 +39,12 @@ def resolve_address(explicit: str | None = None, conf: str | None = None) -> str
     return explicit or conf or os.environ.get(ADDRESS_ENV) or f"unix:{default_socket()}"
 
 
-def is_ready(address: str, timeout_s: float = 2.0) -> bool:
+def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
+    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs)."""
     client = grpcclient.InferenceServerClient(address)
     try:
-        return client.is_server_ready(client_timeout=timeout_s)
+        return (client.is_server_live if live else client.is_server_ready)(
+            client_timeout=timeout_s)
     except Exception:  # any transport failure means "not serving here"
         return False
     finally:
@@ -147,9 +149,17 @@ class NodeDaemon:
             raise RuntimeError(f"no hetserve daemon answers at {address} and the job was "
                                "not allowed to start one (no model repository given)")
         args, folder = _serve_args(address, self.model_repository)
+        deadline = time.monotonic() + timeout_s
         with _locked(folder / "daemon.lock"):
-            if not is_ready(address):  # another executor may have started it meanwhile
-                self._start(address, args, folder, timeout_s)
+            while not is_ready(address):  # a peer may have started one meanwhile
+                # One that runs but is not ready is loading or draining: wait, never replace it.
+                if not is_ready(address, live=True):
+                    self._start(address, args, folder, timeout_s)
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the hetserve daemon at {address} runs but has not "
+                                       f"been ready for {timeout_s:.0f} s")
+                time.sleep(0.2)
         return address
 
     def _start(self, address: str, args: list[str], folder: Path, timeout_s: float) -> None:
