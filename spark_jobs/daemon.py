@@ -7,7 +7,7 @@ its owner; every other executor on that host waits on the lock and then finds it
 end the job stops the daemons it owns and no other; a supervisor also stops its daemon when
 the Spark process that started it (the executor's JVM) has gone.
 
-    python -m spark_jobs.daemon supervise OWNER_FILE WATCH_PID -- SERVE_ARGS...
+    python -m spark_jobs.daemon supervise OWNER_FILE WATCH_PID OWNER -- SERVE_ARGS...
 """
 
 from __future__ import annotations
