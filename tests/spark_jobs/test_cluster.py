@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import MODELS, ROOT, Daemon, free_port
+from tests.conftest import ROOT, Daemon, free_port
 
 pytestmark = pytest.mark.cluster
 BIN = Path(sys.executable).parent
