@@ -4,8 +4,8 @@ instead of a new array per batch. One buffer set per batch that may be in flight
 from __future__ import annotations
 
 import numpy as np
+from service.tensors import Tensors
 
-Tensors = dict[str, np.ndarray]
 
 
 class BatchBuffers:

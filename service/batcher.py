@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import numpy as np
 
 from service.batch_buffers import BatchBuffers
 from service.errors import (
@@ -29,10 +28,20 @@ from service.errors import (
 )
 from service.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.statistics import ModelStatistics
+from service.tensors import Tensors
 
 log = logging.getLogger(__name__)
-Tensors = dict[str, np.ndarray]
-RunBatch = Callable[[Tensors, int], Awaitable[Tensors]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's outputs, and the device that ran them (replies name it to clients)."""
+
+    outputs: Tensors
+    device: str
+
+
+RunBatch = Callable[[Tensors, int], Awaitable[Answer]]
 
 
 @dataclass(eq=False)
@@ -74,7 +83,7 @@ class DynamicBatcher:
         return sum(self._queued)
 
     async def submit(self, inputs: Tensors, size: int,
-                     options: RequestOptions = DEFAULT_OPTIONS) -> Tensors:
+                     options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
         level = self.policy.level(options.priority)
         limit = self.policy.levels[level].max_queue_size
         if self._queued[level] + size > limit:
@@ -201,7 +210,7 @@ class DynamicBatcher:
         inputs, buffers = self._buffers.assemble([p.inputs for p in batch], total)
         assembled = time.monotonic()
         try:
-            outputs = await self._run_batch(inputs, total)
+            answer = await self._run_batch(inputs, total)
         except HetserveError as e:
             for pending in batch:
                 _settle(pending, error=e)
@@ -215,18 +224,19 @@ class DynamicBatcher:
             self._buffers.release(buffers)
         ran = time.monotonic()
         if len(batch) == 1:  # nothing to split (and unbatched models have no batch axis)
-            _settle(batch[0], result=outputs)
+            _settle(batch[0], result=answer)
         else:
             offset = 0
             for pending in batch:
-                _settle(pending, result={name: array[offset:offset + pending.size]
-                                         for name, array in outputs.items()})
+                _settle(pending, result=Answer({name: array[offset:offset + pending.size]
+                                                for name, array in answer.outputs.items()},
+                                               answer.device))
                 offset += pending.size
         self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
                                  time.monotonic() - ran)
 
 
-def _settle(pending: _Pending, result: Tensors | None = None,
+def _settle(pending: _Pending, result: Answer | None = None,
             error: Exception | None = None) -> None:
     """Answers a request once; a late second answer (a cancelled client) is ignored."""
     if pending.future.done():

@@ -9,10 +9,11 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from service import tensors
+from service.batcher import Answer
 from service.errors import InvalidInputError
 from service.queue_policy import RequestOptions
+from service.tensors import Tensors
 
-Tensors = dict[str, np.ndarray]
 
 
 def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
@@ -51,11 +52,13 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
 
 
 def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    outputs: Tensors) -> service_pb2.ModelInferResponse:
-    """tritonclient reads only raw_output_contents, so every output travels as raw bytes."""
+                    answer: Answer) -> service_pb2.ModelInferResponse:
+    """tritonclient reads only raw_output_contents, so every output travels as raw bytes; the
+    device that ran the request travels as the response parameter `device`."""
     response = service_pb2.ModelInferResponse(
         model_name=model_name, model_version=str(version), id=request.id)
-    for name, array in outputs.items():
+    response.parameters["device"].string_param = answer.device
+    for name, array in answer.outputs.items():
         response.outputs.add(name=name, datatype=tensors.wire_dtype(array.dtype),
                              shape=array.shape)
         response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())

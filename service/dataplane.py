@@ -6,13 +6,13 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
+from service.batcher import Answer
 from service.errors import HetserveError, ModelUnavailableError
 from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.registry import LoadedModel, ModelRegistry
+from service.tensors import Tensors
 
-Tensors = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class DataPlane:
         return self.ready
 
     async def infer(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
-                    options: RequestOptions = DEFAULT_OPTIONS) -> Tensors:
+                    options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic()
@@ -51,7 +51,7 @@ class DataPlane:
         try:
             size = model.spec.validate(inputs)
             names = model.spec.check_outputs(requested_outputs)
-            outputs = await model.batcher.submit(inputs, size, options)
+            answer = await model.batcher.submit(inputs, size, options)
         except BaseException:  # errors and cancellations (a client gone) alike
             model.stats.fail.add(time.monotonic() - start)
             raise
@@ -60,7 +60,7 @@ class DataPlane:
             if not self._in_flight:
                 self._idle.set()
         model.stats.success.add(time.monotonic() - start)
-        return {name: outputs[name] for name in names}
+        return Answer({name: answer.outputs[name] for name in names}, answer.device)
 
     async def drain(self, grace_s: float) -> bool:
         """Refuses new requests and waits for those in flight; false if the grace ran out."""

@@ -16,15 +16,15 @@ import asyncio
 import logging
 import time
 
-import numpy as np
 
+from service.batcher import Answer
 from service.errors import DeviceError
 from service.metrics import Metrics
+from service.tensors import Tensors
 from service.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
 POLICIES = ("prefer", "latency", "efficiency")
-Tensors = dict[str, np.ndarray]
 _PROBE_EVERY_S = 0.25
 
 
@@ -41,7 +41,7 @@ class Router:
         self._probe_inputs: Tensors | None = None
         self._prober: asyncio.Task | None = None
 
-    async def run(self, inputs: Tensors, size: int) -> Tensors:
+    async def run(self, inputs: Tensors, size: int) -> Answer:
         errors = []
         for worker in self.candidates(size):
             try:
@@ -52,7 +52,7 @@ class Router:
                 continue
             if not worker.healthy:  # a last-resort run on an unhealthy device worked
                 worker.mark_healthy()
-            return result
+            return Answer(result, worker.device.name)
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
 

@@ -130,7 +130,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             model = self._plane.model(request.model_name, request.model_version)
             model_label = model.spec.name
-            outputs = await self._plane.infer(
+            answer = await self._plane.infer(
                 model, codec.decode_inputs(request), [o.name for o in request.outputs],
                 codec.request_options(request, time_remaining_s))
         except HetserveError as e:
@@ -138,7 +138,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise
         self._count(model_label, grpc.StatusCode.OK)
         self._metrics.request_duration.labels(model_label).observe(time.perf_counter() - start)
-        return codec.encode_response(request, model.spec.name, model.spec.version, outputs)
+        return codec.encode_response(request, model.spec.name, model.spec.version, answer)
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
         counter = self._counters.get((model, code))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
+Tensors = dict[str, np.ndarray]  # tensors by name: a request's inputs, a model's outputs
+
 # Fixed-size datatypes only: BYTES (strings) is not an image-recognition input.
 _NUMPY_BY_WIRE: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),

@@ -1,16 +1,28 @@
 """The executor-side client: one channel per Python worker, reused across tasks, sending
-large batches to the node-local daemon with a few requests in flight."""
+large batches to the node-local daemon with a few requests in flight, at low priority, and
+retrying what a restarting or busy daemon answers."""
 
 from __future__ import annotations
 
-import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from service import tensors
+
+log = logging.getLogger(__name__)
+RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
+# Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
+IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
 
 @dataclass(frozen=True)
@@ -23,6 +35,8 @@ class ModelInterface:
     input_dims: tuple[int, ...]  # one sample's shape
     output_name: str
     max_batch_size: int
+    priority_levels: int = 0
+    image: dict[str, str] = field(default_factory=dict)  # the IMAGE_PARAMETERS it sets
 
     @classmethod
     def fetch(cls, address: str, model: str) -> ModelInterface:
@@ -36,30 +50,100 @@ class ModelInterface:
                              f"max_batch_size is {config.max_batch_size}, "
                              f"inputs are {[i.name for i in config.input]}")
         tensor = config.input[0]
+        image = {k: config.parameters[k].string_value
+                 for k in IMAGE_PARAMETERS if k in config.parameters}
         return cls(model, tensor.name, tensors.wire_from_config(tensor.data_type),
-                   tuple(tensor.dims), config.output[0].name, config.max_batch_size)
+                   tuple(tensor.dims), config.output[0].name, config.max_batch_size,
+                   config.dynamic_batching.priority_levels, image)
+
+    @property
+    def lowest_priority(self) -> int:
+        """Triton's priority levels count from 1 (highest); 0 asks for the default level."""
+        return self.priority_levels
 
 
-@functools.cache
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff with jitter for UNAVAILABLE and RESOURCE_EXHAUSTED."""
+
+    attempts: int = 8
+    first_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+    request_timeout_s: float = 60.0
+
+    def delay_s(self, attempt: int) -> float:
+        return min(self.max_delay_s, self.first_delay_s * 2 ** attempt) * random.uniform(0.5, 1)
+
+
+@dataclass(frozen=True)
+class Inference:
+    logits: np.ndarray
+    model_version: str
+    devices: list[str | None]  # per sample: where the daemon says it ran, when it says so
+
+
+_clients: dict[str, grpcclient.InferenceServerClient] = {}  # per Python worker
+_clients_lock = threading.Lock()
+
+
 def _client(address: str) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(address)
+    with _clients_lock:
+        if address not in _clients:
+            _clients[address] = grpcclient.InferenceServerClient(address)
+        return _clients[address]
+
+
+def _forget(address: str, client: grpcclient.InferenceServerClient) -> None:
+    """Drops a worker's channel after a transport failure: a fresh one connects at once, where
+    the old one would wait out gRPC's reconnect backoff. Requests still on the old channel
+    finish or fail there; it closes when the last of them lets go of it."""
+    with _clients_lock:
+        if _clients.get(address) is client:
+            del _clients[address]
+
+
+def _status(e: InferenceServerException) -> str:
+    return str(e.status())
 
 
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int,
-          inflight: int) -> np.ndarray:
-    """Runs `samples` (N, *dims) through the daemon in requests of at most `batch_size`."""
-    client = _client(address)
+          inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
+          recover: Callable[[], str] | None = None) -> Inference:
+    """Runs `samples` (N, *dims) through the daemon in requests of at most `batch_size`.
+    `recover`, called before a retry of an UNAVAILABLE request, returns the address to use
+    then (restarting the node's daemon where the job manages it)."""
     step = max(1, min(batch_size, model.max_batch_size))
+    current = [address]
 
-    def one(start: int) -> np.ndarray:
-        chunk = samples[start:start + step]
+    def one(start: int) -> grpcclient.InferResult:
+        chunk = np.ascontiguousarray(samples[start:start + step])
         tensor = grpcclient.InferInput(model.input_name, list(chunk.shape),
                                        model.input_datatype)
         tensor.set_data_from_numpy(chunk)
-        result = client.infer(model.name, [tensor],
-                              outputs=[grpcclient.InferRequestedOutput(model.output_name)])
-        return result.as_numpy(model.output_name)
+        outputs = [grpcclient.InferRequestedOutput(model.output_name)]
+        for attempt in range(retry.attempts):
+            client = _client(current[0])
+            try:
+                return client.infer(model.name, [tensor], outputs=outputs, priority=priority,
+                                    client_timeout=retry.request_timeout_s)
+            except InferenceServerException as e:
+                if _status(e) not in RETRIED or attempt == retry.attempts - 1:
+                    raise
+                log.warning("daemon at %s answered %s (attempt %d of %d): %s", current[0],
+                            _status(e), attempt + 1, retry.attempts, e.message())
+                time.sleep(retry.delay_s(attempt))
+                if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
+                    _forget(current[0], client)
+                    if recover is not None:
+                        current[0] = recover()
+        raise AssertionError("unreachable")
 
-    starts = range(0, len(samples), step)
     with ThreadPoolExecutor(max(1, inflight)) as pool:
-        return np.concatenate(list(pool.map(one, starts)))
+        results = list(pool.map(one, range(0, len(samples), step)))
+    logits = [r.as_numpy(model.output_name) for r in results]
+    replies = [r.get_response() for r in results]
+    devices = [reply.parameters["device"].string_param if "device" in reply.parameters
+               else None for reply in replies]
+    return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
+                     replies[-1].model_version if replies else "",
+                     [d for d, out in zip(devices, logits) for _ in range(len(out))])

@@ -1,15 +1,28 @@
-"""Finding the node-local daemon, and starting one where none answers (the embedded default)."""
+"""Finding the node-local daemon, and starting one per host where none answers.
+
+A job uses the daemon its address names (systemd unit, Kubernetes DaemonSet). Where none
+answers and the job was given a model repository, the first executor (or driver) on a host to
+notice takes a lock file, starts one daemon under a small supervisor, and records the job as
+its owner; every other executor on that host waits on the lock and then finds it ready. At the
+end the job stops the daemons it owns and no other; a supervisor also stops its daemon when
+the Spark process that started it (the executor's JVM) has gone.
+
+    python -m spark_jobs.daemon supervise OWNER_FILE WATCH_PID OWNER -- SERVE_ARGS...
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import logging
 import os
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
@@ -26,14 +39,29 @@ def resolve_address(explicit: str | None = None, conf: str | None = None) -> str
     return explicit or conf or os.environ.get(ADDRESS_ENV) or f"unix:{default_socket()}"
 
 
-def is_ready(address: str, timeout_s: float = 2.0) -> bool:
+def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
+    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs)."""
     client = grpcclient.InferenceServerClient(address)
     try:
-        return client.is_server_ready(client_timeout=timeout_s)
+        return (client.is_server_live if live else client.is_server_ready)(
+            client_timeout=timeout_s)
     except Exception:  # any transport failure means "not serving here"
         return False
     finally:
         client.close()
+
+
+def _serve_args(address: str, model_repository: str) -> tuple[list[str], Path]:
+    """`hetserve serve` flags for a daemon answering at `address`, and the folder that holds
+    its lock, owner and log files."""
+    if address.startswith("unix:"):
+        socket = Path(address.removeprefix("unix:").removeprefix("//"))
+        return (["--socket", str(socket), "--port", "0"], socket.parent)
+    host, _, port = address.rpartition(":")
+    if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        raise ValueError(f"daemon address {address!r}: a job starts daemons only on a unix "
+                         "socket or a loopback port (127.0.0.1:PORT)")
+    return (["--port", port, "--socket", ""], default_socket().parent / f"tcp-{port}")
 
 
 class DaemonProcess:
@@ -42,22 +70,19 @@ class DaemonProcess:
     def __init__(self, args: list[str], address: str, log_path: Path) -> None:
         self.address = address
         self.log_path = log_path
-        with open(log_path, "wb") as log:
+        with open(log_path, "ab") as log_file:
             self._process = subprocess.Popen([sys.executable, "-m", "service", "serve", *args],
-                                             stdout=log, stderr=subprocess.STDOUT)
+                                             stdout=log_file, stderr=subprocess.STDOUT)
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not is_ready(self.address, timeout_s=1.0):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"hetserve daemon did not become ready on {self.address}; "
-                                   f"its log:\n{self.log_path.read_text()[-4000:]}")
-            time.sleep(0.2)
+        _wait_ready(self.address, self._process, self.log_path, timeout_s)
+
+    def poll(self) -> int | None:
+        return self._process.poll()
 
     def stop(self, timeout_s: float = 30.0) -> int:
         if self._process.poll() is None:
@@ -69,21 +94,149 @@ class DaemonProcess:
         return self._process.wait()
 
 
+def _wait_ready(address: str, process: subprocess.Popen, log_path: Path,
+                timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not is_ready(address, timeout_s=1.0):
+        if process.poll() is not None or time.monotonic() > deadline:
+            if process.poll() is None:
+                process.terminate()
+            raise RuntimeError(f"hetserve daemon did not become ready on {address}; "
+                               f"its log:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
-def ensure_daemon(address: str, model_repository: Path) -> Iterator[str]:
-    """Uses the daemon at `address` if it answers; otherwise starts one on a private socket
-    for the duration of the block and stops it afterwards."""
-    if is_ready(address):
-        yield address
-        return
-    folder = Path(tempfile.mkdtemp(prefix="hetserve-job-"))
-    socket = folder / "grpc.sock"
-    daemon = DaemonProcess(["--models", str(model_repository), "--socket", str(socket),
-                            "--port", "0", "--metrics-port", "0"],
-                           f"unix:{socket}", folder / "daemon.log")
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, even on a crash
+        yield
+
+
+def _spark_jvm_pid() -> int:
+    """The nearest ancestor that is a JVM (the executor, or the driver under spark-submit);
+    this process where there is none (a driver that started its own JVM)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                return pid
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return os.getpid()
+
+
+@dataclass(frozen=True)
+class NodeDaemon:
+    """Which daemon a job uses on each node; shipped to the executors.
+
+    `address` None means each node's own setting ($HETSERVE_DAEMON, else the user's socket);
+    `model_repository` None means the job never starts a daemon; `owner` names the job (its
+    Spark application id) in the daemons it starts."""
+
+    address: str | None
+    model_repository: str | None
+    owner: str
+
+    def resolve(self) -> str:
+        return resolve_address(self.address)
+
+    def ensure(self, timeout_s: float = 120.0) -> str:
+        """The address of a ready daemon on this node, starting one if the job may."""
+        address = self.resolve()
+        if is_ready(address):
+            return address
+        if self.model_repository is None:
+            raise RuntimeError(f"no hetserve daemon answers at {address} and the job was "
+                               "not allowed to start one (no model repository given)")
+        args, folder = _serve_args(address, self.model_repository)
+        deadline = time.monotonic() + timeout_s
+        with _locked(folder / "daemon.lock"):
+            while not is_ready(address):  # a peer may have started one meanwhile
+                # One that runs but is not ready is loading or draining: wait, never replace it.
+                if not is_ready(address, live=True):
+                    self._start(address, args, folder, timeout_s)
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the hetserve daemon at {address} runs but has not "
+                                       f"been ready for {timeout_s:.0f} s")
+                time.sleep(0.2)
+        return address
+
+    def _start(self, address: str, args: list[str], folder: Path, timeout_s: float) -> None:
+        socket = Path(args[1]) if args[0] == "--socket" else None
+        if socket is not None:
+            socket.unlink(missing_ok=True)  # a killed daemon's socket; we hold the lock
+        log_path = folder / "daemon.log"
+        serve = ["--models", self.model_repository, "--metrics-port", "0", *args]
+        with open(log_path, "ab") as log_file:
+            supervisor = subprocess.Popen(
+                [sys.executable, "-m", "spark_jobs.daemon", "supervise",
+                 str(folder / "daemon.owner"), str(_spark_jvm_pid()), self.owner, "--", *serve],
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_ready(address, supervisor, log_path, timeout_s)
+        log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
+                 address, self.owner, supervisor.pid)
+
+    def stop_started(self, timeout_s: float = 30.0) -> bool:
+        """Stops this node's daemon if this job started it; True if it did."""
+        address = self.resolve()
+        try:
+            _, folder = _serve_args(address, "")
+        except ValueError:
+            return False
+        owner_file = folder / "daemon.owner"
+        with _locked(folder / "daemon.lock"):
+            owner = read_owner(owner_file)
+            if owner is None or owner["owner"] != self.owner:
+                return False
+            os.kill(owner["supervisor"], signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while owner_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        log.info("stopped the daemon %s started at %s", self.owner, address)
+        return True
+
+
+def read_owner(owner_file: Path) -> dict | None:
+    """{"owner", "supervisor", "daemon"} of a daemon a job started, if one runs."""
     try:
-        daemon.wait_ready()
-        log.info("no daemon answers at %s; started one at %s", address, daemon.address)
-        yield daemon.address
+        owner = json.loads(owner_file.read_text())
+        os.kill(owner["supervisor"], 0)
+        return owner
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def supervise(owner_file: Path, watch_pid: int, owner: str, serve_args: list[str]) -> int:
+    """Runs one daemon until it exits, SIGTERM arrives, or `watch_pid` has gone."""
+    daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args])
+    owner_file.write_text(json.dumps({"owner": owner, "supervisor": os.getpid(),
+                                      "daemon": daemon.pid}))
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        while daemon.poll() is None and not stopping:
+            try:
+                os.kill(watch_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        if daemon.poll() is None:
+            daemon.terminate()
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        return daemon.wait()
     finally:
-        daemon.stop()
+        if (read_owner(owner_file) or {}).get("supervisor") == os.getpid():
+            owner_file.unlink()  # only our own record: a successor may have written its own
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 6 or sys.argv[1] != "supervise" or sys.argv[5] != "--":
+        sys.exit(__doc__)
+    sys.exit(supervise(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[6:]))

@@ -3,64 +3,109 @@
     spark-submit spark_jobs/score.py --input digits.parquet --output scored.parquet
 
 Input: Parquet with columns `id` and `tensor` (raw bytes or an array of numbers per row), or a
-folder of image files (`--format image`, read by Spark's `image` source, id = file path).
-Output: Parquet with `id`, `label` (top-1 class) and `scores` (softmax of the model's output).
+folder of image files (`--format image`, read by Spark's `image` source, id = file path; resized
+and normalized as the model's config.pbtxt says, see docs/spark.md).
+Output: Parquet with `id`, `label` (top-1 class), `top_labels` and `top_scores` (the k best
+classes and their softmax scores), `device` (where the daemon ran the row, when it says) and
+`model_version`. The output appears whole when the job succeeds, or not at all.
+Each executor uses its own node's daemon; where none answers, the job starts one per host and
+stops the ones it started at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import time
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from spark_jobs.client import ModelInterface
-from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV, ensure_daemon, resolve_address
-from spark_jobs.scoring import ScoreOptions, output_schema, score_frames
+from spark_jobs import output
+from spark_jobs.api import image_columns, score_dataframe, stop_started_daemons
+from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
+from spark_jobs.resources import task_profile
 
 log = logging.getLogger("hetserve.score")
+
+
+def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, daemon and request options that batch and streaming jobs share."""
+    parser.add_argument("--model", default="mnist_cnn", help="model name (default: mnist_cnn)")
+    parser.add_argument("--daemon", help=f"daemon address on every node, e.g. unix:/path or "
+                        f"127.0.0.1:8001 (default: Spark conf {ADDRESS_CONF}, then each node's "
+                        f"${ADDRESS_ENV}, then the user's unix socket)")
+    parser.add_argument("--model-repository", type=Path, default=Path("models"),
+                        help="repository for the daemons the job starts where none answers; "
+                             "it must exist at this path on every node (default: ./models)")
+    parser.add_argument("--no-start-daemon", action="store_true",
+                        help="fail where no daemon answers instead of starting one")
+    parser.add_argument("--batch-size", type=int, default=128,
+                        help="samples per request, capped by the model's max_batch_size "
+                             "(default: 128)")
+    parser.add_argument("--inflight", type=int, default=2,
+                        help="requests in flight per Spark task (default: 2)")
+    parser.add_argument("--priority", type=int,
+                        help="request priority, 1 the highest (default: the model's lowest "
+                             "level, so that online traffic keeps its latency)")
+    parser.add_argument("--top-k", type=int, default=5,
+                        help="classes kept per row in top_labels/top_scores (default: 5)")
+
+
+def scoring_options(args: argparse.Namespace) -> dict[str, object]:
+    """score_dataframe's keyword arguments from add_scoring_arguments' options."""
+    return {"address": args.daemon, "batch_size": args.batch_size, "inflight": args.inflight,
+            "model_repository": None if args.no_start_daemon
+            else str(args.model_repository.resolve()),
+            "priority": args.priority, "top_k": args.top_k}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True, help="Parquet dataset or image folder")
-    parser.add_argument("--output", required=True, help="Parquet output (overwritten)")
+    parser.add_argument("--output", required=True, help="Parquet output (replaced)")
     parser.add_argument("--format", choices=["parquet", "image"], default="parquet",
                         help="input format (default: parquet)")
-    parser.add_argument("--model", default="mnist_cnn", help="model name (default: mnist_cnn)")
-    parser.add_argument("--daemon", help=f"daemon address, e.g. unix:/path or host:8001 "
-                        f"(default: Spark conf {ADDRESS_CONF}, then ${ADDRESS_ENV}, "
-                        "then this user's unix socket)")
-    parser.add_argument("--model-repository", type=Path, default=Path("models"),
-                        help="repository for a daemon the job starts when none answers "
-                             "(default: ./models)")
-    parser.add_argument("--batch-size", type=int, default=128,
-                        help="samples per request, capped by the model's max_batch_size "
-                             "(default: 128)")
-    parser.add_argument("--inflight", type=int, default=2,
-                        help="requests in flight per Spark task (default: 2)")
+    add_scoring_arguments(parser)
+    parser.add_argument("--errors", help="write malformed rows (id, error) to this Parquet "
+                        "output and go on; without it a malformed row fails the job")
+    parser.add_argument("--task-resource", metavar="NAME=AMOUNT",
+                        help="run scoring tasks on executors holding this accelerator, e.g. "
+                             "fpga=1 (stage-level scheduling; needs a cluster manager with "
+                             "custom resources, see docs/spark.md)")
     return parser.parse_args(argv)
 
 
-def read_input(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
+def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     if args.format == "image":
-        return spark.read.format("image").option("dropInvalid", True).load(args.input) \
-            .selectExpr("image.origin AS id", "image.height", "image.width",
-                        "image.nChannels", "image.data")
-    return spark.read.parquet(args.input).select("id", "tensor")
+        frame = image_columns(
+            spark.read.format("image").option("dropInvalid", True).load(args.input))
+    else:
+        frame = spark.read.parquet(args.input).select("id", "tensor")
+    dynamic = spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true"
+    return score_dataframe(
+        spark, frame, args.model,
+        profile=task_profile(args.task_resource, dynamic) if args.task_resource else None,
+        keep_errors=args.errors is not None, images=args.format == "image",
+        **scoring_options(args))
 
 
-def score(spark: SparkSession, args: argparse.Namespace, address: str) -> DataFrame:
-    model = ModelInterface.fetch(address, args.model)
-    frame = read_input(spark, args)
-    scorer = functools.partial(
-        score_frames, options=ScoreOptions(address, model, args.batch_size, args.inflight),
-        images=args.format == "image")
-    return frame.mapInPandas(scorer, output_schema(frame.schema["id"].dataType.simpleString()))
+def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> None:
+    """Both outputs whole, or neither changed."""
+    if args.errors is None:
+        output.write_parquet(spark, scored, args.output)
+        return
+    staging = output.staging_path(args.output)
+    try:
+        scored.write.parquet(staging)  # scores every row once
+        both = spark.read.parquet(staging)
+        failed = F.col("error").isNotNull()
+        output.write_parquet(spark, both.filter(~failed).drop("error"), args.output)
+        output.write_parquet(spark, both.filter(failed).select("id", "error"), args.errors)
+    finally:
+        output.delete(spark, staging)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,16 +115,16 @@ def main(argv: list[str] | None = None) -> None:
                         force=True)
     spark = SparkSession.builder.appName("hetserve-score").getOrCreate()
     try:
-        address = resolve_address(args.daemon, spark.conf.get(ADDRESS_CONF, None))
-        with ensure_daemon(address, args.model_repository) as address:
-            log.info("scoring %s through the daemon at %s", args.input, address)
-            start = time.perf_counter()
-            score(spark, args, address).write.mode("overwrite").parquet(args.output)
-            elapsed = time.perf_counter() - start
-            rows = spark.read.parquet(args.output).count()
-            log.info("scored %d rows in %.2f s (%.0f rows/s) into %s", rows, elapsed,
-                     rows / elapsed, args.output)
+        start = time.perf_counter()
+        scored = score(spark, args)
+        log.info("scoring %s through the node-local daemons", args.input)
+        write(spark, scored, args)
+        elapsed = time.perf_counter() - start
+        rows = spark.read.parquet(args.output).count()
+        log.info("scored %d rows in %.2f s (%.0f rows/s) into %s", rows, elapsed,
+                 rows / elapsed, args.output)
     finally:
+        stop_started_daemons(spark, args.daemon)
         spark.stop()
 
 

@@ -1,72 +1,115 @@
-"""Scoring as a function over pandas batches, for mapInPandas: decode the tensor column, infer
-through the daemon, and return id, label and class scores (softmax of the model's output)."""
+"""Scoring over pandas batches, the core of every Spark entry point: decode the tensor or image
+column, infer through the node-local daemon, and return id, label, top-k classes and scores
+(softmax of the model's output), the device that ran each row and the model version."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from service import tensors
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.client import ModelInterface, RetryPolicy, infer
+from spark_jobs.daemon import NodeDaemon
+from spark_jobs.images import decode_image
 
 
-
-def output_schema(id_type: str) -> str:
+def output_schema(id_type: str, keep_errors: bool = False) -> str:
     """The output rows, keeping the input's id type (a long, or an image's path)."""
-    return f"id {id_type}, label int, scores array<float>"
+    return (f"id {id_type}, label int, top_labels array<int>, top_scores array<float>, "
+            f"device string, model_version string" + (", error string" if keep_errors else ""))
 
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    address: str
+    daemon: NodeDaemon
     model: ModelInterface
     batch_size: int = 128
-    inflight: int = 2
+    inflight: int = 2  # requests in flight per task
+    priority: int | None = None  # None: the model's lowest level (batch work yields)
+    top_k: int = 5
+    keep_errors: bool = False  # a malformed row becomes an error row instead of failing
+    images: bool = False  # rows come from Spark's `image` source
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
-def decode_tensors(frame: pd.DataFrame, model: ModelInterface) -> np.ndarray:
-    """The `tensor` column (raw bytes or an array of numbers per row) as one (N, *dims) array."""
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def _tensor(value: object, dtype: np.dtype) -> np.ndarray:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return np.frombuffer(value, dtype)
+    return np.asarray(value, dtype)
+
+
+def decode(frame: pd.DataFrame, options: ScoreOptions) -> tuple[np.ndarray, dict[int, str]]:
+    """The rows as one (N, *dims) array, and a message per malformed row (by position);
+    a malformed row's slot holds zeros."""
+    model = options.model
     dtype = tensors.numpy_dtype(model.input_datatype)
+    samples = np.zeros((len(frame), *model.input_dims), dtype)
+    errors: dict[int, str] = {}
+    if options.images:
+        rows = zip(frame["id"], frame["height"], frame["width"], frame["nChannels"],
+                   frame["data"])
+        for i, (origin, h, w, c, data) in enumerate(rows):
+            try:
+                samples[i] = decode_image(data, h, w, c, model)
+            except ValueError as e:
+                errors[i] = f"image {origin}: {e}"
+        return samples, errors
     size = int(np.prod(model.input_dims))
-    rows = []
-    for row_id, value in zip(frame["id"], frame["tensor"]):
-        row = (np.frombuffer(value, dtype) if isinstance(value, (bytes, bytearray))
-               else np.asarray(value, dtype))
-        if row.size != size:
-            raise ValueError(f"row id {row_id!r}: tensor holds {row.size} values, {size} "
-                             f"expected for {model.input_name} {list(model.input_dims)}")
-        rows.append(row)
-    return np.stack(rows).reshape(len(rows), *model.input_dims)
+    for i, (row_id, value) in enumerate(zip(frame["id"], frame["tensor"])):
+        row = None if value is None else _tensor(value, dtype)
+        if row is None or row.size != size:
+            held = "no tensor" if row is None else f"{row.size} values"
+            errors[i] = (f"row id {row_id!r}: tensor holds {held}, {size} expected for "
+                         f"{model.input_name} {list(model.input_dims)}")
+        else:
+            samples[i] = row.reshape(model.input_dims)
+    return samples, errors
 
 
-def decode_images(frame: pd.DataFrame, model: ModelInterface) -> np.ndarray:
-    """Spark `image` rows (HWC bytes, BGR order) as (N, C, H, W) floats in [0, 1]."""
-    samples = []
-    for origin, h, w, c, data in zip(frame["id"], frame["height"], frame["width"],
-                                     frame["nChannels"], frame["data"]):
-        if (c, h, w) != tuple(model.input_dims):
-            raise ValueError(f"image {origin}: {c}x{h}x{w} (CxHxW) read, "
-                             f"{'x'.join(map(str, model.input_dims))} expected by "
-                             f"model {model.name!r}")
-        pixels = np.frombuffer(data, np.uint8).reshape(h, w, c)[:, :, ::-1]  # BGR -> RGB
-        samples.append(pixels.transpose(2, 0, 1))
-    return (np.stack(samples).astype(np.float32) / 255.0).astype(
-        tensors.numpy_dtype(model.input_datatype))
+def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.DataFrame:
+    samples, errors = decode(frame, options)
+    if errors and not options.keep_errors:
+        raise ValueError(next(iter(errors.values())))
+    good = np.ones(len(frame), bool)
+    good[list(errors)] = False
+    model = options.model
+    priority = model.lowest_priority if options.priority is None else options.priority
+    result = infer(address, model, samples[good], options.batch_size, options.inflight,
+                   priority, options.retry, recover=options.daemon.ensure)
+    logits = result.logits.astype(np.float32).reshape(int(good.sum()), -1)
+    scores = softmax(logits)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :max(1, options.top_k)]
+    return pd.DataFrame({
+        "id": frame["id"].to_numpy(),
+        "label": pd.array(_spread(top[:, 0].tolist(), good), dtype="Int32"),
+        "top_labels": _spread(list(top.astype(np.int32)), good),
+        "top_scores": _spread(list(np.take_along_axis(scores, top, axis=1)), good),
+        "device": _spread(result.devices, good),
+        "model_version": result.model_version or None,
+        **({"error": [errors.get(i) for i in range(len(frame))]}
+           if options.keep_errors else {})})
 
 
-def score_frames(frames: Iterator[pd.DataFrame], options: ScoreOptions,
-                 images: bool = False) -> Iterator[pd.DataFrame]:
-    decode = decode_images if images else decode_tensors
+def _spread(values: list, good: np.ndarray) -> list:
+    """Values for the good rows, in order, with None in the malformed rows' places."""
+    it = iter(values)
+    return [next(it) if g else None for g in good]
+
+
+def score_frames(frames: Iterator[pd.DataFrame], options: ScoreOptions
+                 ) -> Iterator[pd.DataFrame]:
+    """For mapInPandas: scores each batch through this node's daemon."""
+    address = None
     for frame in frames:
         if frame.empty:
             continue
-        logits = infer(options.address, options.model, decode(frame, options.model),
-                       options.batch_size, options.inflight).astype(np.float32)
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        scores = shifted / shifted.sum(axis=1, keepdims=True)
-        yield pd.DataFrame({"id": frame["id"].to_numpy(),
-                            "label": scores.argmax(axis=1).astype(np.int32),
-                            "scores": list(scores)})
+        address = address or options.daemon.ensure()
+        yield score_frame(frame, options, address)

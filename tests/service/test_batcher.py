@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from service.batch_buffers import BatchBuffers
-from service.batcher import DynamicBatcher
+from service.batcher import Answer, DynamicBatcher
 from service.errors import DeadlineExceededError, QueueFullError
 from service.queue_policy import BatchPolicy, RequestOptions
 from service.statistics import ModelStatistics
@@ -32,7 +32,7 @@ def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
     async def run(inputs, size):
         runs.append(inputs["x"].tolist())
         await asyncio.sleep(delay_s)
-        return {"y": inputs["x"] * 2}
+        return Answer({"y": inputs["x"] * 2}, "d0")
     buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, policy.max_batch_size, slots)
     return DynamicBatcher("m", policy, run, slots, buffers, ModelStatistics(),
                           lambda s: None, lambda: None)
@@ -55,7 +55,8 @@ def test_requests_in_one_window_share_a_run_and_get_their_own_rows() -> None:
         return runs, out
     runs, out = asyncio.run(main())
     assert runs == [[1, 2, 3, 4]]
-    assert [o["y"].tolist() for o in out] == [[2], [4, 6], [8]]
+    assert [o.outputs["y"].tolist() for o in out] == [[2], [4, 6], [8]]
+    assert {o.device for o in out} == {"d0"}
 
 
 def test_a_full_batch_leaves_without_waiting_and_never_exceeds_max() -> None:
@@ -81,7 +82,7 @@ def test_cancelled_requests_are_dropped_before_running() -> None:
         await b.close()
         return runs, result, queued
     runs, result, queued = asyncio.run(main())
-    assert runs == [[1]] and result["y"].tolist() == [2] and queued == 0
+    assert runs == [[1]] and result.outputs["y"].tolist() == [2] and queued == 0
 
 
 def test_a_full_queue_refuses_at_once() -> None:
@@ -110,7 +111,7 @@ def test_without_dynamic_batching_each_request_runs_alone() -> None:
         await b.close()
         return runs, out
     runs, out = asyncio.run(main())
-    assert sorted(runs) == [[i, i] for i in range(4)] and out[3]["y"].tolist() == [6, 6]
+    assert sorted(runs) == [[i, i] for i in range(4)] and out[3].outputs["y"].tolist() == [6, 6]
 
 
 def test_higher_priority_jumps_a_low_priority_backlog() -> None:
@@ -125,7 +126,7 @@ def test_higher_priority_jumps_a_low_priority_backlog() -> None:
         await b.close()
         return runs, high
     runs, high = asyncio.run(main())
-    assert high["y"].tolist() == [200]
+    assert high.outputs["y"].tolist() == [200]
     assert runs[1][0] == 100, f"the high-priority request should run next, ran: {runs}"
 
 

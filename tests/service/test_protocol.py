@@ -36,6 +36,7 @@ def test_predictions_equal_in_process_onnxruntime(client, holdout) -> None:
     result = client.infer(MODEL, image_input(images))
     np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-5)
     assert result.get_response().model_version == "1"
+    assert result.get_response().parameters["device"].string_param == "cpu0"
 
 
 def test_held_out_accuracy(client, holdout) -> None:

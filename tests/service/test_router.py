@@ -87,4 +87,5 @@ def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, hol
         await router.close()
         return result
     result = asyncio.run(main())
-    assert result["logits"].shape == (2, 10) and fpga.healthy
+    assert result.outputs["logits"].shape == (2, 10) and fpga.healthy
+    assert result.device == "cpu0"  # the batch that fpga0 failed ran on cpu0

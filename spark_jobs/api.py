@@ -1,0 +1,129 @@
+"""Scoring through the node-local hetserve daemon from your own Spark code.
+
+    from spark_jobs.api import score_dataframe, score_arrow_fn, make_predict_fn
+
+    scored = score_dataframe(spark, df, "mnist_cnn")            # mapInPandas, output schema set
+    scored = df.mapInArrow(score_arrow_fn(spark, "mnist_cnn"), output_schema("bigint"))
+    udf = predict_batch_udf(make_predict_fn("mnist_cnn"), return_type=PREDICT_RETURN_TYPE,
+                            batch_size=1024, input_tensor_shapes=[[784]])
+    df.withColumn("pred", udf("tensor"))
+
+`df` has `id` and `tensor` (raw bytes or an array of numbers per row), or is what
+`spark.read.format("image")` gives (`images=True`). Each executor talks to its own node's daemon.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
+
+from spark_jobs.client import ModelInterface, infer
+from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
+from spark_jobs.scoring import ScoreOptions, output_schema, score_frames, softmax
+
+log = logging.getLogger(__name__)
+__all__ = ["PREDICT_RETURN_TYPE", "image_columns", "make_predict_fn", "node_daemon",
+           "output_schema", "score_arrow_fn", "score_dataframe", "score_options", "score_with",
+           "stop_started_daemons"]
+
+PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
+                                  StructField("scores", ArrayType(FloatType()))])
+
+
+def node_daemon(spark: SparkSession, address: str | None = None,
+                model_repository: str | None = None) -> NodeDaemon:
+    """`address` (else the conf spark.hetserve.daemon, else each node's own setting); with a
+    model repository, nodes where none answers get a daemon started by the job."""
+    return NodeDaemon(address or spark.conf.get(ADDRESS_CONF, None), model_repository,
+                      spark.sparkContext.applicationId)
+
+
+def score_options(spark: SparkSession, model: str, *, address: str | None = None,
+                  model_repository: str | None = None, **options) -> ScoreOptions:
+    """Reads the model's interface through the driver's daemon; `options` are ScoreOptions'
+    (batch_size, inflight, priority, top_k, keep_errors, images, retry)."""
+    daemon = node_daemon(spark, address, model_repository)
+    return ScoreOptions(daemon, ModelInterface.fetch(daemon.ensure(), model), **options)
+
+
+def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int:
+    """Stops the daemons this application started, on the driver's host and on every
+    executor's (a task per core, twice over, to reach each); returns how many. A daemon that
+    a job started also stops by itself when its executor's JVM ends."""
+    daemon = node_daemon(spark, address)
+    tasks = 2 * spark.sparkContext.defaultParallelism
+    stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
+        .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
+    stopped = int(daemon.stop_started()) + int(stopped)
+    log.info("stopped %d daemon(s) that %s started", stopped, daemon.owner)
+    return stopped
+
+
+def _stop_started(_: Iterator[int], daemon: NodeDaemon) -> Iterator[int]:
+    yield int(daemon.stop_started())
+
+
+def image_columns(frame: DataFrame) -> DataFrame:
+    """The columns scoring reads from a `spark.read.format("image")` frame, id = file path."""
+    return frame.selectExpr("image.origin AS id", "image.height", "image.width",
+                            "image.nChannels", "image.data")
+
+
+def score_dataframe(spark: SparkSession, frame: DataFrame, model: str, *,
+                    profile: object | None = None, **options) -> DataFrame:
+    """`frame` scored with mapInPandas; `profile`, a pyspark ResourceProfile, asks for an
+    accelerator per task (stage-level scheduling, Spark 4); other options as score_options."""
+    return score_with(frame, score_options(spark, model, **options), profile)
+
+
+def score_with(frame: DataFrame, options: ScoreOptions,
+               profile: object | None = None) -> DataFrame:
+    """score_dataframe with the options made once (a stream's micro-batches share them)."""
+    if options.images and "image" in frame.columns:
+        frame = image_columns(frame)
+    schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors)
+    scorer = functools.partial(score_frames, options=options)
+    return frame.mapInPandas(scorer, schema, profile=profile) if profile is not None \
+        else frame.mapInPandas(scorer, schema)
+
+
+def score_arrow_fn(spark: SparkSession, model: str, **options
+                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A function for mapInArrow, with output_schema(id type) as its schema."""
+    return functools.partial(_score_batches, options=score_options(spark, model, **options))
+
+
+def _score_batches(batches: Iterator[pa.RecordBatch], options: ScoreOptions
+                   ) -> Iterator[pa.RecordBatch]:
+    for frame in score_frames((b.to_pandas() for b in batches), options):
+        yield pa.RecordBatch.from_pandas(frame, preserve_index=False)
+
+
+def make_predict_fn(model: str, *, address: str | None = None, batch_size: int = 128,
+                    inflight: int = 2, priority: int | None = None
+                    ) -> Callable[[], Callable[[np.ndarray], dict[str, np.ndarray]]]:
+    """The `make_predict_fn` argument of pyspark.ml.functions.predict_batch_udf: on each
+    executor it returns a function from a batch of flat tensors to labels and softmax scores
+    (return type PREDICT_RETURN_TYPE), inferred by this node's daemon at `address` (default:
+    the node's $HETSERVE_DAEMON, else the user's socket)."""
+
+    def make() -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+        target = resolve_address(address)
+        interface = ModelInterface.fetch(target, model)
+        level = interface.lowest_priority if priority is None else priority
+
+        def predict(inputs: np.ndarray) -> dict[str, np.ndarray]:
+            samples = inputs.reshape(len(inputs), *interface.input_dims)
+            scores = softmax(infer(target, interface, samples, batch_size, inflight,
+                                   level).logits)
+            return {"label": scores.argmax(axis=1).astype(np.int32), "scores": scores}
+
+        return predict
+
+    return make

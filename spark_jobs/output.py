@@ -1,0 +1,50 @@
+"""Whole-or-nothing Parquet output: a job writes into a staging folder next to its target and
+moves it into place only when every task has finished, so that a failed or killed job leaves
+the previous output (or none) and never a partial one. Paths go through Hadoop's FileSystem,
+so the same code serves local folders, HDFS and object stores."""
+
+from __future__ import annotations
+
+import uuid
+
+from pyspark.sql import DataFrame, SparkSession
+
+
+def _path(spark: SparkSession, path: str):  # -> (Hadoop FileSystem, Path), JVM objects
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()), hadoop_path
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    fs, p = _path(spark, path)
+    return bool(fs.exists(p))
+
+
+def delete(spark: SparkSession, path: str) -> None:
+    fs, p = _path(spark, path)
+    fs.delete(p, True)
+
+
+def staging_path(path: str) -> str:
+    """A sibling of `path` that Spark and Hive skip when reading the parent (leading dot)."""
+    parent, _, name = path.rstrip("/").rpartition("/")
+    return f"{parent}/.{name}.staging-{uuid.uuid4().hex[:12]}"
+
+
+def replace(spark: SparkSession, staging: str, path: str) -> None:
+    """Moves a finished staging folder to `path`, replacing what was there."""
+    fs, target = _path(spark, path)
+    _, source = _path(spark, staging)
+    fs.delete(target, True)
+    if not fs.rename(source, target):
+        raise OSError(f"could not move {staging} to {path}")
+
+
+def write_parquet(spark: SparkSession, frame: DataFrame, path: str) -> None:
+    """Writes `frame` to `path` whole, or leaves `path` as it was."""
+    staging = staging_path(path)
+    try:
+        frame.write.parquet(staging)
+        replace(spark, staging, path)
+    finally:
+        delete(spark, staging)

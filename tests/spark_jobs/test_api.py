@@ -1,0 +1,39 @@
+"""The Python API for Spark users: mapInPandas, mapInArrow and predict_batch_udf, all through a
+real daemon, agree with each other and with the labels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from pyspark.ml.functions import predict_batch_udf
+
+from spark_jobs.api import (PREDICT_RETURN_TYPE, make_predict_fn, output_schema, score_arrow_fn,
+                            score_dataframe)
+from tests.spark_jobs.conftest import write_digits
+
+
+def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, holdout,
+                                                                 tmp_path):
+    images, labels = holdout[0][:300], holdout[1][:300]
+    frame = spark.read.parquet(str(write_digits(tmp_path / "d.parquet", images, labels)))
+    frame = frame.select("id", "tensor").cache()
+
+    by_pandas = score_dataframe(spark, frame, "mnist_cnn", address=daemon.socket_url,
+                                top_k=3).toPandas().sort_values("id")
+    by_arrow = frame.mapInArrow(score_arrow_fn(spark, "mnist_cnn", address=daemon.socket_url),
+                                output_schema("bigint")).toPandas().sort_values("id")
+    predict = predict_batch_udf(make_predict_fn("mnist_cnn", address=daemon.socket_url),
+                                return_type=PREDICT_RETURN_TYPE, batch_size=100,
+                                input_tensor_shapes=[[784]])
+    arrays = spark.createDataFrame(pd.DataFrame(
+        {"id": np.arange(300), "x": [x.ravel().tolist() for x in images]}),
+        "id long, x array<float>")
+    by_udf = arrays.withColumn("p", predict("x")).select("id", "p.label", "p.scores") \
+        .toPandas().sort_values("id")
+
+    assert by_pandas["id"].tolist() == by_arrow["id"].tolist() == by_udf["id"].tolist() \
+        == list(range(300))
+    assert by_pandas["label"].tolist() == by_arrow["label"].tolist() == by_udf["label"].tolist()
+    assert (by_udf["label"].to_numpy() == labels).mean() >= 0.9
+    np.testing.assert_allclose(np.stack(by_pandas["top_scores"])[:, 0],
+                               np.stack(by_udf["scores"]).max(axis=1), rtol=1e-5)
