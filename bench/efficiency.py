@@ -17,7 +17,6 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np

@@ -9,6 +9,8 @@ import functools
 
 import numpy as np
 
+from spark_jobs.scoring import softmax
+
 
 @functools.cache
 def _session(path: str):
@@ -26,8 +28,7 @@ def make_predict_fn(path: str, input_name: str, dims: tuple[int, ...]):
 
         def predict(inputs: np.ndarray) -> dict[str, np.ndarray]:
             logits = session.run(None, {input_name: inputs.reshape(len(inputs), *dims)})[0]
-            shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-            scores = (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
+            scores = softmax(logits)  # the post-processing the daemon path does
             return {"label": scores.argmax(axis=1).astype(np.int32), "scores": scores}
 
         return predict

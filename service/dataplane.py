@@ -32,6 +32,8 @@ class DataPlane:
         self._idle.set()
 
     def model(self, name: str, version: str = "") -> LoadedModel:
+        if not self.ready:
+            raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         return self.registry.get(name, version)
 
     def model_ready(self, name: str, version: str = "") -> bool:

@@ -21,7 +21,7 @@ from service.errors import ConfigError, ModelNotFoundError
 from service.metrics import Metrics
 from service.model import ModelSpec
 from service.queue_policy import BatchPolicy
-from service.repository import ModelRepository, check_model_name
+from service.repository import ModelRepository, RepositoryEntry, check_model_name
 from service.router import POLICIES, Router
 from service.settings import Settings
 from service.statistics import ModelStatistics
@@ -58,44 +58,57 @@ class ModelRegistry:
             except ConfigError as e:
                 self.failures[name] = str(e)
                 log.error("model %r not served: %s", name, e)
+            except Exception as e:  # any failure of one model (a sensor, a graph) is its own
+                self.failures[name] = f"{type(e).__name__}: {e}"
+                log.exception("model %r not served", name)
 
     async def _load(self, name: str) -> None:
         entry = self._repository.load(name)
         versions: dict[int, LoadedModel] = {}
-        for version, path in entry.versions.items():
-            spec = ModelSpec.from_config(entry.config, version)
-            routing = _parameter(spec, "policy", "prefer")
-            if routing not in POLICIES:
-                raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
-                                  f"expected one of {list(POLICIES)}")
-            budget_s = _budget_s(spec)
-            devices = _parameter(spec, "devices", DEFAULT_DEVICES)
-            engines = await asyncio.to_thread(self._engines, spec, path, devices)
-            flops = await asyncio.to_thread(count_flops, path)
-            workers = [DeviceWorker(name, e, self._metrics, flops.total) for e in engines]
-            router = Router(name, workers, routing, budget_s, [o.name for o in spec.outputs],
-                            self._metrics)
-            policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
-            slots = BATCHES_PER_WORKER * len(workers)
-            buffers = BatchBuffers({t.name: (t.dims, tensors.numpy_dtype(t.datatype))
-                                    for t in spec.inputs}, spec.max_batch_size, slots)
-            stats = ModelStatistics()
-            batcher = DynamicBatcher(
-                name, policy, router.run, slots, buffers, stats,
-                self._metrics.queue_duration.labels(model=name).observe,
-                self._metrics.expired.labels(model=name).inc)
-            config = model_config_pb2.ModelConfig()
-            config.CopyFrom(entry.config)
-            policy.effective(config)
-            config.parameters["devices"].string_value = ", ".join(
-                f"{e.device.engine}:{e.device.name}" for e in engines)
-            config.parameters["policy"].string_value = router.policy
-            config.parameters["latency_budget_ms"].string_value = \
-                f"{router.latency_budget_s * 1e3:g}"
-            versions[version] = LoadedModel(spec, config, router, batcher, stats)
-            log.info("model %r version %d ready on %s (policy %s)", name, version,
-                     config.parameters["devices"].string_value, router.policy)
+        try:
+            for version, path in entry.versions.items():
+                versions[version] = await self._load_version(entry, version, path)
+        except BaseException:  # nothing of a model half loaded keeps running
+            for model in versions.values():
+                await _close(model)
+            raise
         self._models[name] = versions
+
+    async def _load_version(self, entry: RepositoryEntry, version: int,
+                            path: Path) -> LoadedModel:
+        name = entry.name
+        spec = ModelSpec.from_config(entry.config, version)
+        routing = _parameter(spec, "policy", "prefer")
+        if routing not in POLICIES:
+            raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
+                              f"expected one of {list(POLICIES)}")
+        budget_s = _budget_s(spec)
+        devices = _parameter(spec, "devices", DEFAULT_DEVICES)
+        engines = await asyncio.to_thread(self._engines, spec, path, devices)
+        flops = await asyncio.to_thread(count_flops, path)
+        workers = [DeviceWorker(name, e, self._metrics, flops.total) for e in engines]
+        router = Router(name, workers, routing, budget_s, [o.name for o in spec.outputs],
+                        self._metrics)
+        policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
+        slots = BATCHES_PER_WORKER * len(workers)
+        buffers = BatchBuffers({t.name: (t.dims, tensors.numpy_dtype(t.datatype))
+                                for t in spec.inputs}, spec.max_batch_size, slots)
+        stats = ModelStatistics()
+        batcher = DynamicBatcher(
+            name, policy, router.run, slots, buffers, stats,
+            self._metrics.queue_duration.labels(model=name).observe,
+            self._metrics.expired.labels(model=name).inc)
+        config = model_config_pb2.ModelConfig()
+        config.CopyFrom(entry.config)
+        policy.effective(config)
+        config.parameters["devices"].string_value = ", ".join(
+            f"{e.device.engine}:{e.device.name}" for e in engines)
+        config.parameters["policy"].string_value = router.policy
+        config.parameters["latency_budget_ms"].string_value = \
+            f"{router.latency_budget_s * 1e3:g}"
+        log.info("model %r version %d ready on %s (policy %s)", name, version,
+                 config.parameters["devices"].string_value, router.policy)
+        return LoadedModel(spec, config, router, batcher, stats)
 
     def _engines(self, spec: ModelSpec, path: Path, text: str) -> list[Engine]:
         """An engine on every device of the model's `devices` parameter that can run it; each
@@ -141,9 +154,13 @@ class ModelRegistry:
 
     async def close(self) -> None:
         for model in self.loaded():
-            await model.batcher.close()
-            await model.router.close()
+            await _close(model)
         self._models.clear()
+
+
+async def _close(model: LoadedModel) -> None:
+    await model.batcher.close()
+    await model.router.close()
 
 
 def _parameter(spec: ModelSpec, key: str, default: str) -> str:
@@ -165,7 +182,6 @@ def _budget_s(spec: ModelSpec) -> float:
 
 def _check_signature(spec: ModelSpec, engine: Engine) -> None:
     """config.pbtxt must describe the ONNX graph it serves: same names, datatypes, shapes."""
-    lead = [-1] if spec.max_batch_size > 0 else []
     for side, declared, actual in (("input", spec.inputs, engine.inputs),
                                    ("output", spec.outputs, engine.outputs)):
         graph = {t.name: t for t in actual}
@@ -174,7 +190,7 @@ def _check_signature(spec: ModelSpec, engine: Engine) -> None:
             if g is None:
                 raise ConfigError(f"model {spec.name!r}: config {side} {t.name!r} is not in the "
                                   f"ONNX graph, whose {side}s are {sorted(graph)}")
-            want = lead + list(t.dims)
+            want = spec.shape_with_batch(t)
             if g.datatype != t.datatype or len(g.shape) != len(want) or any(
                     a != -1 and b != -1 and a != b for a, b in zip(g.shape, want)):
                 raise ConfigError(

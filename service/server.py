@@ -36,6 +36,9 @@ async def serve(settings: Settings) -> None:
             importlib.import_module(module)
         except ImportError as e:
             raise StartupError(f"engine_modules: cannot import {module!r}: {e}") from e
+    if not settings.model_repository.is_dir():
+        raise StartupError(f"model repository {str(settings.model_repository)!r} is not a "
+                           "directory")
     try:
         power = PowerMonitor(settings.power_sources, settings.power_model)
     except ValueError as e:

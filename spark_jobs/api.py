@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -63,6 +64,26 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
     stopped = int(daemon.stop_started()) + int(stopped)
     log.info("stopped %d daemon(s) that %s started", stopped, daemon.owner)
     return stopped
+
+
+@contextlib.contextmanager
+def job_session(app_name: str, address: str | None) -> Iterator[SparkSession]:
+    """A job's Spark session and log. On the way out it stops the daemons the job started (a
+    failure there is logged, never hiding the job's own error) and then the session."""
+    # force: pyspark may have configured the root logger already.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        force=True)
+    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    try:
+        yield spark
+    finally:
+        try:
+            stop_started_daemons(spark, address)
+        except Exception:
+            log.exception("could not stop the daemons this job started; each stops by itself "
+                          "when its executor's JVM ends")
+        finally:
+            spark.stop()
 
 
 def _stop_started(_: Iterator[int], daemon: NodeDaemon) -> Iterator[int]:

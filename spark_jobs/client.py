@@ -71,6 +71,10 @@ class RetryPolicy:
     max_delay_s: float = 5.0
     request_timeout_s: float = 60.0
 
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts: {self.attempts} given, at least 1 expected")
+
     def delay_s(self, attempt: int) -> float:
         return min(self.max_delay_s, self.first_delay_s * 2 ** attempt) * random.uniform(0.5, 1)
 
@@ -79,7 +83,7 @@ class RetryPolicy:
 class Inference:
     logits: np.ndarray
     model_version: str
-    devices: list[str | None]  # per sample: where the daemon says it ran, when it says so
+    devices: list[str | None]  # per sample: where it ran (None from servers that do not say)
 
 
 _clients: dict[str, grpcclient.InferenceServerClient] = {}  # per Python worker

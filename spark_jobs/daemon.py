@@ -34,9 +34,10 @@ ADDRESS_CONF = "spark.hetserve.daemon"
 ADDRESS_ENV = "HETSERVE_DAEMON"
 
 
-def resolve_address(explicit: str | None = None, conf: str | None = None) -> str:
-    """An explicit address, else the Spark conf, else the environment, else the unix socket."""
-    return explicit or conf or os.environ.get(ADDRESS_ENV) or f"unix:{default_socket()}"
+def resolve_address(explicit: str | None = None) -> str:
+    """An explicit address (a flag, or the Spark conf read on the driver), else this node's
+    environment, else the unix socket."""
+    return explicit or os.environ.get(ADDRESS_ENV) or f"unix:{default_socket()}"
 
 
 def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:

@@ -15,11 +15,6 @@ def _path(spark: SparkSession, path: str):  # -> (Hadoop FileSystem, Path), JVM 
     return hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()), hadoop_path
 
 
-def exists(spark: SparkSession, path: str) -> bool:
-    fs, p = _path(spark, path)
-    return bool(fs.exists(p))
-
-
 def delete(spark: SparkSession, path: str) -> None:
     fs, p = _path(spark, path)
     fs.delete(p, True)
@@ -32,12 +27,20 @@ def staging_path(path: str) -> str:
 
 
 def replace(spark: SparkSession, staging: str, path: str) -> None:
-    """Moves a finished staging folder to `path`, replacing what was there."""
+    """Moves a finished staging folder to `path`. The old output is set aside first and deleted
+    only once the new one is in place, so a failed move leaves `path` as it was."""
     fs, target = _path(spark, path)
     _, source = _path(spark, staging)
-    fs.delete(target, True)
+    _, backup = _path(spark, f"{staging}.old")
+    had_old = bool(fs.exists(target))
+    if had_old and not fs.rename(target, backup):
+        raise OSError(f"could not set {path} aside to replace it")
     if not fs.rename(source, target):
+        if had_old:
+            fs.rename(backup, target)
         raise OSError(f"could not move {staging} to {path}")
+    if had_old:
+        fs.delete(backup, True)
 
 
 def write_parquet(spark: SparkSession, frame: DataFrame, path: str) -> None:

@@ -6,7 +6,7 @@ Input: Parquet with columns `id` and `tensor` (raw bytes or an array of numbers 
 folder of image files (`--format image`, read by Spark's `image` source, id = file path; resized
 and normalized as the model's config.pbtxt says, see docs/spark.md).
 Output: Parquet with `id`, `label` (top-1 class), `top_labels` and `top_scores` (the k best
-classes and their softmax scores), `device` (where the daemon ran the row, when it says) and
+classes and their softmax scores), `device` (where the daemon ran the row) and
 `model_version`. The output appears whole when the job succeeds, or not at all.
 Each executor uses its own node's daemon; where none answers, the job starts one per host and
 stops the ones it started at the end.
@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs import output
-from spark_jobs.api import image_columns, score_dataframe, stop_started_daemons
+from spark_jobs.api import image_columns, job_session, score_dataframe
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
 from spark_jobs.resources import task_profile
 
@@ -93,7 +93,7 @@ def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
 
 
 def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> None:
-    """Both outputs whole, or neither changed."""
+    """Each output is written whole or not at all; the scored rows first, then the errors."""
     if args.errors is None:
         output.write_parquet(spark, scored, args.output)
         return
@@ -110,11 +110,7 @@ def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> N
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    # force: pyspark may have configured the root logger already.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        force=True)
-    spark = SparkSession.builder.appName("hetserve-score").getOrCreate()
-    try:
+    with job_session("hetserve-score", args.daemon) as spark:
         start = time.perf_counter()
         scored = score(spark, args)
         log.info("scoring %s through the node-local daemons", args.input)
@@ -123,9 +119,6 @@ def main(argv: list[str] | None = None) -> None:
         rows = spark.read.parquet(args.output).count()
         log.info("scored %d rows in %.2f s (%.0f rows/s) into %s", rows, elapsed,
                  rows / elapsed, args.output)
-    finally:
-        stop_started_daemons(spark, args.daemon)
-        spark.stop()
 
 
 if __name__ == "__main__":

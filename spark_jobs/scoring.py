@@ -83,8 +83,12 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
     model = options.model
     priority = model.lowest_priority if options.priority is None else options.priority
     result = infer(address, model, samples[good], options.batch_size, options.inflight,
-                   priority, options.retry, recover=options.daemon.ensure)
-    logits = result.logits.astype(np.float32).reshape(int(good.sum()), -1)
+                   priority, options.retry,
+                   # a job that may not start daemons keeps retrying the one it was given
+                   recover=options.daemon.ensure if options.daemon.model_repository else None)
+    # No valid row (all went to the error output) leaves no logits, hence no class axis.
+    logits = result.logits.astype(np.float32).reshape(int(good.sum()), -1) if good.any() \
+        else np.zeros((0, 1), np.float32)
     scores = softmax(logits)
     top = np.argsort(-scores, axis=1, kind="stable")[:, :max(1, options.top_k)]
     return pd.DataFrame({

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs import output
-from spark_jobs.api import score_options, score_with, stop_started_daemons
+from spark_jobs.api import job_session, score_options, score_with
 from spark_jobs.score import add_scoring_arguments, scoring_options
 from spark_jobs.scoring import ScoreOptions
 
@@ -71,16 +71,10 @@ def start(spark: SparkSession, args: argparse.Namespace) -> StreamingQuery:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        force=True)
-    spark = SparkSession.builder.appName("hetserve-stream").getOrCreate()
-    try:
+    with job_session("hetserve-stream", args.daemon) as spark:
         query = start(spark, args)
         log.info("scoring requests from %s into %s", args.input, args.output)
         query.awaitTermination()
-    finally:
-        stop_started_daemons(spark, args.daemon)
-        spark.stop()
 
 
 if __name__ == "__main__":

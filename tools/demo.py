@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import mnist_digits
 from service.settings import Settings
 from spark_jobs.daemon import DaemonProcess, is_ready
+from spark_jobs.scoring import softmax
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-output"
@@ -92,10 +93,9 @@ def online_request(address: str) -> None:
         tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
         tensor.set_data_from_numpy(images[:1])
         start = time.perf_counter()
-        logits = client.infer(MODEL, [tensor]).as_numpy("logits")[0]
+        logits = client.infer(MODEL, [tensor]).as_numpy("logits")
         elapsed_ms = (time.perf_counter() - start) * 1e3
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
+    p = softmax(logits)[0]
     print("\n== Online: one digit through tritonclient.grpc")
     print(f"   true label {labels[0]}, predicted {p.argmax()} (p={p.max():.3f}), "
           f"{elapsed_ms:.1f} ms round trip")

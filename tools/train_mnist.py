@@ -12,6 +12,7 @@ Run from the repository root: python tools/train_mnist.py. Requires the optional
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -124,15 +125,19 @@ def main() -> None:
         torch_logits = model(torch.from_numpy(images)).numpy()
     print(f"torch held-out accuracy: {accuracy(torch_logits, labels):.4f}")
 
-    export(model, args.output)
-    session = ort.InferenceSession(str(args.output), providers=["CPUExecutionProvider"])
+    # Verified under a temporary name first: a failed run never replaces the served model.
+    candidate = args.output.with_name(args.output.name + ".new")
+    export(model, candidate)
+    session = ort.InferenceSession(str(candidate), providers=["CPUExecutionProvider"])
     onnx_logits = session.run(["logits"], {"image": images})[0]
     max_diff = float(np.abs(onnx_logits - torch_logits).max())
     print(f"onnxruntime held-out accuracy: {accuracy(onnx_logits, labels):.4f}")
     print(f"max |logit difference| torch vs onnxruntime: {max_diff:.2e}")
-    print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
     if accuracy(onnx_logits, labels) != accuracy(torch_logits, labels) or max_diff > LOGIT_TOLERANCE:
+        candidate.unlink()
         raise SystemExit("onnxruntime output does not match torch")
+    os.replace(candidate, args.output)
+    print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

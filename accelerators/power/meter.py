@@ -115,7 +115,10 @@ class PowerMonitor:
     def sample_all(self) -> None:
         now = time.monotonic()
         for meter in self.meters():
-            meter.sample(now)
+            try:
+                meter.sample(now)
+            except Exception:  # a broken meter must not end the sampling of the others
+                log.exception("%s: sampling failed", meter.device.name)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="power-monitor", daemon=True)

@@ -57,6 +57,9 @@ def parse_watts(text: str) -> dict[str, tuple[float, float]]:
             sep = ""
         if not sep:
             raise ValueError(f"power_model: {key}={value!r} is not IDLE_W:BUSY_W, e.g. 10:65")
+        if not 0 <= out[key][0] <= out[key][1]:
+            raise ValueError(f"power_model: {key}={value!r}: expected 0 <= idle watts <= busy "
+                             "watts, e.g. 10:65")
     return out
 
 

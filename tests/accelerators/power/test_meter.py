@@ -68,6 +68,8 @@ def test_configured_sources_and_estimates() -> None:
     assert isinstance(gpu, ModelEstimate) and "/nonexistent does not exist" in gpu.reason
     with pytest.raises(ValueError, match="source 'watts' is unknown"):
         SourcePicker("cpu=watts")
+    with pytest.raises(ValueError, match="expected 0 <= idle watts <= busy watts"):
+        SourcePicker("", "cpu=65:10")
     with pytest.raises(ValueError, match="is not IDLE_W:BUSY_W"):
         SourcePicker("", "cpu=10")
 
