@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from importlib.metadata import version as package_version
 
 import grpc
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service import codec
@@ -28,6 +28,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._plane = plane
         self._metrics = metrics
         self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
+        self._durations: dict[str, Histogram] = {}  # per served model, like _counters
+        # Fixed for the process: read the package metadata once, not per call.
+        self._server_metadata = pb.ServerMetadataResponse(
+            name="hetserve", version=package_version("hetserve"),
+            extensions=["model_repository", "statistics"])
 
     @contextlib.asynccontextmanager
     async def _status(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -46,8 +51,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name="hetserve", version=package_version("hetserve"),
-                                         extensions=["model_repository", "statistics"])
+        return self._server_metadata
 
     async def ModelMetadata(self, request, context):
         async with self._status(context):
@@ -137,7 +141,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             self._count(model_label, e.status)
             raise
         self._count(model_label, grpc.StatusCode.OK)
-        self._metrics.request_duration.labels(model_label).observe(time.perf_counter() - start)
+        duration = self._durations.get(model_label)
+        if duration is None:
+            duration = self._durations[model_label] = \
+                self._metrics.request_duration.labels(model_label)
+        duration.observe(time.perf_counter() - start)
         return codec.encode_response(request, model.spec.name, model.spec.version, answer)
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
