@@ -36,6 +36,11 @@ class DeviceSpec:
                              f"one of {[*ENGINES, *_REGISTERED]}, as in 'onnxruntime:cpu0'")
         return cls(engine, device)
 
+    @property
+    def kind(self) -> str:
+        """"gpu" of "gpu1"; empty when the engine picks the device."""
+        return self.device.rstrip("0123456789")
+
     def __str__(self) -> str:
         return f"{self.engine}:{self.device}" if self.device else self.engine
 

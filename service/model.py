@@ -11,6 +11,10 @@ from service import tensors
 from service.errors import ConfigError, InvalidInputError
 
 
+_Group = model_config_pb2.ModelInstanceGroup
+_GROUP_KINDS = {"cpu": _Group.KIND_CPU, "gpu": _Group.KIND_GPU}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -40,6 +44,18 @@ class ModelSpec:
             raise ConfigError(f"model {config.name!r}: config.pbtxt must list input and output")
         return cls(config.name, version, config.max_batch_size,
                    specs(config.input), specs(config.output), config)
+
+    def instances(self, kind: str) -> int:
+        """Engine instances per device of `kind` ("cpu", "gpu", "fpga"; "" while unknown): the
+        count of the first instance_group of that kind (KIND_AUTO: any kind), else 1."""
+        wanted = _GROUP_KINDS.get(kind)
+        for group in self.config.instance_group:
+            if group.count < 0:
+                raise ConfigError(f"model {self.name!r}: instance_group count {group.count} "
+                                  "is negative; expected 1 or more engine instances")
+            if group.kind in (_Group.KIND_AUTO, wanted):
+                return max(1, group.count)  # Triton reads an unset count as 1
+        return 1
 
     def shape_with_batch(self, spec: TensorSpec) -> list[int]:
         """The shape clients see in metadata: -1 leads when the model batches."""

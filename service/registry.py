@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
 from accelerators.engine import Engine
-from accelerators.engines import DEFAULT_DEVICES, create_engine, parse_devices
+from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
 from accelerators.flops import count_flops
 from service import tensors
 from service.batch_buffers import BatchBuffers
@@ -86,11 +87,14 @@ class ModelRegistry:
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
         engines = await asyncio.to_thread(self._engines, spec, path, devices)
         flops = await asyncio.to_thread(count_flops, path)
-        workers = [DeviceWorker(name, e, self._metrics, flops.total) for e in engines]
+        # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
+        workers = await asyncio.to_thread(
+            lambda: [DeviceWorker(name, instances, self._metrics, flops.total)
+                     for instances in engines])
         router = Router(name, workers, routing, budget_s, [o.name for o in spec.outputs],
                         self._metrics)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
-        slots = BATCHES_PER_WORKER * len(workers)
+        slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
         buffers = BatchBuffers({t.name: (t.dims, tensors.numpy_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
@@ -102,17 +106,18 @@ class ModelRegistry:
         config.CopyFrom(entry.config)
         policy.effective(config)
         config.parameters["devices"].string_value = ", ".join(
-            f"{e.device.engine}:{e.device.name}" for e in engines)
+            f"{w.device.engine}:{w.device.name}" for w in workers)
         config.parameters["policy"].string_value = router.policy
         config.parameters["latency_budget_ms"].string_value = \
             f"{router.latency_budget_s * 1e3:g}"
-        log.info("model %r version %d ready on %s (policy %s)", name, version,
-                 config.parameters["devices"].string_value, router.policy)
+        log.info("model %r version %d ready on %s (policy %s, instances %s)", name, version,
+                 config.parameters["devices"].string_value, router.policy,
+                 [w.instances for w in workers])
         return LoadedModel(spec, config, router, batcher, stats)
 
-    def _engines(self, spec: ModelSpec, path: Path, text: str) -> list[Engine]:
-        """An engine on every device of the model's `devices` parameter that can run it; each
-        device that cannot is logged with its reason."""
+    def _engines(self, spec: ModelSpec, path: Path, text: str) -> list[list[Engine]]:
+        """The engine instances of every device of the model's `devices` parameter that can run
+        it; each device that cannot is logged with its reason."""
         try:
             devices = parse_devices(text)
         except ValueError as e:
@@ -120,9 +125,7 @@ class ModelRegistry:
         engines, reasons = [], []
         for device in devices:
             try:
-                engine = create_engine(device, path, self._settings.intra_op_threads)
-                _check_signature(spec, engine)
-                engines.append(engine)
+                engines.append(self._instances(spec, device, path))
                 continue
             except ConfigError as e:
                 reasons.append(str(e))
@@ -134,6 +137,22 @@ class ModelRegistry:
             raise ConfigError(f"model {spec.name!r} version {spec.version}: no device can run "
                               f"{path}: " + "; ".join(reasons))
         return engines
+
+    def _instances(self, spec: ModelSpec, device: DeviceSpec, path: Path) -> list[Engine]:
+        """instance_group's count of engines on one device. Unless --intra-op-threads says
+        otherwise, several instances split the cores between them rather than each taking all."""
+        def threads(count: int) -> int:
+            return self._settings.intra_op_threads or (
+                max(1, len(os.sched_getaffinity(0)) // count) if count > 1 else 0)
+
+        guess = threads(spec.instances(device.kind))
+        first = create_engine(device, path, guess)
+        _check_signature(spec, first)
+        count = spec.instances(first.device.kind)
+        # A device named without its kind ("onnxruntime") reveals the kind only now.
+        engines = [first] if threads(count) == guess else []
+        return engines + [create_engine(device, path, threads(count))
+                          for _ in range(count - len(engines))]
 
     def get(self, name: str, version: str = "") -> LoadedModel:
         versions = self._models.get(check_model_name(name))

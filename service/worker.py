@@ -1,6 +1,7 @@
-"""A device worker: runs one model's batches on one engine in its own thread (engines release the
-GIL), meters them, and keeps what the router needs: expected completion time, joules per
-inference, and health with backoff."""
+"""A device worker: runs one model's batches on one device, on one or more engine instances
+(config.pbtxt's instance_group count), each in its own thread (engines release the GIL); meters
+them, and keeps what the router needs: expected completion time, joules per inference, and
+health with backoff."""
 
 from __future__ import annotations
 
@@ -19,21 +20,24 @@ _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed devic
 
 
 class DeviceWorker:
-    def __init__(self, model: str, engine: Engine, metrics: Metrics,
+    def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
                  flops_per_sample: int = 0) -> None:
         self.model = model
-        self.engine = engine
-        self.device = engine.device
-        # One thread per worker: engines are not re-entrant, and ONNX Runtime releases the GIL.
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{engine.device.name}")
-        labels = dict(model=model, device=engine.device.name, kind=engine.device.kind,
-                      engine=engine.device.engine)
+        self.instances = len(engines)
+        self.device = engines[0].device
+        # One thread per instance: engines are not re-entrant, and they release the GIL. With
+        # as many threads as engines, a thread always finds an idle engine to pop.
+        self._idle = list(engines)
+        self._threads = ThreadPoolExecutor(self.instances,
+                                           thread_name_prefix=f"{model}-{self.device.name}")
+        labels = dict(model=model, device=self.device.name, kind=self.device.kind,
+                      engine=self.device.engine)
         self._compute = metrics.compute_duration.labels(**labels)
         self._batch_size = metrics.batch_size.labels(**labels)
         self._inferences = metrics.inferences.labels(**labels)
         self._flops = metrics.flops.labels(**labels)
         self._flops_per_sample = flops_per_sample
-        self.meter = metrics.power.meter(engine.device)
+        self.meter = metrics.power.meter(self.device)
         self.meter.add_model(model)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
         self._healthy_gauge.set(1)
@@ -44,9 +48,10 @@ class DeviceWorker:
         self._backoff_s = _BACKOFF_S[0]
 
     def expected_completion_s(self, size: int) -> float:
-        """Seconds until a batch of `size` handed over now would be done, from measured speed;
-        0 before the first batch (an unmeasured device gets tried)."""
-        return (self.pending_samples + size) * (self.seconds_per_sample or 0.0)
+        """Seconds until a batch of `size` handed over now would be done, from measured speed
+        (the instances share the samples already pending); 0 before the first batch (an
+        unmeasured device gets tried)."""
+        return (self.pending_samples / self.instances + size) * (self.seconds_per_sample or 0.0)
 
     def joules_per_inference(self) -> float | None:
         """The device's busy watts (from its sensor, or the `model` estimate: see
@@ -61,7 +66,7 @@ class DeviceWorker:
         self.pending_samples += size
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._timed_run, inputs, outputs, size)
+                self._threads, self._timed_run, inputs, outputs, size)
         except Exception as e:
             raise DeviceError(f"device {self.device.name} failed to run a batch of "
                               f"{size}: {type(e).__name__}: {e}") from e
@@ -70,10 +75,15 @@ class DeviceWorker:
 
     def _timed_run(self, inputs: dict[str, np.ndarray], outputs: list[str],
                    size: int) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
-        result = self.engine.run(inputs, outputs)
-        busy_s = time.perf_counter() - start
-        # Plain float updates from the worker thread: the router only reads them.
+        engine = self._idle.pop()  # atomic under the GIL, like the append below
+        try:
+            start = time.perf_counter()
+            result = engine.run(inputs, outputs)
+            busy_s = time.perf_counter() - start
+        finally:
+            self._idle.append(engine)
+        # Plain float updates from the instance threads (a rare lost update of the average is
+        # harmless); the router only reads them.
         sample_s = busy_s / size
         previous = self.seconds_per_sample
         self.seconds_per_sample = sample_s if previous is None else \
@@ -99,4 +109,4 @@ class DeviceWorker:
         self._healthy_gauge.set(1)
 
     def close(self) -> None:
-        self._thread.shutdown(wait=True)
+        self._threads.shutdown(wait=True)

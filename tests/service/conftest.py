@@ -29,8 +29,9 @@ class Control:
 
 
 def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
-                parameters: dict[str, str]) -> Path:
-    """The example model with its batching and parameters replaced."""
+                parameters: dict[str, str], instances: int = 1) -> Path:
+    """The example model with its batching, engine instances per device (one by default, so
+    that a device's capacity is one engine's) and parameters replaced."""
     folder = root / MODEL
     shutil.copytree(MODELS / MODEL / "1", folder / "1")
     config = (MODELS / MODEL / "config.pbtxt").read_text()
@@ -38,6 +39,8 @@ def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
     config = re.sub(r"dynamic_batching \{.*\}\n",
                     f"dynamic_batching {{ {dynamic_batching} }}\n" if dynamic_batching else "",
                     config)
+    config = re.sub(r"instance_group .*\n",
+                    f"instance_group [ {{ kind: KIND_AUTO count: {instances} }} ]\n", config)
     config += "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
                       for k, v in parameters.items())
     (folder / "config.pbtxt").write_text(config)
@@ -46,15 +49,17 @@ def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
 
 @pytest.fixture
 def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    """serve(max_batch_size, dynamic_batching, *daemon_args, **parameters) -> (Daemon, Control);
+    """serve(max_batch_size, dynamic_batching, *daemon_args, instances=1, **parameters)
+    -> (Daemon, Control);
     stopped at the end of the test (exit status 0 checked)."""
     control = Control(tmp_path / "control.json")
     monkeypatch.setenv(CONTROL_ENV, str(control.path))
     started: list[Daemon] = []
 
     def start(max_batch_size: int, dynamic_batching: str | None, *daemon_args: str,
-              **parameters: str) -> tuple[Daemon, Control]:
-        models = write_model(tmp_path / "models", max_batch_size, dynamic_batching, parameters)
+              instances: int = 1, **parameters: str) -> tuple[Daemon, Control]:
+        models = write_model(tmp_path / "models", max_batch_size, dynamic_batching, parameters,
+                             instances)
         started.append(Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE,
                               *daemon_args))
         return started[-1], control

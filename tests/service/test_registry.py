@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 
@@ -60,3 +61,27 @@ def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch
     assert not registry.failures
     assert served == ["fpga0", "cpu0", "faulty:fpga0, onnxruntime:cpu0"]
     assert "onnxruntime:gpu9" in caplog.text  # the device that cannot, with its reason
+
+
+def test_instance_group_count_gives_each_device_of_its_kind_that_many_engines(
+        tmp_path, monkeypatch) -> None:
+    import tests.service.faulty_engine as faulty
+    monkeypatch.setenv(faulty.CONTROL_ENV, str(tmp_path / "control.json"))
+    threads: list[int] = []
+    real = faulty.FaultyEngine.__init__
+
+    def counting(self, spec, path, intra_op_threads):  # the threads each instance was given
+        threads.append(intra_op_threads)
+        real(self, spec, path, intra_op_threads)
+    monkeypatch.setattr(faulty.FaultyEngine, "__init__", counting)
+    instances: dict[str, int] = {}
+
+    def keep(registry: ModelRegistry) -> None:
+        instances.update({w.device.name: w.instances for w in registry.loaded()[0].router.workers})
+
+    # The example config asks for two KIND_CPU instances; an fpga is no KIND_CPU device.
+    registry = _load(tmp_path, "faulty:fpga0, faulty:cpu3", keep)
+    assert not registry.failures
+    assert instances == {"fpga0": 1, "cpu3": 2}
+    # The two CPU instances split the cores; the single fpga instance keeps the engine default.
+    assert threads == [0] + [max(1, len(os.sched_getaffinity(0)) // 2)] * 2

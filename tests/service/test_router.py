@@ -22,8 +22,8 @@ def workers(tmp_path, monkeypatch):
     monkeypatch.setenv(CONTROL_ENV, str(tmp_path / "control.json"))
     path = MODELS / MODEL / "1" / "model.onnx"
     metrics = Metrics(PowerMonitor(model_watts="fpga=5:25,cpu=10:65"))  # no sensor here
-    made = [DeviceWorker(MODEL, FaultyEngine(DeviceSpec("faulty", "fpga0"), path, 1), metrics),
-            DeviceWorker(MODEL, OnnxRuntimeEngine(path, 1, use_gpu=False), metrics)]
+    made = [DeviceWorker(MODEL, [FaultyEngine(DeviceSpec("faulty", "fpga0"), path, 1)], metrics),
+            DeviceWorker(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics)]
     yield made
     for w in made:
         w.close()

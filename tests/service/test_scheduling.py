@@ -108,3 +108,22 @@ def test_overload_at_three_times_capacity(serve, holdout) -> None:
     assert np.percentile(refused, 90) < np.median(served)
     # The queue is bounded (16 samples), so memory is too.
     assert after - before < 50 * 2**20, f"resident memory grew {(after - before) / 2**20} MiB"
+
+
+def test_engine_instances_run_batches_at_the_same_time(serve, holdout) -> None:
+    """instance_group count 2: two batches in flight on one device, each on its own engine."""
+    delay_s = 0.3  # per batch; max_batch_size 1 makes each request a batch of its own
+    daemon, control = serve(1, "max_queue_delay_microseconds: 1000", devices="faulty:cpu1",
+                            instances=2)
+    control.set(delay_s=delay_s)
+
+    async def main() -> float:
+        async with aioclient.InferenceServerClient(daemon.url) as client:
+            start = time.monotonic()
+            replies = await asyncio.gather(*[_timed(client, holdout[0][:1]) for _ in range(8)])
+            assert [status for _, status in replies] == ["OK"] * 8
+            return time.monotonic() - start
+
+    elapsed = asyncio.run(main())
+    # One engine would need 8 x 0.3 s; two share the eight batches.
+    assert 4 * delay_s <= elapsed < 6 * delay_s, f"eight batches took {elapsed:.2f} s"
