@@ -13,7 +13,9 @@ the Spark process that started it (the executor's JVM) has gone.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -32,6 +34,7 @@ from service.settings import default_socket
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
 ADDRESS_ENV = "HETSERVE_DAEMON"
+_PR_SET_PDEATHSIG = 1  # prctl option, from <linux/prctl.h>
 
 
 def resolve_address(explicit: str | None = None) -> str:
@@ -211,9 +214,18 @@ def read_owner(owner_file: Path) -> dict | None:
         return None
 
 
+def _end_with(parent: int) -> None:
+    """Runs in the daemon's process before it starts: the kernel sends it SIGTERM (a graceful
+    drain) when its supervisor dies, even by SIGKILL, which leaves no chance to stop it."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the supervisor died before the request took effect
+        os._exit(1)
+
+
 def supervise(owner_file: Path, watch_pid: int, owner: str, serve_args: list[str]) -> int:
     """Runs one daemon until it exits, SIGTERM arrives, or `watch_pid` has gone."""
-    daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args])
+    daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args],
+                              preexec_fn=functools.partial(_end_with, os.getpid()))
     owner_file.write_text(json.dumps({"owner": owner, "supervisor": os.getpid(),
                                       "daemon": daemon.pid}))
     stopping = []

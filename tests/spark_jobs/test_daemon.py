@@ -61,6 +61,20 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
     assert not (socket.parent / "daemon.owner").exists()
 
 
+def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
+    socket = tmp_path / "run" / "grpc.sock"
+    address = f"unix:{socket}"
+    starter = subprocess.Popen([sys.executable, "-c", ENSURE, address, str(MODELS)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout.readline().strip() == address
+        owner = read_owner(socket.parent / "daemon.owner")
+        os.kill(owner["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
+        assert _wait(lambda: not _serving(socket)), "the daemon outlived its supervisor"
+    finally:
+        starter.communicate("")
+
+
 def test_a_job_stops_only_the_daemon_it_started(daemon, tmp_path):
     address = f"unix:{tmp_path / 'run' / 'grpc.sock'}"
     mine = NodeDaemon(address, str(MODELS), "app-a")
