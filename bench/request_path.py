@@ -21,26 +21,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "bench")]
 
-from accelerators.engines import register_engine  # noqa: E402
-from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
+import null_engine  # noqa: E402,F401  (registers null:cpu0)
 from serving import MODEL, infer_request, model_ceiling  # noqa: E402
 from service.dataplane import DataPlane  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
 from service.registry import ModelRegistry  # noqa: E402
 from service.servicer import InferenceServicer  # noqa: E402
 from service.settings import Settings  # noqa: E402
-
-
-class NullEngine:
-    """The model's signature, zeros for outputs: no compute at all."""
-
-    def __init__(self, spec, model_path: Path, intra_op_threads: int) -> None:
-        real = OnnxRuntimeEngine(model_path, 1, use_gpu=False)
-        self.device, self.inputs, self.outputs = real.device, real.inputs, real.outputs
-        self._logits = np.zeros((1024, 10), np.float32)
-
-    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        return {"logits": self._logits[:len(inputs["image"])]}
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:
@@ -73,7 +60,6 @@ def main() -> None:
     args = parser.parse_args()
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
-    register_engine("null", NullEngine)
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(ROOT / "models" / MODEL, Path(tmp) / MODEL)
         config = Path(tmp) / MODEL / "config.pbtxt"
@@ -84,8 +70,8 @@ def main() -> None:
     model_us = 1e6 / ort["batch_16_img_per_s"]
     print(f"hetserve request path: {path['cpu_us_per_request']:.0f} µs CPU per request "
           f"({path['requests_per_s']:.0f} req/s at concurrency {args.concurrency}, one thread "
-          f"for the loop and one for the engine)\nONNX Runtime alone, same run: {model_us:.0f} µs "
-          f"per image at batch 16; the path costs {path['cpu_us_per_request'] / model_us:.2f}× "
+          f"for the loop, one per engine instance)\nONNX Runtime alone, same run: "
+          f"{model_us:.0f} µs per image at batch 16; the path costs {path['cpu_us_per_request'] / model_us:.2f}× "
           "the model's own time")
 
 

@@ -3,9 +3,12 @@ concurrencies, an open-loop Poisson rate sweep, and a streaming client, against
   echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
   daemon    `hetserve serve` on the example model (dynamic batching on),
   unbatched the same daemon and model with dynamic_batching removed,
+  nocompute the daemon with an engine that computes nothing (bench/null_engine.py): the serving
+            core's own cost, as when the model runs on an accelerator instead of these cores,
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo. Besides
-req/s and latency, each load point reports the server's CPU time per answered request.
+req/s and latency, each load point reports the server's and the client's CPU time per answered
+request, and the table ends with the bound that the model's own CPU time puts on the daemon.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--json out.json]
 """
@@ -127,10 +130,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _unbatched_repository(folder: Path) -> Path:
+def model_repository(folder: Path, batching: bool = True, devices: str = "") -> Path:
+    """A copy of the example model's repository, without dynamic batching or on other devices."""
     shutil.copytree(ROOT / "models" / MODEL, folder / MODEL)
     config = folder / MODEL / "config.pbtxt"
-    config.write_text(re.sub(r"dynamic_batching \{.*\}\n", "", config.read_text()))
+    text = config.read_text()
+    if not batching:
+        text = re.sub(r"dynamic_batching \{.*\}\n", "", text)
+    if devices:
+        text += f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n'
+    config.write_text(text)
     return folder
 
 
@@ -138,11 +147,15 @@ def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
     if kind == "echo":
         args = [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
     else:
-        models = ROOT / "models" if kind == "daemon" else _unbatched_repository(tmp / "models")
+        models = {"daemon": lambda: ROOT / "models",
+                  "unbatched": lambda: model_repository(tmp / kind, batching=False),
+                  "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
         args = [sys.executable, "-m", "service", "serve", "--models", str(models),
                 "--port", str(port), "--socket", "", "--metrics-port", "0",
-                "--intra-op-threads", str(threads), "--log-level", "WARNING"]
-    return subprocess.Popen(args, cwd=ROOT)
+                "--intra-op-threads", str(threads), "--engine-modules", "null_engine",
+                "--log-level", "WARNING"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)])}
+    return subprocess.Popen(args, cwd=ROOT, env=env)
 
 
 async def _wait_ready(stub) -> None:
@@ -163,11 +176,13 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _metered(pid: int, run) -> dict:
-    """A load point, with the server's CPU time per answered request: unlike throughput on a
-    shared machine, it does not depend on how much CPU the server was given."""
-    before = _cpu_s(pid)
+    """A load point, with the server's and this client's CPU time per answered request: unlike
+    throughput on a shared machine, they do not depend on how much CPU each side was given."""
+    server, client = _cpu_s(pid), time.process_time()
     result = await run
-    return result | {"server_cpu_us": 1e6 * (_cpu_s(pid) - before) / max(result["requests"], 1)}
+    answered = max(result["requests"], 1)
+    return result | {"server_cpu_us": 1e6 * (_cpu_s(pid) - server) / answered,
+                     "client_cpu_us": 1e6 * (time.process_time() - client) / answered}
 
 
 async def bench_targets(ports: dict[str, int], pids: dict[str, int], args: argparse.Namespace,
@@ -221,7 +236,7 @@ def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
 def _table(results: dict) -> str:
     echo = results["echo"]
     lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | server CPU µs/req | x echo "
-             "| errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| client CPU µs/req | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for target, runs in results.items():
         if target in ("args", "onnxruntime"):
             continue
@@ -236,10 +251,20 @@ def _table(results: dict) -> str:
             lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
                          f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_us']:.0f} | "
                          f"{r['server_cpu_us'] / e['server_cpu_us']:.2f} | "
+                         f"{r['client_cpu_us']:.0f} | "
                          + (", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
     ceiling = results["onnxruntime"]
+    model_us = 1e6 / ceiling["batch_16_img_per_s"]
     lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
-                 f"batch 1, {ceiling['batch_16_img_per_s']:.0f} at batch 16")
+                 f"batch 1, {ceiling['batch_16_img_per_s']:.0f} at batch 16 ({model_us:.0f} µs "
+                 "of one core per image)")
+    # Client and server share the machine's cores: where echo saturates them, a daemon that
+    # added nothing but the model's own CPU time to echo's would reach this share of echo.
+    for c, e in zip(results["args"]["concurrency"], echo["closed"], strict=True):
+        both = e["client_cpu_us"] + e["server_cpu_us"]
+        bound = both / (both + model_us)
+        lines.append(f"Bound at concurrency {c}: echo + model alone = {bound:.2f}× echo (echo's "
+                     f"client + server CPU {both:.0f} µs per request)")
     return "\n".join(lines)
 
 
@@ -251,15 +276,18 @@ def main() -> None:
                         help="open-loop Poisson arrival rates, requests per second")
     parser.add_argument("--stream-window", type=int, default=64,
                         help="requests in flight on the streaming run; 0 skips it")
-    parser.add_argument("--targets", nargs="+", default=["echo", "daemon", "unbatched"])
-    parser.add_argument("--intra-op-threads", type=int, default=1)
+    parser.add_argument("--targets", nargs="+",
+                        default=["echo", "daemon", "nocompute", "unbatched"])
+    parser.add_argument("--intra-op-threads", type=int, default=0,
+                        help="the daemons' ONNX Runtime threads per engine instance (default: "
+                             "0, the daemon's choice), and the in-process reference's (0: 1)")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tools"))
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
     results: dict = {"args": {**vars(args), "json": str(args.json)}}
-    results["onnxruntime"] = model_ceiling(image, args.intra_op_threads, args.seconds)
+    results["onnxruntime"] = model_ceiling(image, args.intra_op_threads or 1, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         ports = {target: _free_port() for target in args.targets}
         processes = {t: _start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()}

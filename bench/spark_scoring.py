@@ -56,15 +56,16 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--daemon-threads", type=int, default=1,
-                        help="the daemon's ONNX Runtime intra-op threads (default: 1)")
+    parser.add_argument("--daemon-threads", type=int, default=0,
+                        help="the daemon's ONNX Runtime intra-op threads per engine instance "
+                             "(default: 0, the daemon's own choice: its instances split the "
+                             "cores)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-bench-"))
     data, small = tmp / "data", tmp / "small"
     data.mkdir(), small.mkdir()
     write_dataset(data, args.rows)
     write_dataset(small, 2000)
-    # One intra-op thread: a larger ORT pool spin-waits on cores that Spark's workers need.
     daemon = DaemonProcess(["--models", str(ROOT / "models"), "--socket", str(tmp / "d.sock"),
                             "--port", "0", "--metrics-port", "0", "--intra-op-threads",
                             str(args.daemon_threads)],

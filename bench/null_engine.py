@@ -1,0 +1,26 @@
+"""An engine with the example model's signature that computes nothing (its outputs are zeros):
+the serving path alone, as when the model runs on an accelerator and costs the host no CPU.
+Importing this module registers it as `null:<device>` (`hetserve serve --engine-modules
+null_engine`, with bench/ on PYTHONPATH)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from accelerators.engines import DeviceSpec, register_engine
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+
+
+class NullEngine:
+    def __init__(self, spec: DeviceSpec, model_path: Path, intra_op_threads: int) -> None:
+        real = OnnxRuntimeEngine(model_path, 1, use_gpu=False)  # for the signature only
+        self.device, self.inputs, self.outputs = real.device, real.inputs, real.outputs
+        self._logits = np.zeros((1024, 10), np.float32)
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        return {"logits": self._logits[:len(inputs["image"])]}
+
+
+register_engine("null", NullEngine)
