@@ -42,7 +42,9 @@ class Settings:
                          "RESOURCE_EXHAUSTED, "
                          "unless config.pbtxt sets max_queue_size"})
     intra_op_threads: int = field(
-        default=0, metadata={"doc": "ONNX Runtime threads per model run; 0 lets it choose"})
+        default=0, metadata={"doc": "ONNX Runtime threads per engine instance; 0: ONNX "
+                                    "Runtime's choice, or the cores split between a device's "
+                                    "instances"})
     shutdown_grace_s: float = field(
         default=10.0,
         metadata={"doc": "seconds requests in flight get to finish after SIGTERM"})
