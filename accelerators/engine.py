@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+_NAME = re.compile(r"([a-z]+)(\d+)")
+
+
+def device_name(kind: str, index: int) -> str:
+    """The n-th device of a kind, as specs, metrics and logs name it: `gpu1`."""
+    return f"{kind}{index}"
+
+
+def parse_device_name(name: str) -> tuple[str, int] | None:
+    """(kind, index) of `gpu1`; None when the name is not of that form."""
+    match = _NAME.fullmatch(name)
+    return (match[1], int(match[2])) if match else None
 
 
 @dataclass(frozen=True)
@@ -30,5 +44,5 @@ class Engine(Protocol):
     outputs: tuple[TensorSignature, ...]
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        """Runs one batch; called from one worker thread at a time."""
+        """Runs one batch; one instance runs one batch at a time."""
         ...

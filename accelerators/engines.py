@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelerators.engine import Engine
+from accelerators.engine import Engine, device_name, parse_device_name
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
 ENGINES = ("onnxruntime", "opencl")
@@ -39,7 +39,8 @@ class DeviceSpec:
     @property
     def kind(self) -> str:
         """"gpu" of "gpu1"; empty when the engine picks the device."""
-        return self.device.rstrip("0123456789")
+        parsed = parse_device_name(self.device)
+        return parsed[0] if parsed else ""
 
     def __str__(self) -> str:
         return f"{self.engine}:{self.device}" if self.device else self.engine
@@ -70,9 +71,9 @@ def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
     specs, seen = [], {}
     for d in found["opencl"]:
         index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
-        specs.append(DeviceSpec("opencl", f"{d['kind']}{index}"))
+        specs.append(DeviceSpec("opencl", device_name(d["kind"], index)))
     kinds = {p["kind"] for p in found["onnxruntime"]}
-    specs += [DeviceSpec("onnxruntime", f"{k}0") for k in ("gpu", "cpu") if k in kinds]
+    specs += [DeviceSpec("onnxruntime", device_name(k, 0)) for k in ("gpu", "cpu") if k in kinds]
     return specs
 
 

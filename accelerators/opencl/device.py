@@ -3,12 +3,12 @@ accelerators.devices classifies it) and opens one context with one in-order prof
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import pyopencl as cl
 
 from accelerators.devices import opencl_handles
+from accelerators.engine import device_name, parse_device_name
 
 # An empty device part picks the first device of the first kind present, most efficient first.
 PREFERENCE = ("fpga", "gpu", "cpu")
@@ -40,13 +40,13 @@ def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
     if not spec:
         for kind in PREFERENCE:
             if by_kind.get(kind):
-                return f"{kind}0", kind, by_kind[kind][0]
+                return device_name(kind, 0), kind, by_kind[kind][0]
         raise NoSuchDeviceError(f"no OpenCL fpga, gpu or cpu device found (present: {present})")
-    match = re.fullmatch(r"(fpga|gpu|cpu|other)(\d+)", spec)
-    if match is None:
+    parsed = parse_device_name(spec)
+    if parsed is None or parsed[0] not in (*PREFERENCE, "other"):
         raise NoSuchDeviceError(f"OpenCL device {spec!r} is not of the form fpga0, gpu0, cpu0 "
                                 f"(or other0: simulators such as Oclgrind)")
-    kind, index = match[1], int(match[2])
+    kind, index = parsed
     devices = by_kind.get(kind, [])
     if index >= len(devices):
         raise NoSuchDeviceError(f"OpenCL device {spec!r} does not exist: found {present}")

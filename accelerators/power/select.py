@@ -9,10 +9,9 @@ why. Settings name a device (`cpu0`) or a kind (`cpu`); the device wins.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 
-from accelerators.engine import Device
+from accelerators.engine import Device, parse_device_name
 from accelerators.power.hwmon import hwmon_source
 from accelerators.power.model import ModelEstimate
 from accelerators.power.nvml import NvmlSource
@@ -104,5 +103,5 @@ class SourcePicker:
 
 
 def _index(device: Device) -> str:
-    digits = re.search(r"\d+$", device.name)
-    return digits.group() if digits else "0"
+    parsed = parse_device_name(device.name)
+    return str(parsed[1]) if parsed else "0"

@@ -27,7 +27,7 @@ class FaultyEngine:
     def __init__(self, spec: DeviceSpec, model_path: Path, intra_op_threads: int) -> None:
         self._inner = OnnxRuntimeEngine(model_path, intra_op_threads, use_gpu=False)
         name = spec.device or "fpga0"
-        self.device = Device(name, name.rstrip("0123456789"), "faulty")
+        self.device = Device(name, spec.kind or "fpga", "faulty")
         self.inputs, self.outputs = self._inner.inputs, self._inner.outputs
         self._control = Path(os.environ[CONTROL_ENV])
 
