@@ -126,4 +126,4 @@ def test_engine_instances_run_batches_at_the_same_time(serve, holdout) -> None:
 
     elapsed = asyncio.run(main())
     # One engine would need 8 x 0.3 s; two share the eight batches.
-    assert 4 * delay_s <= elapsed < 6 * delay_s, f"eight batches took {elapsed:.2f} s"
+    assert 4 * delay_s <= elapsed < 7 * delay_s, f"eight batches took {elapsed:.2f} s"
