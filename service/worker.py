@@ -54,8 +54,9 @@ class DeviceWorker:
         return (self.pending_samples / self.instances + size) * (self.seconds_per_sample or 0.0)
 
     def joules_per_inference(self) -> float | None:
-        """The device's busy watts (from its sensor, or the `model` estimate: see
-        `self.meter.source`) times measured seconds per sample; None until both are known."""
+        """The device's watts at full utilization (fitted from its sensor, or the `model`
+        estimate's: see `self.meter.source`) times measured seconds per sample; None until both
+        are known."""
         watts = self.meter.busy_power_w()
         if watts is None or self.seconds_per_sample is None:
             return None

@@ -16,6 +16,8 @@ from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource, SourceError
 
 log = logging.getLogger(__name__)
+_FORGET = 0.98  # weight each older interval keeps: the fit follows drift over a minute or so
+_RIDGE = 1e-3  # utilization variance below which the fitted line stays about flat
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class DeviceMeter:
         self._up = False
         self._error = ""
         self._last: float | None = None
+        self._fit = (0.0,) * 5  # decayed sums of 1, u, u², p, u·p over the sampled intervals
 
     def add_model(self, model: str) -> None:
         with self._lock:
@@ -66,20 +69,30 @@ class DeviceMeter:
             return
         self._error = ""
         with self._lock:
+            if elapsed > 0:  # power against utilization, for busy_power_w's line
+                u = min(1.0, total_busy / elapsed)  # instances side by side can exceed 1
+                self._fit = tuple(f * _FORGET + x for f, x in zip(
+                    self._fit, (1.0, u, u * u, reading.power_w, u * reading.power_w)))
             increase = max(0.0, reading.energy_j - self._energy_j)
             self._energy_j, self._power_w, self._up = reading.energy_j, reading.power_w, True
-            for model, seconds in busy.items():
+            for model, seconds in busy.items() if total_busy > 0 else ():
                 self._model_energy_j[model] = (self._model_energy_j.get(model, 0.0)
                                                + increase * seconds / total_busy)
 
     def busy_power_w(self) -> float | None:
-        """Watts while running batches, for routing by energy: the estimate's busy watts, or a
-        sensor's energy in intervals with batches over their busy time (None until measured)."""
+        """Watts at full utilization, for routing by energy; the same meaning for every source.
+        The estimate knows them; for a sensor they come from a line fitted through its interval
+        powers against utilization, read at 1 (a ridge keeps the line flat until utilization
+        has varied). None until an interval with batches has been sampled."""
         if isinstance(self.source, ModelEstimate):
             return self.source.busy_w
         with self._lock:
-            attributed = sum(self._model_energy_j.values())
-            return attributed / self._busy_s if attributed > 0 and self._busy_s > 0 else None
+            n, su, suu, sp, sup = self._fit
+        if su <= 0:
+            return None
+        mean_u, mean_p = su / n, sp / n
+        slope = (sup / n - mean_u * mean_p) / (suu / n - mean_u * mean_u + _RIDGE)
+        return max(0.0, mean_p + slope * (1.0 - mean_u))
 
     def read(self) -> MeterReading:
         with self._lock:

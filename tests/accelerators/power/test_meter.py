@@ -50,14 +50,25 @@ def test_a_failing_sensor_turns_the_device_down_and_keeps_totals(tmp_path: Path)
     assert meter.read().up
 
 
-def test_busy_watts_for_routing_come_from_the_sensor_or_the_estimate(tmp_path: Path) -> None:
+def test_busy_watts_for_routing_are_full_utilization_watts_from_either_source(
+        tmp_path: Path) -> None:
     assert DeviceMeter(CPU, ModelEstimate(10.0, 50.0)).busy_power_w() == 50.0
-    meter = DeviceMeter(CPU, HwmonPower(write(tmp_path / "power1_input", "30000000")))
+    power = write(tmp_path / "power1_input", "30000000")
+    meter = DeviceMeter(CPU, HwmonPower(power))
     meter.sample(0.0)
     assert meter.busy_power_w() is None  # nothing measured yet
     meter.add_busy("a", 0.5)
-    meter.sample(1.0)  # 30 J in an interval with 0.5 s of batches
-    assert meter.busy_power_w() == pytest.approx(60.0)
+    meter.sample(1.0)  # 30 W while half busy: with nothing else known, power is taken as flat
+    assert meter.busy_power_w() == pytest.approx(30.0)
+    # A device drawing 20 W idle and 100 W flat out: the fit finds the 100 W, where energy per
+    # busy second would charge the idle watts too (e.g. 40 W at a quarter busy: 160 W).
+    meter = DeviceMeter(CPU, HwmonPower(power))
+    meter.sample(1.0)
+    for t, busy in enumerate([0.0, 0.25, 0.5, 1.0, 0.25, 0.75], start=2):
+        write(power, str(int((20 + 80 * busy) * 1e6)))
+        meter.add_busy("a", busy)
+        meter.sample(float(t))
+    assert meter.busy_power_w() == pytest.approx(100.0, rel=0.01)
 
 
 def test_configured_sources_and_estimates() -> None:
