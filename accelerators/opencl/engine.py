@@ -40,9 +40,12 @@ class OpenCLEngine:
         self._cache = cache or ProgramCache()
         self._consts: dict[str, cl.Buffer] = {}
         self._plans: dict[int, Executor] = {}
-        # Raises for unsupported ops before the device is touched.
+        # Raises for unsupported ops before the device is touched. Kernels differ between one
+        # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
         first = lower(self.graph, 1, self._local_tiles)
-        self.program = self._cache.program(self._dev, {la.kernel for la in first.launches})
+        several = lower(self.graph, CPU_SLICE, self._local_tiles)
+        self.program = self._cache.program(
+            self._dev, {la.kernel for plan in (first, several) for la in plan.launches})
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,

@@ -4,12 +4,14 @@ device choice."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pyopencl as cl
 import pytest
 from onnx import helper
 
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
+from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.graph import UnsupportedModelError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
 from tests.accelerators.conftest import single_op
@@ -55,6 +57,27 @@ def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_dev
     (next(tmp_path.glob("*.bin"))).write_bytes(b"garbage")  # a bad file is rebuilt
     for c in (ProgramCache(tmp_path), ProgramCache(tmp_path, options=other.options)):
         c.program(dev, {"gemm8"})
+
+
+def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(
+        tmp_path, opencl_device) -> None:
+    """An FPGA binary is checked at load time for every kernel a batch of any size needs: a
+    fully connected layer runs as a split-K GEMV for one sample and as GEMM tiles for more."""
+    asked: set[str] = set()
+
+    class Recording(ProgramCache):
+        def program(self, dev, required):
+            asked.update(required)
+            return super().program(dev, required)
+
+    x, w = np.zeros((1, 1024), np.float32), np.zeros((1024, 16), np.float32)
+    model = single_op("Gemm", {"x": x}, {"w": w}, (1, 16))
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(model, str(tmp_path / "fc.onnx"))
+    OpenCLEngine(tmp_path / "fc.onnx", opencl_device, cache=Recording(tmp_path / "cache"),
+                 local_tiles=False)
+    assert {"gemv_partial", "gemm8"} <= asked
 
 
 def test_an_fpga_binary_lacking_kernels_is_named(tmp_path, opencl_device) -> None:
