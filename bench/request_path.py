@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import shutil
 import sys
 import tempfile
 import time
@@ -22,12 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "bench")]
 
 import null_engine  # noqa: E402,F401  (registers null:cpu0)
-from serving import MODEL, infer_request, model_ceiling  # noqa: E402
+from serving import infer_request, model_ceiling, model_repository  # noqa: E402
 from service.dataplane import DataPlane  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
 from service.registry import ModelRegistry  # noqa: E402
 from service.servicer import InferenceServicer  # noqa: E402
 from service.settings import Settings  # noqa: E402
+from service.shared_memory import SharedMemoryRegions  # noqa: E402
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:
@@ -36,7 +35,7 @@ async def measure(models: Path, concurrency: int, seconds: float, image: np.ndar
     await registry.load_all()
     plane = DataPlane(registry)
     plane.ready = True
-    servicer = InferenceServicer(plane, metrics)
+    servicer = InferenceServicer(plane, metrics, SharedMemoryRegions())
     request = infer_request(image)
     done = 0
 
@@ -61,17 +60,14 @@ def main() -> None:
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copytree(ROOT / "models" / MODEL, Path(tmp) / MODEL)
-        config = Path(tmp) / MODEL / "config.pbtxt"
-        config.write_text(re.sub(r"\n*$", "\n", config.read_text()) +
-                          'parameters { key: "devices" value: { string_value: "null:cpu0" } }\n')
-        path = asyncio.run(measure(Path(tmp), args.concurrency, args.seconds, image))
+        models = model_repository(Path(tmp), devices="null:cpu0")
+        path = asyncio.run(measure(models, args.concurrency, args.seconds, image))
     ort = model_ceiling(image, 1, args.seconds)
-    model_us = 1e6 / ort["batch_16_img_per_s"]
-    print(f"hetserve request path: {path['cpu_us_per_request']:.0f} µs CPU per request "
+    model_us, path_us = 1e6 / ort["batch_16_img_per_s"], path["cpu_us_per_request"]
+    print(f"hetserve request path: {path_us:.0f} µs CPU per request "
           f"({path['requests_per_s']:.0f} req/s at concurrency {args.concurrency}, one thread "
           f"for the loop, one per engine instance)\nONNX Runtime alone, same run: "
-          f"{model_us:.0f} µs per image at batch 16; the path costs {path['cpu_us_per_request'] / model_us:.2f}× "
+          f"{model_us:.0f} µs per image at batch 16; the path costs {path_us / model_us:.2f}× "
           "the model's own time")
 
 

@@ -12,17 +12,25 @@ from service import tensors
 from service.batcher import Answer
 from service.errors import InvalidInputError
 from service.queue_policy import RequestOptions
+from service.shared_memory import SharedMemoryRegions
 from service.tensors import Tensors
 
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
-def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
+def decode_inputs(request: service_pb2.ModelInferRequest,
+                  regions: SharedMemoryRegions) -> Tensors:
+    """Each input from shared memory, raw bytes (one entry per input not in shared memory, in
+    order) or typed contents."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    in_memory = [_shared_memory(t.parameters, f"input {t.name!r}") for t in request.inputs]
+    expected_raw = sum(place is None for place in in_memory)
+    if raw and len(raw) != expected_raw:
         raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
-                                f"{len(request.inputs)} expected (one per input)")
+                                f"{expected_raw} expected (one per input not in shared memory)")
+    raw_entries = iter(raw)
     arrays: Tensors = {}
-    for i, t in enumerate(request.inputs):
+    for t, place in zip(request.inputs, in_memory):
         if t.name in arrays:
             raise InvalidInputError(f"inputs: input {t.name!r} appears twice")
         dtype = tensors.numpy_dtype(t.datatype)
@@ -34,13 +42,16 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
             raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, "
                                     "expected non-negative dimensions")
         count = math.prod(shape)
-        if raw:
+        if place is not None or raw:
+            data = regions.view(*place, field=f"input {t.name!r}") if place is not None \
+                else next(raw_entries)
+            where = "its shared memory" if place is not None else "raw_input_contents"
             expected = count * dtype.itemsize
-            if len(raw[i]) != expected:
+            if len(data) != expected:
                 raise InvalidInputError(
-                    f"input {t.name!r}: raw_input_contents[{i}] holds {len(raw[i])} bytes, "
-                    f"{expected} expected for {t.datatype} {list(shape)}")
-            arrays[t.name] = np.frombuffer(raw[i], dtype).reshape(shape)
+                    f"input {t.name!r}: {where} holds {len(data)} bytes, {expected} expected "
+                    f"for {t.datatype} {list(shape)}")
+            arrays[t.name] = np.frombuffer(data, dtype).reshape(shape)
         else:
             values = getattr(t.contents, tensors.CONTENTS_FIELD.get(t.datatype, ""), ())
             if len(values) != count:
@@ -52,35 +63,66 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> Tensors:
 
 
 def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    answer: Answer) -> service_pb2.ModelInferResponse:
-    """tritonclient reads only raw_output_contents, so every output travels as raw bytes; the
-    device that ran the request travels as the response parameter `device`."""
+                    answer: Answer, regions: SharedMemoryRegions
+                    ) -> service_pb2.ModelInferResponse:
+    """Outputs requested in shared memory are written there (their raw entry stays empty, so
+    that the others keep their places); every other output travels as raw bytes, which is all
+    tritonclient reads. The device that ran the request is the response parameter `device`."""
     response = service_pb2.ModelInferResponse(
         model_name=model_name, model_version=str(version), id=request.id)
     response.parameters["device"].string_param = answer.device
+    wanted = {o.name: o.parameters for o in request.outputs}
     for name, array in answer.outputs.items():
-        response.outputs.add(name=name, datatype=tensors.wire_dtype(array.dtype),
-                             shape=array.shape)
-        response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+        tensor = response.outputs.add(name=name, datatype=tensors.wire_dtype(array.dtype),
+                                      shape=array.shape)
+        place = _shared_memory(wanted.get(name, {}), f"output {name!r}")
+        if place is None:
+            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            continue
+        region, offset, byte_size = place
+        if array.nbytes > byte_size:
+            raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
+                                    f"received, the output needs {array.nbytes} bytes")
+        view = regions.view(region, offset, array.nbytes, field=f"output {name!r}")
+        np.frombuffer(view, array.dtype).reshape(array.shape)[...] = array
+        for key in _SHM_KEYS:
+            if key in wanted[name]:
+                tensor.parameters[key].CopyFrom(wanted[name][key])
+        response.raw_output_contents.append(b"")
     return response
+
+
+def _shared_memory(parameters, field: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of a tensor placed in shared memory, else None."""
+    if "shared_memory_region" not in parameters:
+        return None
+    size = _natural(parameters, "shared_memory_byte_size", f"{field}: ")
+    if size is None:
+        raise InvalidInputError(f"{field}: parameters['shared_memory_byte_size'] is missing; "
+                                "a tensor in shared memory needs its size")
+    return (parameters["shared_memory_region"].string_param,
+            _natural(parameters, "shared_memory_offset", f"{field}: ") or 0, size)
+
+
+def _natural(parameters, key: str, prefix: str) -> int | None:
+    """A non-negative integer parameter as tritonclient sends it; None when absent. `prefix`
+    places the parameter in error messages (a tensor's, or the request's when empty)."""
+    if key not in parameters:
+        return None
+    param = parameters[key]
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("uint64_param", "int64_param") or getattr(param, kind) < 0:
+        raise InvalidInputError(
+            f"{prefix}parameters[{key!r}]: {kind} {getattr(param, kind) if kind else None!r} "
+            "received, a non-negative uint64_param or int64_param expected")
+    return getattr(param, kind)
 
 
 def request_options(request: service_pb2.ModelInferRequest,
                     time_remaining_s: float | None) -> RequestOptions:
     """Priority and queue timeout (µs) as tritonclient sends them, and the gRPC deadline."""
-    values = {}
-    for key in ("priority", "timeout"):
-        if key not in request.parameters:
-            continue
-        param = request.parameters[key]
-        kind = param.WhichOneof("parameter_choice")
-        if kind not in ("uint64_param", "int64_param") or getattr(param, kind) < 0:
-            raise InvalidInputError(
-                f"parameters[{key!r}]: {kind} {getattr(param, kind) if kind else None!r} "
-                "received, a non-negative uint64_param or int64_param expected")
-        values[key] = getattr(param, kind)
+    priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
     # grpc reports no deadline as None or as a practically infinite time
     deadline = time.monotonic() + time_remaining_s \
         if time_remaining_s is not None and time_remaining_s < 1e7 else None
-    return RequestOptions(priority=values.get("priority", 0),
-                          timeout_us=values.get("timeout", 0), deadline=deadline)
+    return RequestOptions(priority=priority or 0, timeout_us=timeout or 0, deadline=deadline)

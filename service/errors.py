@@ -19,6 +19,14 @@ class InvalidInputError(HetserveError):
     status = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class AlreadyExistsError(HetserveError):
+    status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDeniedError(HetserveError):
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
 class QueueFullError(HetserveError):
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
 

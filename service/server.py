@@ -18,6 +18,7 @@ from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.servicer import InferenceServicer
+from service.shared_memory import SharedMemoryRegions
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ async def serve(settings: Settings) -> None:
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
     ])
+    regions = SharedMemoryRegions()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(plane, metrics), server)
+        InferenceServicer(plane, metrics, regions), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", _SERVICE_NAME):
@@ -89,6 +91,7 @@ async def serve(settings: Settings) -> None:
         log.warning("requests still in flight after %.1f s are cancelled", grace_s)
     await server.stop(max(grace_s - (loop.time() - started), 0.0))
     await registry.close()
+    regions.close()
     power.stop()
     if settings.unix_socket:
         settings.unix_socket.unlink(missing_ok=True)

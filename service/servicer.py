@@ -18,21 +18,24 @@ from service import codec
 from service.dataplane import DataPlane
 from service.errors import HetserveError
 from service.metrics import Metrics
+from service.shared_memory import SharedMemoryRegions, check_local
 
 log = logging.getLogger(__name__)
 pb = service_pb2
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, plane: DataPlane, metrics: Metrics) -> None:
+    def __init__(self, plane: DataPlane, metrics: Metrics,
+                 regions: SharedMemoryRegions) -> None:
         self._plane = plane
         self._metrics = metrics
+        self._regions = regions
         self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._durations: dict[str, Histogram] = {}  # per served model, like _counters
         # Fixed for the process: read the package metadata once, not per call.
         self._server_metadata = pb.ServerMetadataResponse(
             name="hetserve", version=package_version("hetserve"),
-            extensions=["model_repository", "statistics"])
+            extensions=["model_repository", "statistics", "system_shared_memory"])
 
     @contextlib.asynccontextmanager
     async def _status(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -80,6 +83,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return pb.ModelStatisticsResponse(model_stats=[
                 m.stats.proto(m.spec.name, m.spec.version)
                 for m in self._plane.statistics(request.name, request.version)])
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        async with self._status(context):
+            check_local(context.peer())
+            self._regions.register(request.name, request.key, request.offset,
+                                   request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        async with self._status(context):
+            check_local(context.peer())
+            self._regions.unregister(request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        async with self._status(context):
+            check_local(context.peer())
+            reply = pb.SystemSharedMemoryStatusResponse()
+            for r in self._regions.status(request.name):
+                reply.regions[r.name].CopyFrom(
+                    pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                        name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+            return reply
 
     async def ModelInfer(self, request, context):
         try:
@@ -135,7 +161,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self._plane.model(request.model_name, request.model_version)
             model_label = model.spec.name
             answer = await self._plane.infer(
-                model, codec.decode_inputs(request), [o.name for o in request.outputs],
+                model, codec.decode_inputs(request, self._regions),
+                [o.name for o in request.outputs],
                 codec.request_options(request, time_remaining_s))
         except HetserveError as e:
             self._count(model_label, e.status)
@@ -146,7 +173,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             duration = self._durations[model_label] = \
                 self._metrics.request_duration.labels(model_label)
         duration.observe(time.perf_counter() - start)
-        return codec.encode_response(request, model.spec.name, model.spec.version, answer)
+        return codec.encode_response(request, model.spec.name, model.spec.version, answer,
+                                     self._regions)
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
         counter = self._counters.get((model, code))
