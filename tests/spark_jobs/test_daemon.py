@@ -56,9 +56,10 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
     finally:
         for p in starters:
             p.communicate("")
-    # Every starter has gone: the supervisor notices its Spark process ended and stops it.
+    # Every starter has gone: the supervisor notices its Spark process ended and stops it,
+    # then, once the daemon has exited, removes its record.
     assert _wait(lambda: not _serving(socket))
-    assert not (socket.parent / "daemon.owner").exists()
+    assert _wait(lambda: not (socket.parent / "daemon.owner").exists())
 
 
 def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
