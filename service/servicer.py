@@ -164,6 +164,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 model, codec.decode_inputs(request, self._regions),
                 [o.name for o in request.outputs],
                 codec.request_options(request, time_remaining_s))
+            # Inside: an output that does not fit its shared memory region fails the request.
+            response = codec.encode_response(request, model.spec.name, model.spec.version,
+                                             answer, self._regions)
         except HetserveError as e:
             self._count(model_label, e.status)
             raise
@@ -173,8 +176,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             duration = self._durations[model_label] = \
                 self._metrics.request_duration.labels(model_label)
         duration.observe(time.perf_counter() - start)
-        return codec.encode_response(request, model.spec.name, model.spec.version, answer,
-                                     self._regions)
+        return response
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
         counter = self._counters.get((model, code))

@@ -83,6 +83,11 @@ def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, re
         image.set_shared_memory("small", 1024)
         _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
                  "its shared memory holds 1024 bytes, 3136 expected")
+        image.set_data_from_numpy(holdout[0][:1])
+        logits = grpcclient.InferRequestedOutput("logits")
+        logits.set_shared_memory("small", 8)
+        _refused(lambda: client.infer(MODEL, [image], outputs=[logits]), "INVALID_ARGUMENT",
+                 "output 'logits': shared_memory_byte_size 8 received, the output needs 40")
     finally:
         client.unregister_system_shared_memory("small")
 
