@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from accelerators.power.meter import PowerMonitor
+from service.auth import ExposureError, TokenInterceptor, check_exposure, read_token
 from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
@@ -40,6 +41,13 @@ async def serve(settings: Settings) -> None:
     if not settings.model_repository.is_dir():
         raise StartupError(f"model repository {str(settings.model_repository)!r} is not a "
                            "directory")
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise StartupError("tls_cert and tls_key: give both or neither")
+    try:
+        check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
+        token = read_token(settings.token_file) if settings.token_file else None
+    except ExposureError as e:
+        raise StartupError(str(e)) from e
     try:
         power = PowerMonitor(settings.power_sources, settings.power_model)
     except ValueError as e:
@@ -47,7 +55,7 @@ async def serve(settings: Settings) -> None:
     metrics = Metrics(power)
     registry = ModelRegistry(settings, metrics)
     plane = DataPlane(registry)
-    server = grpc.aio.server(options=[
+    server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [], options=[
         # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -101,21 +109,33 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
     addresses = []
     if settings.grpc_port:
         target = f"{settings.grpc_host}:{settings.grpc_port}"
-        _add_port(server, target, target)
-        addresses.append(target)
+        _add_port(server, target, target, _tls(settings))
+        addresses.append(target + (" (TLS)" if settings.tls_cert else ""))
     if settings.unix_socket:
         _prepare_socket(settings.unix_socket)
         target = f"unix:{settings.unix_socket}"
-        _add_port(server, target, str(settings.unix_socket))
+        _add_port(server, target, str(settings.unix_socket), None)
         addresses.append(target)
     if not addresses:
         raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
     return addresses
 
 
-def _add_port(server: grpc.aio.Server, target: str, shown: str) -> None:
+def _tls(settings: Settings) -> grpc.ServerCredentials | None:
+    if not settings.tls_cert:
+        return None
     try:
-        bound = server.add_insecure_port(target)
+        pair = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
+    except OSError as e:
+        raise StartupError(f"tls_cert / tls_key: cannot read {e.filename!r}: {e.strerror}") \
+            from None
+    return grpc.ssl_server_credentials([pair])
+
+
+def _add_port(server: grpc.aio.Server, target: str, shown: str,
+              tls: grpc.ServerCredentials | None) -> None:
+    try:
+        bound = server.add_secure_port(target, tls) if tls else server.add_insecure_port(target)
     except RuntimeError as e:  # grpc raises RuntimeError("Failed to bind ...")
         raise StartupError(f"cannot listen on {shown}: address in use or not available") from e
     if not bound and not target.startswith("unix:"):

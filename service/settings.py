@@ -30,6 +30,15 @@ class Settings:
     unix_socket: Path | None = field(
         default_factory=default_socket,
         metadata={"doc": "unix socket for node-local clients; empty disables it"})
+    tls_cert: Path | None = field(
+        default=None, metadata={"doc": "PEM certificate chain for gRPC over TCP (with tls_key); "
+                                       "required, with a token, when the host is not loopback"})
+    tls_key: Path | None = field(
+        default=None, metadata={"doc": "PEM private key of tls_cert"})
+    token_file: Path | None = field(
+        default=None, metadata={"doc": "file holding the bearer token that gRPC calls over TCP "
+                                       "must send as 'authorization: Bearer <token>' (the unix "
+                                       "socket and health checks need none)"})
     metrics_host: str = field(
         default="127.0.0.1", metadata={"doc": "address of the Prometheus /metrics endpoint"})
     metrics_port: int = field(

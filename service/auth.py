@@ -1,0 +1,97 @@
+"""Who may call the daemon. The unix socket lives in a folder only the daemon's user can enter,
+so its callers are trusted. TCP stays on loopback unless the operator exposes it, and then it
+must carry TLS and a bearer token (`authorization: Bearer <token>`) on every call but health
+checks, which load balancers and kubelets make without credentials."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+_EXEMPT = "/grpc.health.v1.Health/"
+
+
+class ExposureError(Exception):
+    """TCP would be reachable from other hosts without TLS and a token."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def check_exposure(host: str, tls: bool, token: bool) -> None:
+    if not is_loopback(host) and not (tls and token):
+        missing = [flag for flag, given in (("--tls-cert and --tls-key", tls),
+                                           ("--token-file", token)) if not given]
+        raise ExposureError(f"host {host!r} exposes gRPC beyond this node: give "
+                            + " and ".join(missing) + " (or keep the default 127.0.0.1)")
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as e:
+        raise ExposureError(f"token_file: cannot read {str(path)!r}: {e.strerror}") from None
+    if not token:
+        raise ExposureError(f"token_file: {str(path)!r} is empty; expected a bearer token")
+    return token
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses TCP calls without the bearer token: UNAUTHENTICATED, before any handler runs."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_EXEMPT):
+            return handler
+        return _guarded(handler, self._allowed)
+
+    def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
+        if context.peer().startswith("unix:"):
+            return True
+        sent = dict(context.invocation_metadata()).get("authorization", "")
+        return hmac.compare_digest(str(sent).encode(), self._expected)
+
+
+async def _deny(context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                        "metadata 'authorization': a valid 'Bearer <token>' is required over TCP")
+
+
+def _guarded(handler: grpc.RpcMethodHandler,
+             allowed: Callable[[grpc.aio.ServicerContext], bool]) -> grpc.RpcMethodHandler:
+    """The same handler, checking the caller first; streaming replies pass through."""
+    codecs = dict(request_deserializer=handler.request_deserializer,
+                  response_serializer=handler.response_serializer)
+    if handler.unary_unary or handler.stream_unary:
+        behavior = handler.unary_unary or handler.stream_unary
+
+        async def single(request, context):
+            if not allowed(context):
+                await _deny(context)
+            return await behavior(request, context)
+        make = grpc.unary_unary_rpc_method_handler if handler.unary_unary \
+            else grpc.stream_unary_rpc_method_handler
+        return make(single, **codecs)
+    behavior = handler.unary_stream or handler.stream_stream
+
+    async def stream(request, context):
+        if not allowed(context):
+            await _deny(context)
+        async for reply in behavior(request, context):
+            yield reply
+    make = grpc.unary_stream_rpc_method_handler if handler.unary_stream \
+        else grpc.stream_stream_rpc_method_handler
+    return make(stream, **codecs)
