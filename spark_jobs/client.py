@@ -1,16 +1,19 @@
 """The executor-side client: one channel per Python worker, reused across tasks, sending
 large batches to the node-local daemon with a few requests in flight, at low priority, and
-retrying what a restarting or busy daemon answers."""
+retrying what a restarting or busy daemon answers. The tensors of a call go through one shared
+memory region where the daemon can read it, and inside the messages otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import shared_memory
 
 import grpc
 import numpy as np
@@ -21,6 +24,8 @@ from service import tensors
 
 log = logging.getLogger(__name__)
 RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
+# Addresses of daemons on this node, which can read the job's shared memory.
+_LOCAL_ADDRESSES = ("unix:", "127.", "localhost:", "[::1]:")
 # Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
 IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
@@ -110,6 +115,37 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
+@contextlib.contextmanager
+def _staged(client: grpcclient.InferenceServerClient, address: str,
+            samples: np.ndarray) -> Iterator[str | None]:
+    """The samples in a POSIX shared memory region registered with the daemon, so that each
+    request names its slice instead of carrying the bytes (Triton's system shared memory). None
+    where that cannot be: a daemon on another node, or one that cannot open the region (another
+    user's daemon, a server without the extension); the bytes then travel in the messages."""
+    if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
+        yield None
+        return
+    memory = shared_memory.SharedMemory(create=True, size=samples.nbytes)
+    try:
+        memory.buf[:samples.nbytes] = samples.reshape(-1).view(np.uint8)
+        try:
+            client.register_system_shared_memory(memory.name, "/" + memory.name,
+                                                 samples.nbytes)
+        except InferenceServerException as e:
+            log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
+                     "messages", address, e.message())
+            yield None
+            return
+        try:
+            yield memory.name
+        finally:
+            with contextlib.suppress(InferenceServerException):  # a daemon gone meanwhile
+                client.unregister_system_shared_memory(memory.name)
+    finally:
+        memory.close()
+        memory.unlink()
+
+
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int,
           inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
           recover: Callable[[], str] | None = None) -> Inference:
@@ -117,13 +153,18 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     `recover`, called before a retry of an UNAVAILABLE request, returns the address to use
     then (restarting the node's daemon where the job manages it)."""
     step = max(1, min(batch_size, model.max_batch_size))
+    samples = np.ascontiguousarray(samples)
+    sample_bytes = samples[:1].nbytes
     current = [address]
 
-    def one(start: int) -> grpcclient.InferResult:
-        chunk = np.ascontiguousarray(samples[start:start + step])
+    def one(start: int, region: str | None) -> grpcclient.InferResult:
+        chunk = samples[start:start + step]
         tensor = grpcclient.InferInput(model.input_name, list(chunk.shape),
                                        model.input_datatype)
-        tensor.set_data_from_numpy(chunk)
+        if region is not None and region_ok[0]:
+            tensor.set_shared_memory(region, chunk.nbytes, offset=start * sample_bytes)
+        else:
+            tensor.set_data_from_numpy(chunk)
         outputs = [grpcclient.InferRequestedOutput(model.output_name)]
         for attempt in range(retry.attempts):
             client = _client(current[0])
@@ -137,13 +178,19 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                             _status(e), attempt + 1, retry.attempts, e.message())
                 time.sleep(retry.delay_s(attempt))
                 if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
+                    # A restarted daemon knows no region of ours: bytes travel in the messages.
+                    region_ok[0] = False
+                    tensor.set_data_from_numpy(chunk)
                     _forget(current[0], client)
                     if recover is not None:
                         current[0] = recover()
         raise AssertionError("unreachable")
 
-    with ThreadPoolExecutor(max(1, inflight)) as pool:
-        results = list(pool.map(one, range(0, len(samples), step)))
+    region_ok = [True]
+    with _staged(_client(address), address, samples) as region, \
+            ThreadPoolExecutor(max(1, inflight)) as pool:
+        results = list(pool.map(lambda start: one(start, region),
+                                range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]
     replies = [r.get_response() for r in results]
     devices = [reply.parameters["device"].string_param if "device" in reply.parameters

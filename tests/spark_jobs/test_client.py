@@ -1,14 +1,18 @@
 """The executor-side client against real daemons: RESOURCE_EXHAUSTED is retried with backoff,
-UNAVAILABLE retries are bounded and consult the node's daemon, priorities follow the model."""
+UNAVAILABLE retries are bounded and consult the node's daemon, priorities follow the model,
+tensors go through shared memory where the daemon can read it and in the messages otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from spark_jobs import client as client_module
 from spark_jobs.client import ModelInterface, RetryPolicy, infer
 from tests.conftest import MODELS, Daemon
 
@@ -46,3 +50,36 @@ def test_batch_work_asks_for_the_models_lowest_priority(daemon):
     model = ModelInterface.fetch(daemon.url, "mnist_cnn")
     assert model.priority_levels == 0 and model.lowest_priority == 0  # none configured
     assert ModelInterface("m", "x", "FP32", (1,), "y", 8, priority_levels=3).lowest_priority == 3
+
+
+def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, holdout,
+                                                                        monkeypatch):
+    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
+    images = holdout[0][:300]
+    registered = []
+    real = client_module._staged
+
+    @contextlib.contextmanager
+    def watched(client, address, samples):
+        with real(client, address, samples) as region:
+            registered.append(region)
+            if region is not None:  # the daemon holds it while the requests run
+                assert region in client.get_system_shared_memory_status().regions
+            yield region
+    monkeypatch.setattr(client_module, "_staged", watched)
+    via_memory = infer(daemon.socket_url, model, images, 128, 2)
+    assert registered[0] is not None
+    with grpcclient.InferenceServerClient(daemon.url) as check:
+        assert not check.get_system_shared_memory_status().regions  # unregistered after
+    # The same through the messages, where the daemon cannot open the region.
+    monkeypatch.setattr(grpcclient.InferenceServerClient, "register_system_shared_memory",
+                        _refuse_registration)
+    via_messages = infer(daemon.socket_url, model, images, 128, 2)
+    assert registered[1] is None
+    np.testing.assert_array_equal(via_memory.logits, via_messages.logits)
+    assert (via_memory.logits.argmax(1) == holdout[1][:300]).mean() >= 0.95
+
+
+def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
+    raise InferenceServerException("cannot open shared memory",
+                                   status="StatusCode.INVALID_ARGUMENT")
