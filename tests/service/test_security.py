@@ -3,6 +3,7 @@ them, and over TLS every call but health checks needs the bearer token (the unix
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.auth import ExposureError, check_exposure
 from spark_jobs.daemon import DaemonProcess
-from tests.conftest import MODELS, ROOT, free_port
+from tests.conftest import MODEL, MODELS, ROOT, free_port, image_input
 
 TOKEN = "s3cret-token"
 
@@ -80,3 +81,21 @@ def test_exposing_tcp_without_tls_and_a_token_is_refused_at_start_up(tmp_path) -
         check_exposure(host, tls=False, token=False)
     with pytest.raises(ExposureError, match="--token-file"):
         check_exposure("10.0.0.5", tls=True, token=False)
+
+
+def test_streams_over_tls_need_the_token_too(tls_daemon, holdout) -> None:
+    url, cert, _ = tls_daemon
+    for headers, expected in (({"authorization": f"Bearer {TOKEN}"}, "OK"),
+                              (None, "UNAUTHENTICATED")):
+        replies: queue.Queue = queue.Queue()
+        with grpcclient.InferenceServerClient(url, ssl=True,
+                                              root_certificates=str(cert)) as client:
+            client.start_stream(lambda result, error: replies.put((result, error)),
+                                headers=headers)
+            client.async_stream_infer(MODEL, image_input(holdout[0][:1]), request_id="1")
+            result, error = replies.get(timeout=30)
+            client.stop_stream()
+        status = "OK" if error is None else error.status().removeprefix("StatusCode.")
+        assert status == expected
+        if error is None:
+            assert result.as_numpy("logits").argmax() == holdout[1][0]
