@@ -9,6 +9,7 @@ import contextlib
 import mmap
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,7 @@ def check_local(peer: str) -> None:
 
 
 class SharedMemoryRegions:
-    def __init__(self, root: Path = SHM_ROOT) -> None:
-        self._root = root
+    def __init__(self) -> None:
         self._regions: dict[str, Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -54,12 +54,16 @@ class SharedMemoryRegions:
             raise InvalidInputError(f"offset {offset}, byte_size {byte_size}: expected offset "
                                     ">= 0 and byte_size > 0")
         try:
-            fd = os.open(self._root / match[1], os.O_RDWR)
+            # Not through a symbolic link: another local user could point one at our files.
+            fd = os.open(SHM_ROOT / match[1], os.O_RDWR | os.O_NOFOLLOW)
         except OSError as e:
             raise InvalidInputError(f"key: cannot open shared memory {key!r}: "
                                     f"{e.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidInputError(f"key: {key!r} is not a shared memory object")
+            size = info.st_size
             if offset + byte_size > size:
                 raise InvalidInputError(f"offset + byte_size: {offset + byte_size} bytes "
                                         f"received, shared memory {key!r} holds {size}")

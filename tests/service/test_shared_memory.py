@@ -13,7 +13,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from service.errors import PermissionDeniedError
-from service.shared_memory import check_local
+from service.shared_memory import SHM_ROOT, check_local
 from tests.conftest import MODEL, MODELS
 
 REGION_BYTES = 8192
@@ -65,6 +65,18 @@ def test_inputs_and_outputs_travel_through_shared_memory(client, holdout, region
 def test_keys_outside_dev_shm_or_missing_are_refused(client, key, message) -> None:
     _refused(lambda: client.register_system_shared_memory("bad", key, 64), "INVALID_ARGUMENT",
              message)
+
+
+def test_a_symbolic_link_in_dev_shm_is_not_followed(client, tmp_path) -> None:
+    target = tmp_path / "not-shared-memory"
+    target.write_bytes(bytes(64))
+    link = SHM_ROOT / f"hetserve-test-link-{os.getpid()}"
+    link.symlink_to(target)
+    try:
+        _refused(lambda: client.register_system_shared_memory("link", f"/{link.name}", 64),
+                 "INVALID_ARGUMENT", f"cannot open shared memory '/{link.name}'")
+    finally:
+        link.unlink()
 
 
 def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, region) -> None:
