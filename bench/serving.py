@@ -152,8 +152,9 @@ def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
                   "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
         args = [sys.executable, "-m", "service", "serve", "--models", str(models),
                 "--port", str(port), "--socket", "", "--metrics-port", "0",
-                "--intra-op-threads", str(threads), "--engine-modules", "null_engine",
-                "--log-level", "WARNING"]
+                "--intra-op-threads", str(threads), "--log-level", "WARNING"]
+        if kind == "nocompute":
+            args += ["--engine-modules", "null_engine"]
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)])}
     return subprocess.Popen(args, cwd=ROOT, env=env)
 

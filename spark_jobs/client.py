@@ -156,13 +156,14 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
     current = [address]
+    region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
-    def one(start: int, region: str | None) -> grpcclient.InferResult:
+    def one(start: int) -> grpcclient.InferResult:
         chunk = samples[start:start + step]
         tensor = grpcclient.InferInput(model.input_name, list(chunk.shape),
                                        model.input_datatype)
-        if region is not None and region_ok[0]:
-            tensor.set_shared_memory(region, chunk.nbytes, offset=start * sample_bytes)
+        if region[0] is not None:
+            tensor.set_shared_memory(region[0], chunk.nbytes, offset=start * sample_bytes)
         else:
             tensor.set_data_from_numpy(chunk)
         outputs = [grpcclient.InferRequestedOutput(model.output_name)]
@@ -179,18 +180,16 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                 time.sleep(retry.delay_s(attempt))
                 if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
                     # A restarted daemon knows no region of ours: bytes travel in the messages.
-                    region_ok[0] = False
+                    region[0] = None
                     tensor.set_data_from_numpy(chunk)
                     _forget(current[0], client)
                     if recover is not None:
                         current[0] = recover()
         raise AssertionError("unreachable")
 
-    region_ok = [True]
-    with _staged(_client(address), address, samples) as region, \
+    with _staged(_client(address), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
-        results = list(pool.map(lambda start: one(start, region),
-                                range(0, len(samples), step)))
+        results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]
     replies = [r.get_response() for r in results]
     devices = [reply.parameters["device"].string_param if "device" in reply.parameters
