@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from accelerators.power.meter import PowerMonitor
 from service.auth import ExposureError, TokenInterceptor, check_exposure, read_token
@@ -20,12 +19,11 @@ from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.servicer import InferenceServicer
-from service import socket_lock
+from service import handlers, socket_lock
 from service.shared_memory import SharedMemoryRegions
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-_SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 
 class StartupError(Exception):
@@ -69,11 +67,10 @@ async def serve(settings: Settings) -> None:
         ])
         regions = SharedMemoryRegions()
         cleanup.callback(regions.close)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(plane, metrics, regions), server)
+        handlers.add_to_server(InferenceServicer(plane, metrics, regions), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        for service in ("", _SERVICE_NAME):
+        for service in ("", handlers.SERVICE.full_name):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         addresses = _bind(server, settings)
@@ -95,7 +92,7 @@ async def serve(settings: Settings) -> None:
 
         await registry.load_all()
         plane.ready = True
-        for service in ("", _SERVICE_NAME):
+        for service in ("", handlers.SERVICE.full_name):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
 
