@@ -11,15 +11,18 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from accelerators.power.meter import PowerMonitor
-from service.auth import ExposureError, TokenInterceptor, check_exposure, read_token
+from service.auth import ExposureError, TokenInterceptor, check_exposure
+from service.credentials import TlsFiles, TokenFile
 from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.servicer import InferenceServicer
 from service.shared_memory import SharedMemoryRegions
+from service.systemd import notify
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ async def serve(settings: Settings) -> None:
         raise StartupError("tls_cert and tls_key: give both or neither")
     try:
         check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
-        token = read_token(settings.token_file) if settings.token_file else None
+        token = TokenFile(settings.token_file) if settings.token_file else None
     except ExposureError as e:
         raise StartupError(str(e)) from e
     try:
@@ -68,6 +71,9 @@ async def serve(settings: Settings) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", _SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    probes = _health_port(health_servicer, settings)
 
     addresses = _bind(server, settings)
     if settings.metrics_port:
@@ -78,6 +84,8 @@ async def serve(settings: Settings) -> None:
                                f"{settings.metrics_port}: {e.strerror}") from e
         addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
     await server.start()
+    if probes:
+        await probes.start()
     power.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,15 +97,19 @@ async def serve(settings: Settings) -> None:
     for service in ("", _SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+    notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
 
     await stop.wait()
     grace_s = settings.shutdown_grace_s
     log.info("draining: refusing new requests, %.1f s for those in flight", grace_s)
+    notify("STOPPING=1")
     started = loop.time()
     await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
     if not await plane.drain(grace_s):
         log.warning("requests still in flight after %.1f s are cancelled", grace_s)
     await server.stop(max(grace_s - (loop.time() - started), 0.0))
+    if probes:
+        await probes.stop(0)
     await registry.close()
     regions.close()
     power.stop()
@@ -124,12 +136,10 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:
     if not settings.tls_cert:
         return None
-    try:
-        pair = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
-    except OSError as e:
-        raise StartupError(f"tls_cert / tls_key: cannot read {e.filename!r}: {e.strerror}") \
-            from None
-    return grpc.ssl_server_credentials([pair])
+    try:  # the pair is re-read when its files change
+        return TlsFiles(settings.tls_cert, settings.tls_key).credentials()
+    except ExposureError as e:
+        raise StartupError(str(e)) from None
 
 
 def _add_port(server: grpc.aio.Server, target: str, shown: str,
@@ -156,3 +166,15 @@ def _prepare_socket(path: Path) -> None:
         raise StartupError(f"cannot listen on {path}: another daemon is serving there")
     finally:
         probe.close()
+
+
+def _health_port(servicer: health.aio.HealthServicer,
+                 settings: Settings) -> grpc.aio.Server | None:
+    """Health alone, in plaintext, for probes that send neither TLS nor a token (kubelet's)."""
+    if not settings.health_port:
+        return None
+    probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probes)
+    target = f"{settings.metrics_host}:{settings.health_port}"
+    _add_port(probes, target, target, None)
+    return probes
