@@ -63,11 +63,16 @@ def hetserve_executable() -> str:
     return str(Path(sys.executable).parent / "hetserve")
 
 
+def start_environment(environ: dict[str, str]) -> dict[str, str]:
+    """This process's environment without its own HETSERVE_* settings, plus `environ`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)} | environ
+
+
 def start(argv: list[str], environ: dict[str, str], log: Path) -> subprocess.Popen:
     """Runs a deploy/ command line as it stands (the console script, not `python -m`)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)} | environ
     with open(log, "ab") as out:
-        return subprocess.Popen([hetserve_executable(), *argv[1:]], env=env, stdout=out,
+        return subprocess.Popen([hetserve_executable(), *argv[1:]],
+                                env=start_environment(environ), stdout=out,
                                 stderr=subprocess.STDOUT)
 
 
