@@ -22,8 +22,8 @@ from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.servicer import InferenceServicer
 from service.shared_memory import SharedMemoryRegions
-from service.systemd import notify
 from service.settings import Settings
+from service.systemd import notify
 
 log = logging.getLogger(__name__)
 _SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from spark_jobs.daemon import DaemonProcess
-from tests.conftest import MODELS, free_port
+from tests.conftest import MODELS, ROOT, free_port
 
 
 def make_pair(folder: Path, name: str) -> tuple[Path, Path]:
@@ -130,3 +131,16 @@ def test_a_key_that_does_not_match_its_certificate_keeps_the_pair_in_force(
     assert exposed.live("alpha", trust="first")
     replace(exposed.cert, exposed.pairs["second"][0].read_bytes())  # and the other half
     assert exposed.live("alpha", trust="second")
+
+
+def test_a_key_that_does_not_match_its_certificate_is_a_start_up_error(tmp_path: Path) -> None:
+    cert, _ = make_pair(tmp_path, "one")
+    _, key = make_pair(tmp_path, "two")
+    (tmp_path / "token").write_text("t\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--models", str(MODELS), "--port",
+         str(free_port()), "--socket", str(tmp_path / "s.sock"), "--metrics-port", "0",
+         "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(tmp_path / "token")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert f"tls_cert {str(cert)!r} / tls_key {str(key)!r}: cannot use the pair" in run.stderr
