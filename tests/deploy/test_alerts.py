@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.deploy.conftest import ALERTS, RULES, Prometheus, Stack, prometheus_tool
-from tests.deploy.test_kubernetes import daemonsets
+from tests.deploy.manifests import daemonsets
 
 KUBERNETES_CONFIG = RULES.parent / "prometheus-kubernetes.yml"
 

@@ -15,41 +15,9 @@ import pytest
 
 from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
+from tests.deploy.manifests import DOCKERFILE, image, stages
 
-DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 TARGETS = ("cpu", "gpu")
-
-
-def stages() -> dict[str, list[dockerfile.Command]]:
-    """Instructions by stage name ("" for the global ARGs before the first FROM)."""
-    out: dict[str, list[dockerfile.Command]] = {"": []}
-    name = ""
-    for command in dockerfile.parse_file(str(DOCKERFILE)):
-        if command.cmd == "FROM":
-            name = command.value[-1]
-            out[name] = []
-        out[name].append(command)
-    return out
-
-
-def image(target: str) -> dict[str, list]:
-    """The configuration a target inherits: its own stage's instructions over its parents'."""
-    all_stages = stages()
-    chain, name = [], target
-    while name and name in all_stages:
-        chain.insert(0, all_stages[name])
-        name = all_stages[name][0].value[0]
-    config: dict[str, list] = {"ENV": {}, "EXPOSE": set(), "VOLUME": set()}
-    for commands_ in chain:
-        for c in commands_:
-            if c.cmd == "ENV":
-                config["ENV"].update(zip(c.value[::2], c.value[1::2]))
-            elif c.cmd in ("EXPOSE", "VOLUME"):
-                config[c.cmd].update(c.value)
-            elif c.cmd in ("USER", "ENTRYPOINT", "CMD", "HEALTHCHECK"):
-                assert c.json or c.cmd == "USER", f"{c.original}: use the JSON (exec) form"
-                config[c.cmd] = list(c.value)
-    return config
 
 
 def test_hadolint_finds_nothing() -> None:

@@ -22,47 +22,13 @@ from spark_jobs import score
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
 from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
-from tests.deploy.test_docker import image
-
-FOLDER = ROOT / "deploy" / "kubernetes"
+from tests.deploy.manifests import (KUBERNETES as FOLDER, container_environment, image,
+                                    daemon_settings, daemonsets, manifests, objects)
 # The oldest Kubernetes the manifests support (gRPC probes are GA since 1.27) and the newest
 # whose schemas kubernetes-validate ships.
 VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 ACCELERATOR_RESOURCES = {"gpu": "nvidia.com/gpu", "fpga-xilinx": "amd.com/xilinx_",
                          "fpga-intel": "fpga.intel.com/region-"}
-
-
-def manifests() -> dict[str, list[dict]]:
-    return {path.name: list(yaml.safe_load_all(path.read_text()))
-            for path in sorted(FOLDER.glob("*.yaml")) if path.name != "kustomization.yaml"}
-
-
-def objects(kind: str) -> list[dict]:
-    return [doc for docs in manifests().values() for doc in docs if doc["kind"] == kind]
-
-
-def daemonsets() -> dict[str, dict]:
-    return {ds["metadata"]["labels"]["hetserve.io/accelerator"]: ds
-            for ds in objects("DaemonSet")}
-
-
-def container_environment(ds: dict) -> dict[str, str]:
-    """What the daemon container sees: the image's ENV, then envFrom, then env."""
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
-    target = container["image"].rpartition("-")[2]
-    environ = dict(image(target)["ENV"])
-    (config_map,) = objects("ConfigMap")
-    for source in container["envFrom"]:
-        assert source["configMapRef"]["name"] == config_map["metadata"]["name"]
-        environ.update(config_map["data"])
-    environ.update({e["name"]: e["value"] for e in container.get("env", [])})
-    return {k: v for k, v in environ.items() if k.startswith("HETSERVE_")}
-
-
-def daemon_settings(ds: dict):
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
-    argv = image(container["image"].rpartition("-")[2])["ENTRYPOINT"] + container["args"]
-    return commands.settings(argv, container_environment(ds))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
