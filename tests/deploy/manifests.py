@@ -70,7 +70,7 @@ def container_environment(ds: dict) -> dict[str, str]:
         assert source["configMapRef"]["name"] == config_map["metadata"]["name"]
         environ.update(config_map["data"])
     environ.update({e["name"]: e["value"] for e in container.get("env", [])})
-    return {k: v for k, v in environ.items() if k.startswith("HETSERVE_")}
+    return environ
 
 
 def daemon_settings(ds: dict) -> Settings:

@@ -66,7 +66,7 @@ def test_the_entrypoint_serves_and_its_health_check_follows(tmp_path: Path) -> N
              "/var/cache/hetserve": str(tmp_path / "cache")}
     environ = {}
     for key, value in config["ENV"].items():
-        if key.startswith("HETSERVE_"):
+        if key.startswith("HETSERVE_") or key == "XDG_CACHE_HOME":
             for inside, outside in paths.items():
                 value = value.replace(inside, outside)
             environ[key] = value

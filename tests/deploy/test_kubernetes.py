@@ -112,8 +112,9 @@ def test_each_daemonset_serves_the_socket_probes_and_metrics_its_settings_say(ki
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    # Caches and FPGA binaries are in volumes: the root file system is read-only.
     env = container_environment(ds)
-    for variable in ("HETSERVE_OPENCL_CACHE_DIR", "HETSERVE_FPGA_BINARIES"):
+    for variable in ("XDG_CACHE_HOME", "CUDA_CACHE_PATH", "HETSERVE_FPGA_BINARIES"):
         if variable in env:
             assert env[variable].startswith(tuple(mounts)), variable
 
@@ -177,10 +178,11 @@ def test_the_spark_submit_example_targets_kubernetes_with_the_template(tmp_path:
 
 def test_the_health_port_answers_kubelets_probe_and_nothing_else(tmp_path: Path) -> None:
     """The daemon as the DaemonSet configures it (paths and ports mapped to this machine)."""
-    environ = container_environment(daemonsets()["cpu"]) | {
+    environ = {k: v for k, v in container_environment(daemonsets()["cpu"]).items()
+               if k.startswith("HETSERVE_")} | {
         "HETSERVE_MODEL_REPOSITORY": str(MODELS),
         "HETSERVE_UNIX_SOCKET": str(tmp_path / "grpc.sock"),
-        "HETSERVE_OPENCL_CACHE_DIR": str(tmp_path / "cache"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "HETSERVE_GRPC_PORT": str(free_port()), "HETSERVE_METRICS_PORT": str(free_port()),
         "HETSERVE_HEALTH_PORT": str(free_port()), "HETSERVE_METRICS_HOST": "127.0.0.1"}
     log = tmp_path / "daemon.log"

@@ -43,8 +43,9 @@ def test_the_unit_runs_hetserve_serve_with_the_environment_file() -> None:
     assert unit_value("Type") == "notify"
     assert unit_value("EnvironmentFile") == "/etc/hetserve/hetserve.env"
     env = commands.read_env_file(ENV_FILE) | dict(
-        [unit_value("Environment").split("=", 1)])
+        pair.split("=", 1) for pair in shlex.split(unit_value("Environment")))
     settings = commands.settings(shlex.split(unit_value("ExecStart")), env)
+    assert env["XDG_CACHE_HOME"] == "/var/cache/" + unit_value("CacheDirectory")
     # The socket lives in the unit's RuntimeDirectory.
     assert settings.unix_socket == Path("/run") / unit_value("RuntimeDirectory") / "grpc.sock"
     assert settings.grpc_host == "127.0.0.1"
