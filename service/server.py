@@ -12,9 +12,11 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from accelerators.power.meter import PowerMonitor
-from service.auth import ExposureError, TokenInterceptor, check_exposure, read_token
+from service.auth import ExposureError, TokenInterceptor, check_exposure
+from service.credentials import TlsFiles, TokenFile
 from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
@@ -22,6 +24,7 @@ from service.servicer import InferenceServicer
 from service import handlers, socket_lock
 from service.shared_memory import SharedMemoryRegions
 from service.settings import Settings
+from service.systemd import notify
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ async def serve(settings: Settings) -> None:
         raise StartupError("tls_cert and tls_key: give both or neither")
     try:
         check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
-        token = read_token(settings.token_file) if settings.token_file else None
+        token = TokenFile(settings.token_file) if settings.token_file else None
     except ExposureError as e:
         raise StartupError(str(e)) from e
     try:
@@ -72,6 +75,9 @@ async def serve(settings: Settings) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         for service in ("", handlers.SERVICE.full_name):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        probes = _health_port(health_servicer, settings)
 
         addresses = _bind(server, settings)
         if settings.metrics_port:
@@ -83,6 +89,9 @@ async def serve(settings: Settings) -> None:
             addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
         await server.start()
         cleanup.push_async_callback(server.stop, 0)  # a no-op after the drain below
+        if probes:
+            await probes.start()
+            cleanup.push_async_callback(probes.stop, 0)
         power.start()
         cleanup.callback(power.stop)
         stop = asyncio.Event()
@@ -95,10 +104,12 @@ async def serve(settings: Settings) -> None:
         for service in ("", handlers.SERVICE.full_name):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+        notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
 
         await stop.wait()
         grace_s = settings.shutdown_grace_s
         log.info("draining: refusing new requests, %.1f s for those in flight", grace_s)
+        notify("STOPPING=1")
         started = loop.time()
         await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
         if not await plane.drain(grace_s):
@@ -124,12 +135,10 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:
     if not settings.tls_cert:
         return None
-    try:
-        pair = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
-    except OSError as e:
-        raise StartupError(f"tls_cert / tls_key: cannot read {e.filename!r}: {e.strerror}") \
-            from None
-    return grpc.ssl_server_credentials([pair])
+    try:  # the pair is re-read when its files change
+        return TlsFiles(settings.tls_cert, settings.tls_key).credentials()
+    except ExposureError as e:
+        raise StartupError(str(e)) from None
 
 
 def _add_port(server: grpc.aio.Server, target: str, shown: str,
@@ -152,3 +161,15 @@ def _own_socket(path: Path, cleanup: contextlib.AsyncExitStack) -> None:
     cleanup.callback(os.close, fd)
     path.unlink(missing_ok=True)
     cleanup.callback(path.unlink, missing_ok=True)  # before the lock goes: never a successor's
+
+
+def _health_port(servicer: health.aio.HealthServicer,
+                 settings: Settings) -> grpc.aio.Server | None:
+    """Health alone, in plaintext, for probes that send neither TLS nor a token (kubelet's)."""
+    if not settings.health_port:
+        return None
+    probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probes)
+    target = f"{settings.metrics_host}:{settings.health_port}"
+    _add_port(probes, target, target, None)
+    return probes
