@@ -60,7 +60,8 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
     daemon = Daemon(tmp_path, repo)
     try:
         images = holdout[0][:64]
-        ref = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
+        ref = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"]).run(
             None, {"image": images})[0]
         with grpcclient.InferenceServerClient(daemon.url) as client:
             for lo, hi in ((0, 1), (1, 9), (9, 64)):
