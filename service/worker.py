@@ -43,7 +43,7 @@ class DeviceWorker:
         self._padding = metrics.padding.labels(**labels)
         self._flops_per_sample = flops_per_sample
         self.meter = metrics.power.meter(self.device)
-        self.meter.add_model(model)
+        self.meter.add_model(model, self.device.engine)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
         self._healthy_gauge.set(1)
         self.pending_samples = 0  # queued or running on this worker
@@ -99,7 +99,7 @@ class DeviceWorker:
         self._batch_size.observe(size)
         self._inferences.inc(size)
         self._flops.inc(size * self._flops_per_sample)
-        self.meter.add_busy(self.model, busy_s)
+        self.meter.add_busy(self.model, busy_s, self.device.engine)
         return result
 
     def _on(self, engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str],
