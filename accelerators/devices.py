@@ -86,6 +86,20 @@ def gpu_count() -> int:
         return 0
 
 
+def gpu_memory_used() -> dict[str, int]:
+    """Bytes in use on each NVIDIA GPU (`gpu0`: ...), all processes together, from NVML; empty
+    without a driver. The growth across one model's load is that model's GPU memory, as long as
+    nothing else on the node allocates meanwhile."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return {f"gpu{i}": pynvml.nvmlDeviceGetMemoryInfo(
+            pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in range(gpu_count())}
+    except Exception as e:  # no nvidia-ml-py, no driver: nothing to report
+        log.debug("no GPU memory figures: %s", e)
+        return {}
+
+
 def onnxruntime_providers() -> list[dict[str, str]]:
     from accelerators.onnxruntime_engine import providers
 

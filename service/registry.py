@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.devices import gpu_count
+from accelerators.devices import gpu_count, gpu_memory_used
 from accelerators.engine import Engine
 from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
 from accelerators.flops import count_flops
@@ -29,7 +29,7 @@ from service.repository import ModelRepository, RepositoryEntry, check_model_nam
 from service.router import POLICIES, Router
 from service.settings import Settings
 from service.statistics import ModelStatistics
-from service.warmup import warmup_batches
+from service.warmup import WarmupBatch, warmup_batches
 from service.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class ModelRegistry:
         except OptionError as e:
             raise ConfigError(f"model {name!r}: {e}") from e
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
+        gpu_memory = await asyncio.to_thread(gpu_memory_used)
         engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options)
         flops = await asyncio.to_thread(count_flops, path)
 
@@ -110,17 +111,8 @@ class ModelRegistry:
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
         workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
         outputs = [o.name for o in spec.outputs]
-        started = time.perf_counter()
-        try:
-            await asyncio.gather(*(asyncio.to_thread(w.warm_up, warmup, outputs)
-                                   for w in workers))
-        except Exception as e:
-            for w in workers:
-                w.close()
-            raise ConfigError(f"model {name!r} version {version}: warm-up failed: "
-                              f"{type(e).__name__}: {e}") from e
-        warmup_s = time.perf_counter() - started
-        self._metrics.warmup_duration.labels(model=name, version=str(version)).set(warmup_s)
+        warmup_s = await self._warm_up(spec, workers, warmup, outputs)
+        _log_gpu_memory(spec, workers, gpu_memory)
         router = Router(name, workers, routing, budget_s, outputs, self._metrics)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
         slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
@@ -145,6 +137,23 @@ class ModelRegistry:
                  router.policy, [w.instances for w in workers],
                  [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
         return LoadedModel(spec, config, router, batcher, stats)
+
+    async def _warm_up(self, spec: ModelSpec, workers: list[DeviceWorker],
+                       batches: list[WarmupBatch], outputs: list[str]) -> float:
+        """Runs the warm-up on every worker's instances at once; its seconds, also exported."""
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(w.warm_up, batches, outputs)
+                                   for w in workers))
+        except Exception as e:
+            for w in workers:
+                w.close()
+            raise ConfigError(f"model {spec.name!r} version {spec.version}: warm-up failed: "
+                              f"{type(e).__name__}: {e}") from e
+        seconds = time.perf_counter() - started
+        self._metrics.warmup_duration.labels(model=spec.name,
+                                             version=str(spec.version)).set(seconds)
+        return seconds
 
     def _engines(self, spec: ModelSpec, path: Path, text: str,
                  ort_options: OrtOptions) -> list[list[Engine]]:
@@ -234,6 +243,17 @@ def _every_gpu(spec: ModelSpec, devices: list[DeviceSpec]) -> list[DeviceSpec]:
         else:
             out.append(device)
     return out
+
+
+def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceWorker],
+                    before: dict[str, int]) -> None:
+    """The growth of each used GPU's memory over the model's load (engines and warm-up)."""
+    after = gpu_memory_used()
+    used = sorted({w.device.name for w in workers if w.device.kind == "gpu"} & set(before))
+    grown = {gpu: (after.get(gpu, before[gpu]) - before[gpu]) / 2**20 for gpu in used}
+    if grown:
+        log.info("model %r version %d holds GPU memory (growth over its load): %s", spec.name,
+                 spec.version, ", ".join(f"{gpu} {mib:.0f} MiB" for gpu, mib in grown.items()))
 
 
 def _budget_s(spec: ModelSpec) -> float:
