@@ -4,7 +4,8 @@ onnxruntime-gpu finds one, else the CPU.
 A session re-plans its convolutions whenever its input shape changes (on CUDA by 60-120x per
 run), so once the batch sizes are fixed (`fix_batch_sizes`, the model's buckets) each size gets
 its own session, all built from one SessionOptions, and runs through IO binding: one copy of
-each input to the device, one copy of each output back."""
+each input to the device, one copy of each output back (accelerators/onnxruntime_binding.py;
+CUDA graphs, where the config asks for them, replay on those fixed buffers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from accelerators.engine import Device, TensorSignature, device_name
-from accelerators.onnxruntime_options import OrtOptions
+from accelerators.onnxruntime_binding import BoundSession
+from accelerators.onnxruntime_options import OptionError, OrtOptions
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ class OnnxRuntimeEngine:
             else Device("cpu0", "cpu", "onnxruntime")
         self.tolerance = options.tolerance(on_gpu)  # relative, against exact FP32 results
         self._bind_to = ("cuda", device_id) if on_gpu else ("cpu", 0)
-        self._sessions: dict[int, object] = {}  # batch size -> its own session
+        self._cuda_graphs = options.cuda_graphs and on_gpu
+        self._sessions: dict[int, BoundSession] = {}  # batch size -> its own session
         self.inputs = tuple(_signature(a) for a in self._session.get_inputs())
         self.outputs = tuple(_signature(a) for a in self._session.get_outputs())
         log.info("onnxruntime session for %s on %s (%s)", model_path, self.device.name,
@@ -70,22 +73,25 @@ class OnnxRuntimeEngine:
         return self._ort.InferenceSession(self._model, self._options, providers=self._providers)
 
     def fix_batch_sizes(self, sizes: tuple[int, ...]) -> None:
-        """One session per batch size from now on (the first reuses the loading session)."""
-        self._sessions = {size: self._session if i == 0 else self._new_session()
+        """One session per batch size from now on, where the model's other dimensions are
+        fixed (the first size reuses the loading session)."""
+        if not all(BoundSession.possible(self._session, size) for size in sizes):
+            if self._cuda_graphs:
+                raise OptionError("optimization.cuda.graphs: the model leaves a dimension other "
+                                  "than the batch free; CUDA graphs need fixed shapes")
+            log.warning("model inputs or outputs have free dimensions besides the batch: one "
+                        "session serves every batch size")
+            return
+        self._sessions = {size: BoundSession(self._ort, self._session if i == 0
+                                             else self._new_session(), size, self._bind_to)
                           for i, size in enumerate(sizes)}
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        size = len(next(iter(inputs.values()))) if self._sessions else 0
-        session = self._sessions.get(size)
+        session = self._sessions.get(len(next(iter(inputs.values())))) if self._sessions \
+            else None
         if session is None:
             return dict(zip(outputs, self._session.run(outputs, inputs)))
-        binding = session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name in outputs:
-            binding.bind_output(name, *self._bind_to)
-        session.run_with_iobinding(binding)
-        return dict(zip(outputs, binding.copy_outputs_to_cpu()))
+        return session.run(inputs, outputs)
 
 
 def _fp16_model(path: Path) -> bytes:

@@ -8,6 +8,7 @@ reads them, plus hetserve's precision switches:
     parameters { key: "precision" value: { string_value: "fp16" } }  # converted, FP32 on the wire
     optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt"
         parameters { key: "precision_mode" value: "FP16" } } ] } }
+    optimization { cuda { graphs: true } }   # a CUDA graph per bucket (needs fixed shapes)
 
 Any other parameter that looks like a provider option (cudnn_*, cuda_*, gpu_*, arena_*, trt_*)
 is an error naming the accepted ones, so that a typo never silently changes nothing.
@@ -44,6 +45,7 @@ class OrtOptions:
     fp16: bool = False
     tensorrt: bool = False
     tensorrt_fp16: bool = False
+    cuda_graphs: bool = False
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> OrtOptions:
@@ -76,7 +78,7 @@ class OrtOptions:
                                   "expected FP32 or FP16")
             trt_fp16 = mode == "FP16"
         return cls(cuda, params.get("tf32", "on") == "on", params.get("precision") == "fp16",
-                   tensorrt, trt_fp16)
+                   tensorrt, trt_fp16, config.optimization.cuda.graphs)
 
     def providers(self, available: list[str], device_id: int,
                   use_gpu: bool) -> list[str | tuple[str, dict[str, str]]]:
@@ -96,7 +98,7 @@ class OrtOptions:
         if "CUDAExecutionProvider" in available:
             wanted.append(("CUDAExecutionProvider", {
                 "device_id": str(device_id), "use_tf32": "1" if self.tf32 else "0",
-                **self.cuda}))
+                **({"enable_cuda_graph": "1"} if self.cuda_graphs else {}), **self.cuda}))
         return wanted + ["CPUExecutionProvider"]
 
     def tolerance(self, on_gpu: bool) -> float:

@@ -103,6 +103,9 @@ class ModelRegistry:
         def worker(instances: list[Engine]) -> DeviceWorker:
             bucketed = buckets if buckets and batch_buckets.enabled(
                 bucket_mode, instances[0].device.kind) else None
+            if ort_options.cuda_graphs and not bucketed and instances[0].device.kind == "gpu":
+                raise ConfigError(f"model {name!r}: optimization.cuda.graphs needs fixed batch "
+                                  "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
             for engine in instances if bucketed else ():
                 if hasattr(engine, "fix_batch_sizes"):  # engines that plan per shape
                     engine.fix_batch_sizes(bucketed.sizes)

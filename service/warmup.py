@@ -1,6 +1,7 @@
 """Warm-up batches run on every engine instance before a model is READY, so that no request pays
 a first-shape cost: Triton's `model_warmup` from config.pbtxt as written (each entry `count`
-times, default once), else one zero batch per bucket (or one sample for models without buckets).
+times, default once), else one zero batch per bucket (or one sample for models without buckets),
+twice: ONNX Runtime's CUDA provider captures a CUDA graph on a session's second run.
 `input_data_file` is read, as Triton does, from the model's `warmup/` folder."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def warmup_batches(spec: ModelSpec, buckets: Buckets | None, folder: Path) -> li
     batched = spec.max_batch_size > 0
     return [WarmupBatch(f"bucket {size}", {
         t.name: np.zeros(((size,) if batched else ()) + tuple(max(d, 1) for d in t.dims),
-                         tensors.numpy_dtype(t.datatype)) for t in spec.inputs}, size, 1)
+                         tensors.numpy_dtype(t.datatype)) for t in spec.inputs}, size, 2)
         for size in sizes]
 
 

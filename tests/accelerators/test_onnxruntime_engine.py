@@ -40,9 +40,10 @@ def test_a_session_per_batch_size_gives_the_single_session_results() -> None:
     x = _images(4)
     expected = {n: engine.run({"image": x[:n]}, ["logits"])["logits"] for n in (1, 2, 4)}
     engine.fix_batch_sizes((1, 2, 4))
+    got = {n: engine.run({"image": x[:n]}, ["logits"])["logits"] for n in (1, 2, 4)}
+    engine.run({"image": x[::-1].copy()}, ["logits"])  # replies own their memory: not reused
     for n in (1, 2, 4):
-        got = engine.run({"image": x[:n]}, ["logits"])["logits"]
-        np.testing.assert_allclose(got, expected[n], rtol=engine.tolerance, atol=1e-6)
+        np.testing.assert_allclose(got[n], expected[n], rtol=engine.tolerance, atol=1e-6)
 
 
 def test_provider_options_are_read_as_triton_writes_them() -> None:
@@ -52,6 +53,8 @@ def test_provider_options_are_read_as_triton_writes_them() -> None:
     assert cuda == {"device_id": "3", "use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC",
                     "gpu_mem_limit": "1024", "arena_extend_strategy": "kSameAsRequested"}
     assert options.providers(CUDA, 3, use_gpu=False) == ["CPUExecutionProvider"]
+    graphs = _options("optimization { cuda { graphs: true } }")
+    assert graphs.providers(CUDA, 0, use_gpu=True)[0][1]["enable_cuda_graph"] == "1"
     assert OrtOptions().tolerance(on_gpu=True) > OrtOptions().tolerance(on_gpu=False)
 
 
@@ -113,6 +116,21 @@ def test_every_gpu_runs_each_bucket_within_the_declared_tolerance(tf32) -> None:
         assert engine.device.name == f"gpu{index}"
         engine.fix_batch_sizes((1, 2, 4, 8))
         for n in (1, 2, 4, 8):
+            got = engine.run({"image": x[:n]}, ["logits"])["logits"]
+            np.testing.assert_allclose(got, exact[:n], rtol=engine.tolerance,
+                                       atol=engine.tolerance)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graphs_replay_each_bucket_within_the_declared_tolerance() -> None:
+    x = _images(4)
+    exact = OnnxRuntimeEngine(PATH, 1, use_gpu=False).run({"image": x}, ["logits"])["logits"]
+    engine = create_engine(DeviceSpec("onnxruntime", "gpu0"), PATH,
+                           ort_options=_options("optimization { cuda { graphs: true } }"))
+    engine.fix_batch_sizes((2, 4))
+    for _ in range(3):  # a regular run, the capture, replays
+        for n in (2, 4):
             got = engine.run({"image": x[:n]}, ["logits"])["logits"]
             np.testing.assert_allclose(got, exact[:n], rtol=engine.tolerance,
                                        atol=engine.tolerance)

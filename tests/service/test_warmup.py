@@ -29,10 +29,10 @@ def _warmup(inputs: str, batch_size: int = 3, count: int = 2) -> str:
             f'inputs {{ key: "image" value: {{ {inputs} }} }} }} ]')
 
 
-def test_without_model_warmup_every_bucket_gets_a_zero_batch(tmp_path) -> None:
+def test_without_model_warmup_every_bucket_gets_zero_batches(tmp_path) -> None:
     batches = warmup_batches(_spec(), Buckets((1, 2, 4, 8)), tmp_path)
     assert [(b.size, b.inputs["image"].shape, b.count) for b in batches] == [
-        (n, (n, 1, 2, 2), 1) for n in (1, 2, 4, 8)]
+        (n, (n, 1, 2, 2), 2) for n in (1, 2, 4, 8)]
 
 
 def test_model_warmup_is_honoured_as_written(tmp_path) -> None:
