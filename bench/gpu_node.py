@@ -3,8 +3,9 @@ on the node's best device (`devices: onnxruntime`: every GPU where onnxruntime-g
 else the CPU), batch-1 requests in closed loops at several concurrencies from several client
 processes (so the client is not the bottleneck), next to the same engine in this process at each
 bucket size, in one run. Per load point: req/s, p50/p99, the daemon's mean batch, mean compute
-per batch, padding rows; the ratio to in-process at batch 32 is the issue's target figure.
-Runs on a CPU-only machine too (then the CPU serves).
+per batch, padding rows; the ratio to in-process at batch 32 is the issue's target figure. First,
+the MNIST hold-out accuracy of each precision the engine offers on that device (FP32, TF32 on
+GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
     .venv/bin/python bench/gpu_node.py [--models mnist,resnet50] [--concurrency 1,16,64,256]
         [--seconds 10] [--clients 4] [--buckets auto] [--json out.json]
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
+from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
 from service.top import fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 
@@ -146,6 +148,23 @@ def in_process(path: Path, model: str, sizes: list[int], seconds: float) -> dict
     return {"device": engine.device.name, "sizes": out_of}
 
 
+def accuracy() -> dict[str, float]:
+    """MNIST hold-out accuracy per precision, with the engine the daemon uses."""
+    import mnist_digits
+
+    images, labels = mnist_digits.holdout_split()
+    path = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
+    out = {}
+    for name, options in (("fp32", OrtOptions(tf32=False)), ("tf32", OrtOptions(tf32=True)),
+                          ("fp16", OrtOptions(fp16=True))):
+        engine = OnnxRuntimeEngine(path, use_gpu=True, options=options)
+        if name == "tf32" and engine.device.kind != "gpu":
+            continue  # TF32 is the CUDA provider's
+        logits = engine.run({"image": images.astype(np.float32)}, ["logits"])["logits"]
+        out[f"{name} on {engine.device.name}"] = float((logits.argmax(1) == labels).mean())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mnist,resnet50")
@@ -166,7 +185,8 @@ def main() -> None:
                            f"127.0.0.1:{port}", tmp / "daemon.log")
     started = time.perf_counter()
     daemon.wait_ready(timeout_s=600)
-    results: dict = {"load_and_warmup_s": time.perf_counter() - started, "models": {}}
+    results: dict = {"load_and_warmup_s": time.perf_counter() - started, "models": {},
+                     "mnist_holdout_accuracy": accuracy()}
     url, metrics_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         for model in models:
@@ -178,6 +198,8 @@ def main() -> None:
         daemon.stop()
     print(f"daemon load + warm-up of {models}: {results['load_and_warmup_s']:.1f} s; "
           f"batch_buckets {args.buckets}")
+    print("MNIST hold-out accuracy: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in results["mnist_holdout_accuracy"].items()))
     for model, r in results["models"].items():
         ref = r["in_process"]["sizes"]
         top = ref[32 if 32 in ref else max(ref)]["img_s"]
