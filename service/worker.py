@@ -84,7 +84,7 @@ class DeviceWorker:
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
-            result, padding = self._compute(engine, inputs, outputs, size)
+            result, padding = self._run_on(engine, inputs, outputs, size)
             busy_s = time.perf_counter() - start
         finally:
             self._idle.append(engine)
@@ -102,8 +102,8 @@ class DeviceWorker:
         self.meter.add_busy(self.model, busy_s, self.device.engine)
         return result
 
-    def _compute(self, engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str],
-                 size: int) -> tuple[dict[str, np.ndarray], int]:
+    def _run_on(self, engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str],
+                size: int) -> tuple[dict[str, np.ndarray], int]:
         """The outputs of a batch on one engine, and the padding rows it computed."""
         if self.buckets is None:
             return engine.run(inputs, outputs), 0
@@ -115,7 +115,7 @@ class DeviceWorker:
         for engine in self._idle:
             for batch in batches:
                 for _ in range(batch.count):
-                    self._compute(engine, batch.inputs, outputs, batch.size)
+                    self._run_on(engine, batch.inputs, outputs, batch.size)
 
     def mark_failed(self) -> None:
         """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""
