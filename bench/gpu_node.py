@@ -8,7 +8,7 @@ the MNIST hold-out accuracy of each precision the engine offers on that device (
 GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
     .venv/bin/python bench/gpu_node.py [--models mnist,resnet50] [--concurrency 1,16,64,256]
-        [--seconds 10] [--clients 4] [--buckets auto] [--json out.json]
+        [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def repository(folder: Path, models: list[str], buckets: str) -> Path:
+def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:
     import cnn_architectures
     import onnx
 
@@ -62,7 +62,8 @@ def repository(folder: Path, models: list[str], buckets: str) -> Path:
             f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: {list(dims)} }} ]\n'
             f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ {classes} ] }} ]\n'
             "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
-            f'parameters {{ key: "batch_buckets" value: {{ string_value: "{buckets}" }} }}\n')
+            f'parameters {{ key: "batch_buckets" value: {{ string_value: "{buckets}" }} }}\n'
+            f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
     return folder
 
 
@@ -173,12 +174,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4, help="client processes")
     parser.add_argument("--sizes", default="1,8,32,64", help="in-process batch sizes")
     parser.add_argument("--buckets", default="auto", help="the models' batch_buckets")
+    parser.add_argument("--devices", default="onnxruntime",
+                        help="the models' devices (onnxruntime: every GPU; onnxruntime:gpu0 "
+                             "compares one GPU with the in-process engine, which runs on gpu0)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     models = args.models.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-gpu-bench-"))
-    repo = repository(tmp / "models", models, args.buckets)
+    repo = repository(tmp / "models", models, args.buckets, args.devices)
     port, metrics_port = free_port(), free_port()
     daemon = DaemonProcess(["--models", str(repo), "--port", str(port), "--socket", "",
                             "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
@@ -202,12 +206,13 @@ def main() -> None:
         f"{k} {v:.3f}" for k, v in results["mnist_holdout_accuracy"].items()))
     for model, r in results["models"].items():
         ref = r["in_process"]["sizes"]
-        top = ref[32 if 32 in ref else max(ref)]["img_s"]
+        at = 32 if 32 in ref else max(ref)
+        top = ref[at]["img_s"]
         print(f"\n{model} on {r['in_process']['device']}: in-process "
               + ", ".join(f"batch {s}: {v['img_s']:,.0f} img/s ({v['ms_per_run']:.2f} ms)"
                           for s, v in ref.items()))
-        print("| concurrency | req/s | / in-process at batch 32 | p50 ms | p99 ms | mean batch "
-              "| compute ms per batch | padding share |")
+        print(f"| concurrency | req/s | / in-process at batch {at} | p50 ms | p99 ms "
+              "| mean batch | compute ms per batch | padding share |")
         print("|---|---|---|---|---|---|---|---|")
         for c, d in r["daemon"].items():
             print(f"| {c} | {d['rps']:,.0f} | {d['rps'] / top:.2f} | {d['p50_ms']:.1f} "
