@@ -13,6 +13,7 @@ docs/BENCHMARKS.md), `on` or `off`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ class Buckets:
         """The batch's outputs (padding removed) and the padding rows the engine computed."""
         parts, offset, padding = [], 0, 0
         for rows, bucket in self.plan(size):
-            result = engine_run({name: _padded(array[offset:offset + rows], bucket)
+            result = engine_run({name: _padded(name, array[offset:offset + rows], bucket)
                                  for name, array in inputs.items()}, outputs)
             parts.append({name: array[:rows] for name, array in result.items()})
             offset += rows
@@ -82,10 +83,24 @@ def check_mode(model: str, mode: str) -> str:
     return mode
 
 
-def _padded(rows: np.ndarray, bucket: int) -> np.ndarray:
+class _PadBuffers(threading.local):
+    """Each engine thread's padded inputs, reused: engines copy their inputs before returning."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[tuple, np.ndarray] = {}
+
+
+_buffers = _PadBuffers()
+
+
+def _padded(name: str, rows: np.ndarray, bucket: int) -> np.ndarray:
     """`rows` followed by zero rows up to `bucket` (a copy only when padding is needed)."""
     if len(rows) == bucket:
         return rows
-    out = np.zeros((bucket, *rows.shape[1:]), rows.dtype)
+    key = (name, bucket, rows.shape[1:], rows.dtype)
+    out = _buffers.arrays.get(key)
+    if out is None:
+        out = _buffers.arrays[key] = np.empty((bucket, *rows.shape[1:]), rows.dtype)
     out[:len(rows)] = rows
+    out[len(rows):] = 0
     return out

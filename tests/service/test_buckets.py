@@ -55,6 +55,11 @@ def test_batches_are_padded_up_and_split_and_replies_lose_the_padding() -> None:
     assert seen == [(4, 3)] * 3 and padding == 1
     np.testing.assert_array_equal(result["y"], x * 2)
 
+    given = []
+    Buckets((4,)).run(lambda inputs, outputs: given.append(inputs["x"].copy()) or inputs,
+                      {"x": x[:2]}, ["x"], 2)
+    np.testing.assert_array_equal(given[0], np.concatenate([x[:2], np.zeros((2, 3))]))
+
 
 def _repository(root: Path) -> Path:
     """The example model bucketed as [1, 2, 4] on two instances, and a model whose preferred
