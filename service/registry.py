@@ -108,7 +108,10 @@ class ModelRegistry:
                                   "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
             for engine in instances if bucketed else ():
                 if hasattr(engine, "fix_batch_sizes"):  # engines that plan per shape
-                    engine.fix_batch_sizes(bucketed.sizes)
+                    try:
+                        engine.fix_batch_sizes(bucketed.sizes)
+                    except OptionError as e:
+                        raise ConfigError(f"model {name!r}: {e}") from e
             return DeviceWorker(name, instances, self._metrics, flops.total, bucketed)
 
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
