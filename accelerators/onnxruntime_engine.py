@@ -57,6 +57,12 @@ class OnnxRuntimeEngine:
         self._session = self._new_session()
         # onnxruntime-gpu lists CUDA even without a GPU and silently falls back: ask what it took.
         taken = self._session.get_providers()
+        if options.tensorrt and use_gpu and "TensorrtExecutionProvider" not in taken:
+            raise OptionError(
+                "optimization.execution_accelerators.gpu_execution_accelerator asks for "
+                "tensorrt, but ONNX Runtime could not start its TensorrtExecutionProvider "
+                f"(it took {taken}); the TensorRT libraries (libnvinfer) are missing or do not "
+                "match this onnxruntime-gpu")
         on_gpu = taken[0] in _GPU_PROVIDERS
         self.device = Device(device_name("gpu", device_id), "gpu", "onnxruntime") if on_gpu \
             else Device("cpu0", "cpu", "onnxruntime")
