@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,test
 
-.PHONY: demo test test-cluster kernel-check setup system-deps train clean
+.PHONY: demo test test-gpu test-cluster kernel-check setup system-deps train clean
 
 demo: setup
 	$(PY) tools/demo.py
@@ -23,6 +23,10 @@ kernel-check: setup
 	  2>$(OCLGRIND_LOG); status=$$?; cat $(OCLGRIND_LOG) >&2; \
 	  if grep -qE 'Invalid (read|write)|data race|OCLGRIND|Oclgrind' $(OCLGRIND_LOG); then \
 	  echo "kernel-check: Oclgrind reported errors (above)" >&2; exit 1; fi; exit $$status
+
+# The tests that need an NVIDIA GPU (onnxruntime-gpu; docs/gpu.md); `make test` leaves them out.
+test-gpu: setup
+	$(VENV)/bin/pytest -m gpu tests
 
 # The Spark standalone cluster test (master + two workers + a daemon each, ~2-3 minutes).
 test-cluster: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,35 @@ def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
 
 def opencl_devices() -> list[OpenCLDevice]:
     return [record for _, record in opencl_handles()]
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs that CUDA programs here may use: CUDA_VISIBLE_DEVICES's entries where it is
+    set (CUDA renumbers them from 0), else the GPUs NVML finds; 0 without a driver."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception as e:  # no nvidia-ml-py, no driver: no NVIDIA GPU to use
+        log.debug("no NVIDIA GPU: %s", e)
+        return 0
+
+
+def gpu_memory_used() -> dict[str, int]:
+    """Bytes in use on each NVIDIA GPU (`gpu0`: ...), all processes together, from NVML; empty
+    without a driver. The growth across one model's load is that model's GPU memory, as long as
+    nothing else on the node allocates meanwhile."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return {f"gpu{i}": pynvml.nvmlDeviceGetMemoryInfo(
+            pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in range(gpu_count())}
+    except Exception as e:  # no nvidia-ml-py, no driver: nothing to report
+        log.debug("no GPU memory figures: %s", e)
+        return {}
 
 
 def onnxruntime_providers() -> list[dict[str, str]]:

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelerators.devices import gpu_count
 from accelerators.engine import Engine, device_name, parse_device_name
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+from accelerators.onnxruntime_options import OrtOptions
 
 ENGINES = ("onnxruntime", "opencl")
 DEFAULT_DEVICES = "onnxruntime"
@@ -51,15 +53,21 @@ def parse_devices(text: str) -> list[DeviceSpec]:
     return [DeviceSpec.parse(part) for part in text.split(",") if part.strip()]
 
 
-def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0) -> Engine:
+def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
+                  ort_options: OrtOptions | None = None) -> Engine:
+    """`ort_options`: the model's ONNX Runtime settings (onnxruntime engines only)."""
     if spec.engine in _REGISTERED:
         return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
     if spec.engine == "opencl":
         from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
 
         return OpenCLEngine(model_path, spec.device)
-    engine = OnnxRuntimeEngine(model_path, intra_op_threads,
-                               use_gpu=not spec.device.startswith("cpu"))
+    index = parse_device_name(spec.device)[1] if spec.kind else 0
+    if spec.kind == "gpu" and index >= (count := gpu_count()):
+        raise ValueError(f"device {str(spec)!r} is not available: this node has {count} GPUs"
+                         + (f" (gpu0 to gpu{count - 1})" if count else ""))
+    engine = OnnxRuntimeEngine(model_path, intra_op_threads, use_gpu=spec.kind != "cpu",
+                               device_id=index, options=ort_options)
     if spec.device and engine.device.name != spec.device:
         raise ValueError(f"device {str(spec)!r} is not available: onnxruntime runs this model "
                          f"on {engine.device.name}")
@@ -73,7 +81,9 @@ def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
         index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
         specs.append(DeviceSpec("opencl", device_name(d["kind"], index)))
     kinds = {p["kind"] for p in found["onnxruntime"]}
-    specs += [DeviceSpec("onnxruntime", device_name(k, 0)) for k in ("gpu", "cpu") if k in kinds]
+    if "gpu" in kinds:
+        specs += [DeviceSpec("onnxruntime", device_name("gpu", i)) for i in range(gpu_count())]
+    specs += [DeviceSpec("onnxruntime", "cpu0")] if "cpu" in kinds else []
     return specs
 
 

@@ -52,6 +52,14 @@ class Metrics:
             "hetserve_device_healthy",
             "1 while a device worker takes batches, 0 while it backs off",
             ["model", "device", "kind", "engine"], registry=r)
+        self.padding = Counter(
+            "hetserve_padding_samples",
+            "Zero rows a device computed to fill batches up to a bucket size (never replied)",
+            ["model", "device", "kind", "engine"], registry=r)
+        self.warmup_duration = Gauge(
+            "hetserve_model_warmup_seconds",
+            "Time a model version's warm-up took at load, before it was READY",
+            ["model", "version"], registry=r)
         self.expired = Counter(
             "hetserve_requests_expired",
             "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",

@@ -57,6 +57,20 @@ class ModelSpec:
                 return max(1, group.count)  # Triton reads an unset count as 1
         return 1
 
+    def gpus(self, node_gpus: int) -> list[int]:
+        """The GPUs the model's instances run on, as Triton reads instance_group: the `gpus` of
+        its KIND_GPU (or KIND_AUTO) groups, every GPU of the node where no group lists any."""
+        listed = []
+        for i, group in enumerate(self.config.instance_group):
+            for gpu in group.gpus:
+                if not 0 <= gpu < node_gpus:
+                    raise ConfigError(
+                        f"model {self.name!r}: instance_group[{i}].gpus: GPU {gpu} is not on "
+                        f"this node; accepted GPU indexes: {list(range(node_gpus))}")
+                if group.kind in (_Group.KIND_GPU, _Group.KIND_AUTO) and gpu not in listed:
+                    listed.append(gpu)
+        return listed or list(range(node_gpus))
+
     def shape_with_batch(self, spec: TensorSpec) -> list[int]:
         """The shape clients see in metadata: -1 leads when the model batches."""
         return ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)

@@ -36,6 +36,10 @@ class PowerCollector(Collector):
             "hetserve_model_energy_joules",
             "A device's energy attributed to a model by its share of the busy time",
             labels=["model", *_SOURCE])
+        engines = CounterMetricFamily(
+            "hetserve_engine_energy_joules",
+            "A device's energy attributed to each engine running on it (two can share a GPU) by "
+            "its share of the busy time", labels=["engine", *_SOURCE])
         for meter in self._monitor.meters():
             r = meter.read()
             device = [r.device.name, r.device.kind]
@@ -46,4 +50,6 @@ class PowerCollector(Collector):
             up.add_metric(device, 1.0 if r.up else 0.0)
             for model, joules in sorted(r.model_energy_j.items()):
                 models.add_metric([model, *source], joules)
-        yield from (energy, power, busy, up, models)
+            for engine, joules in sorted(r.engine_energy_j.items()):
+                engines.add_metric([engine, *source], joules)
+        yield from (energy, power, busy, up, models, engines)

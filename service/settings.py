@@ -73,7 +73,8 @@ class Settings:
     power_model: str = field(
         default=DEFAULT_MODEL_WATTS,
         metadata={"doc": "idle:busy watts per device or kind for the estimate used where no "
-                         "sensor can be read"})
+                         "sensor can be read; the CPU's, unless set, scale with its CPU count "
+                         "(10 W + 1 W per CPU idle, 20 W + 3 W per CPU busy)"})
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None,

@@ -1,7 +1,8 @@
 """A device worker: runs one model's batches on one device, on one or more engine instances
 (config.pbtxt's instance_group count), each in its own thread (engines release the GIL); meters
 them, and keeps what the router needs: expected completion time, joules per inference, and
-health with backoff."""
+health with backoff. A worker with buckets hands its engines bucket shapes only (service.buckets),
+and warms every instance on every warm-up batch before the model is READY."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from accelerators.engine import Engine
+from service.buckets import Buckets
 from service.errors import DeviceError
 from service.metrics import Metrics
+from service.warmup import WarmupBatch
 
 _SMOOTHING = 0.2  # weight of the newest batch in the per-sample time average
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
@@ -21,8 +24,9 @@ _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed devic
 
 class DeviceWorker:
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
-                 flops_per_sample: int = 0) -> None:
+                 flops_per_sample: int = 0, buckets: Buckets | None = None) -> None:
         self.model = model
+        self.buckets = buckets
         self.instances = len(engines)
         self.device = engines[0].device
         # One thread per instance: engines are not re-entrant, and they release the GIL. With
@@ -36,9 +40,10 @@ class DeviceWorker:
         self._batch_size = metrics.batch_size.labels(**labels)
         self._inferences = metrics.inferences.labels(**labels)
         self._flops = metrics.flops.labels(**labels)
+        self._padding = metrics.padding.labels(**labels)
         self._flops_per_sample = flops_per_sample
         self.meter = metrics.power.meter(self.device)
-        self.meter.add_model(model)
+        self.meter.add_model(model, self.device.engine)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
         self._healthy_gauge.set(1)
         self.pending_samples = 0  # queued or running on this worker
@@ -79,10 +84,11 @@ class DeviceWorker:
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
-            result = engine.run(inputs, outputs)
+            result, padding = self._run_on(engine, inputs, outputs, size)
             busy_s = time.perf_counter() - start
         finally:
             self._idle.append(engine)
+        self._padding.inc(padding)
         # Plain float updates from the instance threads (a rare lost update of the average is
         # harmless); the router only reads them.
         sample_s = busy_s / size
@@ -93,8 +99,23 @@ class DeviceWorker:
         self._batch_size.observe(size)
         self._inferences.inc(size)
         self._flops.inc(size * self._flops_per_sample)
-        self.meter.add_busy(self.model, busy_s)
+        self.meter.add_busy(self.model, busy_s, self.device.engine)
         return result
+
+    def _run_on(self, engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str],
+                size: int) -> tuple[dict[str, np.ndarray], int]:
+        """The outputs of a batch on one engine, and the padding rows it computed."""
+        if self.buckets is None:
+            return engine.run(inputs, outputs), 0
+        return self.buckets.run(engine.run, inputs, outputs, size)
+
+    def warm_up(self, batches: list[WarmupBatch], outputs: list[str]) -> None:
+        """Runs every warm-up batch on every instance (blocking; before the model is READY).
+        Warm-up is not traffic: it counts in no metric and no speed estimate."""
+        for engine in self._idle:
+            for batch in batches:
+                for _ in range(batch.count):
+                    self._run_on(engine, batch.inputs, outputs, batch.size)
 
     def mark_failed(self) -> None:
         """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""

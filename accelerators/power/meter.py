@@ -1,7 +1,8 @@
 """Per-device meters: busy time reported by the workers, energy and power sampled from the
 device's source on one background thread (never on the request path), and each interval's
-energy attributed to the models by their share of the busy time in it. Energy of intervals in
-which no model ran is the device's idle energy and belongs to no model."""
+energy attributed to the models, and to the engines sharing the device (ONNX Runtime CUDA and
+OpenCL on one GPU), by their share of the busy time in it. Energy of intervals in which nothing
+ran is the device's idle energy and belongs to no model or engine."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class MeterReading:
     power_w: float
     busy_s: float
     model_energy_j: dict[str, float] = field(default_factory=dict)
+    engine_energy_j: dict[str, float] = field(default_factory=dict)
 
 
 class DeviceMeter:
@@ -36,23 +38,27 @@ class DeviceMeter:
         self.device, self.source = device, source
         self._lock = threading.Lock()
         self._busy_s = 0.0
-        self._interval_busy: dict[str, float] = {}
+        self._interval_busy: dict[tuple[str, str], float] = {}  # (model, engine) -> seconds
         self._model_energy_j: dict[str, float] = {}
+        self._engine_energy_j: dict[str, float] = {}
         self._energy_j = self._power_w = 0.0
         self._up = False
         self._error = ""
         self._last: float | None = None
         self._fit = (0.0,) * 5  # decayed sums of 1, u, u², p, u·p over the sampled intervals
 
-    def add_model(self, model: str) -> None:
+    def add_model(self, model: str, engine: str = "") -> None:
         with self._lock:
             self._model_energy_j.setdefault(model, 0.0)
+            if engine:
+                self._engine_energy_j.setdefault(engine, 0.0)
 
-    def add_busy(self, model: str, seconds: float) -> None:
+    def add_busy(self, model: str, seconds: float, engine: str = "") -> None:
         """Called by a worker after each batch: cheap, no I/O."""
+        key = (model, engine)
         with self._lock:
             self._busy_s += seconds
-            self._interval_busy[model] = self._interval_busy.get(model, 0.0) + seconds
+            self._interval_busy[key] = self._interval_busy.get(key, 0.0) + seconds
 
     def sample(self, now: float) -> None:
         with self._lock:
@@ -75,9 +81,11 @@ class DeviceMeter:
                     self._fit, (1.0, u, u * u, reading.power_w, u * reading.power_w)))
             increase = max(0.0, reading.energy_j - self._energy_j)
             self._energy_j, self._power_w, self._up = reading.energy_j, reading.power_w, True
-            for model, seconds in busy.items() if total_busy > 0 else ():
-                self._model_energy_j[model] = (self._model_energy_j.get(model, 0.0)
-                                               + increase * seconds / total_busy)
+            for (model, engine), seconds in busy.items() if total_busy > 0 else ():
+                share = increase * seconds / total_busy
+                self._model_energy_j[model] = self._model_energy_j.get(model, 0.0) + share
+                if engine:
+                    self._engine_energy_j[engine] = self._engine_energy_j.get(engine, 0.0) + share
 
     def busy_power_w(self) -> float | None:
         """Watts at full utilization, for routing by energy; the same meaning for every source.
@@ -97,7 +105,8 @@ class DeviceMeter:
     def read(self) -> MeterReading:
         with self._lock:
             return MeterReading(self.device, self.source.source, self._up, self._energy_j,
-                                self._power_w, self._busy_s, dict(self._model_energy_j))
+                                self._power_w, self._busy_s, dict(self._model_energy_j),
+                                dict(self._engine_energy_j))
 
 
 class PowerMonitor:

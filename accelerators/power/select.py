@@ -4,11 +4,16 @@ why. Settings name a device (`cpu0`) or a kind (`cpu`); the device wins.
 
     power_sources: "gpu0=nvml:0,fpga0=hwmon:/sys/class/hwmon/hwmon3,cpu=model"
     power_model:   "cpu=10:65,fpga0=20:75"   (idle watts : busy watts)
+
+Without a configured figure the CPU estimate scales with the CPUs this process may use (see
+`cpu_model_watts`); GPUs and FPGAs get the placeholders of DEFAULT_MODEL_WATTS. Either way the
+source is `model`: an estimate, never a measurement.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from accelerators.engine import Device, parse_device_name
@@ -23,7 +28,17 @@ from accelerators.power.xrt import XrtSource
 log = logging.getLogger(__name__)
 
 # Placeholders for the estimate, to be replaced by the figures of the real parts.
-DEFAULT_MODEL_WATTS = "cpu=10:65,gpu=30:250,fpga=20:75"
+DEFAULT_MODEL_WATTS = "gpu=30:250,fpga=20:75"
+# Per logical CPU, plus the package's uncore: current server parts draw 4-9 W per core at full
+# load (TDP / cores: EPYC 9354 8.8, Xeon 8480+ 6.3, EPYC 9654 3.8), i.e. ~3 W per SMT thread.
+CPU_WATTS = {"idle": (10.0, 1.0), "busy": (20.0, 3.0)}  # (fixed, per logical CPU)
+
+
+def cpu_model_watts(cpus: int | None = None) -> tuple[float, float]:
+    """(idle, busy) watts of the CPU estimate for `cpus` logical CPUs (this process's by
+    default): 2 CPUs 12:26 W, 32 CPUs (16 cores with SMT) 42:116 W."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    return tuple(fixed + per_cpu * cpus for fixed, per_cpu in CPU_WATTS.values())
 
 SENSORS: dict[str, Callable[[str], PowerSource]] = {
     "rapl": lambda arg: RaplSource(),
@@ -96,7 +111,8 @@ class SourcePicker:
 
     def _estimate(self, device: Device, reason: str) -> ModelEstimate:
         idle, busy = (self.watts.get(device.name) or self.watts.get(device.kind)
-                      or parse_watts(DEFAULT_MODEL_WATTS).get(device.kind, (0.0, 0.0)))
+                      or parse_watts(DEFAULT_MODEL_WATTS).get(device.kind)
+                      or (cpu_model_watts() if device.kind == "cpu" else (0.0, 0.0)))
         estimate = ModelEstimate(idle, busy, reason)
         log.warning("%s: no power sensor, using the %s", device.name, estimate.describe())
         return estimate

@@ -5,6 +5,7 @@ op the engine lacks falls back to onnxruntime; `hetserve devices --models` says 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
     daemon = Daemon(tmp_path, repo)
     try:
         images = holdout[0][:64]
-        ref = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
+        ref = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"]).run(
             None, {"image": images})[0]
         with grpcclient.InferenceServerClient(daemon.url) as client:
             for lo, hi in ((0, 1), (1, 9), (9, 64)):
@@ -70,11 +72,12 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
             tensor = grpcclient.InferInput("x", [2, 4], "FP32")
             tensor.set_data_from_numpy(x)
             got = client.infer("tanh_net", [tensor]).as_numpy("y")
-            np.testing.assert_allclose(got, np.tanh(x), rtol=1e-6)
+            np.testing.assert_allclose(got, np.tanh(x), rtol=1e-5)  # on whichever device
         assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
         body = urllib.request.urlopen(daemon.metrics_url).read().decode()
         assert f'hetserve_inferences_total{{device="cpu0",engine="opencl",kind="cpu",' \
                f'model="{MODEL}"}} 64.0' in body
-        assert 'engine="onnxruntime",kind="cpu",model="tanh_net"' in body  # the fallback
+        # The fallback, on whichever device onnxruntime finds (a GPU node's GPU).
+        assert re.search(r'engine="onnxruntime",kind="\w+",model="tanh_net"', body)
     finally:
         assert daemon.stop() == 0

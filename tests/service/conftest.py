@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -9,8 +10,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from accelerators.devices import gpu_count
+from accelerators.engine import parse_device_name
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
 from tests.conftest import MODEL, MODELS, Daemon
 from tests.service.faulty_engine import CONTROL_ENV
 
@@ -80,3 +85,27 @@ def total(samples: dict[str, float], name: str, **labels: str) -> float:
     """Sum of a metric's samples whose labels include `labels`."""
     return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(
         f'{label}="{value}"' in k for label, value in labels.items()))
+
+
+def node_devices() -> list[str]:
+    """The devices the example model's `devices: onnxruntime` resolves to on this node: every
+    GPU where onnxruntime-gpu can use them, else the CPU."""
+    if gpu_count() and "CUDAExecutionProvider" in providers():
+        return [f"gpu{i}" for i in range(gpu_count())]
+    return ["cpu0"]
+
+
+@functools.cache
+def _reference(device: str) -> OnnxRuntimeEngine:
+    kind, index = parse_device_name(device)
+    return OnnxRuntimeEngine(MODELS / MODEL / "1" / "model.onnx", 1, use_gpu=kind == "gpu",
+                             device_id=index)
+
+
+def assert_served(reply: np.ndarray, device: str, images: np.ndarray) -> None:
+    """`reply` equals the example model run in-process by the same engine on the device that
+    served it (the reply's `device`), within the tolerance that engine declares (TF32 on GPUs)."""
+    reference = _reference(device)
+    expected = reference.run({"image": np.ascontiguousarray(images)}, ["logits"])["logits"]
+    np.testing.assert_allclose(reply, expected, rtol=reference.tolerance,
+                               atol=reference.tolerance)

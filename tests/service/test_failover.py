@@ -37,7 +37,8 @@ def test_a_failing_device_fails_over_and_comes_back(serve, holdout) -> None:
                             # a budget no loaded machine misses: this tests recovery, not spilling
                             latency_budget_ms="60000")
     images = holdout[0][:48]
-    expected = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
+    expected = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx"),
+                                    providers=["CPUExecutionProvider"]).run(
         ["logits"], {"image": images})[0]
 
     control.set(fail=True)

@@ -9,20 +9,22 @@ from pathlib import Path
 from tests.conftest import ROOT, Daemon
 from tests.deploy.conftest import scrape
 from tests.deploy.test_prometheus import samples, value
+from tests.service.conftest import node_devices
 
 
 def test_a_configured_estimate_is_exported_as_the_model_source(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path, ROOT / "models", "--power-sources", "cpu=model",
-                    "--power-model", "cpu0=2:4")
+    device = node_devices()[0]  # the example model's device on this node
+    daemon = Daemon(tmp_path, ROOT / "models", "--power-sources", "cpu=model,gpu=model",
+                    "--power-model", f"{device}=2:4")
     try:
         series = samples(scrape(daemon.metrics_url))
     finally:
         assert daemon.stop() == 0
-    watts = value(series, "hetserve_device_power_watts", device="cpu0", source="model")
+    watts = value(series, "hetserve_device_power_watts", device=device, source="model")
     assert 2.0 <= watts <= 4.0
-    assert value(series, "hetserve_device_up", device="cpu0") == 1.0
+    assert value(series, "hetserve_device_up", device=device) == 1.0
     assert value(series, "hetserve_model_energy_joules_total", model="mnist_cnn",
-                 device="cpu0", source="model") == 0.0  # exported before the first inference
+                 device=device, source="model") == 0.0  # exported before the first inference
 
 
 def test_bad_power_settings_are_start_up_errors() -> None:

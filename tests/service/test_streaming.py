@@ -9,17 +9,15 @@ import shutil
 import subprocess
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, MODELS, image_input
+from tests.conftest import MODEL, image_input
+from tests.service.conftest import assert_served, node_devices
 
 
 def test_streaming_inference(client, holdout) -> None:
     images = holdout[0][:200]
-    expected = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx")).run(
-        ["logits"], {"image": images})[0]
     replies: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: replies.put((result, error)))
     try:
@@ -37,8 +35,9 @@ def test_streaming_inference(client, holdout) -> None:
     for result, error in received:
         if error is None:
             i = int(result.get_response().id)
-            np.testing.assert_allclose(result.as_numpy("logits"), expected[i:i + 1],
-                                       rtol=1e-4, atol=1e-4)
+            assert_served(result.as_numpy("logits"),
+                          result.get_response().parameters["device"].string_param,
+                          images[i:i + 1])
     assert sorted(int(r.get_response().id) for r, e in received if e is None) == \
         list(range(len(images)))
 
@@ -63,7 +62,9 @@ def test_statistics_count_requests_batches_and_time(client, holdout) -> None:
 def test_model_config_is_the_effective_configuration(client) -> None:
     config = client.get_model_config(MODEL).config
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 4096
-    assert config.parameters["devices"].string_value == "onnxruntime:cpu0"
+    assert config.parameters["devices"].string_value == ", ".join(
+        f"onnxruntime:{d}" for d in node_devices())
+    assert config.parameters["batch_buckets"].string_value == "auto"
     assert config.parameters["policy"].string_value == "prefer"
     assert config.parameters["latency_budget_ms"].string_value == "100"
 

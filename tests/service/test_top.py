@@ -12,6 +12,7 @@ import pytest
 from service.top import quantile
 from tests.conftest import ROOT, Daemon
 from tests.deploy.conftest import Load
+from tests.service.conftest import node_devices
 
 
 def test_quantile_interpolates_within_buckets_like_prometheus() -> None:
@@ -35,13 +36,14 @@ def test_top_shows_the_node_under_load(daemon: Daemon,
     rows = [line.split() for line in done.stdout.splitlines()]
     model = next(r for r in rows if r[:1] == ["mnist_cnn"] and len(r) == 6)
     assert float(model[1].replace(",", "")) > 0  # requests/s
-    device = next(r for r in rows if r[:2] == ["cpu0", "cpu"])
+    served = node_devices()[0]  # the example model's device on this node (gpu0 or cpu0)
+    device = next(r for r in rows if r[:2] == [served, served.rstrip("0123456789")])
     source, up, watts = device[2], device[3], float(device[5].replace(",", ""))
     assert up == "1" and watts > 0
     assert float(device[8]) > 0  # GFLOP/s per watt
     if source == "model*":  # no sensor here: the figure is marked as an estimate
         assert "* estimate" in done.stdout
-    per_inference = next(r for r in rows if r[:2] == ["mnist_cnn", "cpu0"])
+    per_inference = next(r for r in rows if r[:2] == ["mnist_cnn", served])
     assert float(per_inference[3]) > 0
 
 

@@ -1,0 +1,233 @@
+"""GPU-node serving benchmark: MNIST and ResNet-50 (tools/cnn_architectures.py) through the daemon
+on the node's best device (`devices: onnxruntime`: every GPU where onnxruntime-gpu finds one,
+else the CPU), batch-1 requests in closed loops at several concurrencies from several client
+processes (so the client is not the bottleneck), next to the same engine in this process at each
+bucket size, in one run. Per load point: req/s, p50/p99, the daemon's mean batch, mean compute
+per batch next to the in-process time of the bucket that holds the mean batch with its padding
+(the per-batch overhead on the device), padding rows; the ratio to in-process at batch 32 is the
+issue's throughput target. First,
+the MNIST hold-out accuracy of each precision the engine offers on that device (FP32, TF32 on
+GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
+
+    .venv/bin/python bench/gpu_node.py [--models mnist,resnet50] [--concurrency 1,16,64,256]
+        [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
+from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
+from service.top import fetch  # noqa: E402
+from spark_jobs.daemon import DaemonProcess  # noqa: E402
+
+MAX_BATCH = 64
+SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
+          "resnet50": ("image", (3, 224, 224), "logits", 1000)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:
+    import cnn_architectures
+    import onnx
+
+    for name in models:
+        (folder / name / "1").mkdir(parents=True)
+        path = folder / name / "1" / "model.onnx"
+        if name == "mnist":
+            shutil.copy(ROOT / "models" / "mnist_cnn" / "1" / "model.onnx", path)
+        else:
+            onnx.save(cnn_architectures.resnet50(), str(path))
+        inp, dims, out, classes = SHAPES[name]
+        (folder / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {MAX_BATCH}\n'
+            f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: {list(dims)} }} ]\n'
+            f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ {classes} ] }} ]\n'
+            "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+            f'parameters {{ key: "batch_buckets" value: {{ string_value: "{buckets}" }} }}\n'
+            f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
+    return folder
+
+
+# --- the client processes ---------------------------------------------------------------------
+
+def _client(url: str, model: str, concurrency: int, seconds: float, start_at: float) -> list:
+    """One process: `concurrency` closed loops of batch-1 requests; latencies in seconds."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    inp, dims, _, _ = SHAPES[model]
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])
+    request.raw_input_contents.append(np.random.default_rng(0).random(
+        (1, *dims), np.float32).tobytes())
+
+    async def main() -> list[float]:
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(url, options=options) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            latencies: list[float] = []
+            end = time.perf_counter() + seconds
+
+            async def loop():
+                while (start := time.perf_counter()) < end:
+                    await stub.ModelInfer(request)
+                    latencies.append(time.perf_counter() - start)
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            return latencies
+    return asyncio.run(main())
+
+
+def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
+    processes = min(clients, concurrency)
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    start_at = time.time() + 3.0  # every process has imported and connected by then
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        parts = pool.starmap(_client, [(url, model, n, seconds, start_at) for n in shares])
+    ms = np.concatenate(parts) * 1e3
+    return {"rps": len(ms) / seconds, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99))}
+
+
+def _sum(snapshot, name: str, model: str) -> float:
+    return sum(v for k, v in snapshot.series(name).items() if dict(k).get("model") == model)
+
+
+def through_daemon(url: str, metrics_url: str, model: str, concurrency: int, seconds: float,
+                   clients: int) -> dict:
+    before = fetch(metrics_url)
+    result = load(url, model, concurrency, seconds, clients)
+    after = fetch(metrics_url)
+    d = {n: _sum(after, n, model) - _sum(before, n, model) for n in (
+        "hetserve_batch_size_sum", "hetserve_batch_size_count",
+        "hetserve_compute_duration_seconds_sum", "hetserve_padding_samples_total")}
+    batches = d["hetserve_batch_size_count"] or 1
+    return result | {"mean_batch": d["hetserve_batch_size_sum"] / batches,
+                     "compute_ms_per_batch": 1e3 * d["hetserve_compute_duration_seconds_sum"]
+                     / batches,
+                     "padding_share": d["hetserve_padding_samples_total"]
+                     / max(1.0, d["hetserve_batch_size_sum"])}
+
+
+# --- in-process reference ---------------------------------------------------------------------
+
+def in_process(path: Path, model: str, sizes: list[int], seconds: float) -> dict[int, dict]:
+    """The daemon's engine (a session per bucket on GPUs) in this process, at each size."""
+    engine = OnnxRuntimeEngine(path, use_gpu=True)
+    if engine.device.kind == "gpu":
+        engine.fix_batch_sizes(tuple(sizes))
+    inp, dims, out, _ = SHAPES[model]
+    out_of = {}
+    for size in sizes:
+        x = {inp: np.random.default_rng(0).random((size, *dims), np.float32)}
+        engine.run(x, [out])  # warm
+        runs, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds or runs < 3:
+            engine.run(x, [out])
+            runs += 1
+        out_of[size] = {"img_s": runs * size / elapsed, "ms_per_run": 1e3 * elapsed / runs}
+    return {"device": engine.device.name, "sizes": out_of}
+
+
+def accuracy() -> dict[str, float]:
+    """MNIST hold-out accuracy per precision, with the engine the daemon uses."""
+    import mnist_digits
+
+    images, labels = mnist_digits.holdout_split()
+    path = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
+    out = {}
+    for name, options in (("fp32", OrtOptions(tf32=False)), ("tf32", OrtOptions(tf32=True)),
+                          ("fp16", OrtOptions(fp16=True))):
+        engine = OnnxRuntimeEngine(path, use_gpu=True, options=options)
+        if name == "tf32" and engine.device.kind != "gpu":
+            continue  # TF32 is the CUDA provider's
+        logits = engine.run({"image": images.astype(np.float32)}, ["logits"])["logits"]
+        out[f"{name} on {engine.device.name}"] = float((logits.argmax(1) == labels).mean())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mnist,resnet50")
+    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=4, help="client processes")
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,64",
+                        help="in-process batch sizes (the daemon's buckets by default)")
+    parser.add_argument("--buckets", default="auto", help="the models' batch_buckets")
+    parser.add_argument("--devices", default="onnxruntime",
+                        help="the models' devices (onnxruntime: every GPU; onnxruntime:gpu0 "
+                             "compares one GPU with the in-process engine, which runs on gpu0)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    models = args.models.split(",")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="hetserve-gpu-bench-"))
+    repo = repository(tmp / "models", models, args.buckets, args.devices)
+    port, metrics_port = free_port(), free_port()
+    daemon = DaemonProcess(["--models", str(repo), "--port", str(port), "--socket", "",
+                            "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
+                           f"127.0.0.1:{port}", tmp / "daemon.log")
+    started = time.perf_counter()
+    daemon.wait_ready(timeout_s=600)
+    results: dict = {"load_and_warmup_s": time.perf_counter() - started, "models": {},
+                     "mnist_holdout_accuracy": accuracy()}
+    url, metrics_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        for model in models:
+            ref = in_process(repo / model / "1" / "model.onnx", model, sizes, args.seconds / 4)
+            served = {c: through_daemon(url, metrics_url, model, c, args.seconds, args.clients)
+                      for c in map(int, args.concurrency.split(","))}
+            results["models"][model] = {"in_process": ref, "daemon": served}
+    finally:
+        daemon.stop()
+    print(f"daemon load + warm-up of {models}: {results['load_and_warmup_s']:.1f} s; "
+          f"batch_buckets {args.buckets}")
+    print("MNIST hold-out accuracy: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in results["mnist_holdout_accuracy"].items()))
+    for model, r in results["models"].items():
+        ref = r["in_process"]["sizes"]
+        at = 32 if 32 in ref else max(ref)
+        top = ref[at]["img_s"]
+        print(f"\n{model} on {r['in_process']['device']}: in-process "
+              + ", ".join(f"batch {s}: {v['img_s']:,.0f} img/s ({v['ms_per_run']:.2f} ms)"
+                          for s, v in ref.items()))
+        print(f"| concurrency | req/s | / in-process at batch {at} | p50 ms | p99 ms "
+              "| mean batch | compute ms per batch | / in-process at its bucket | padding share |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for c, d in r["daemon"].items():
+            rows = d["mean_batch"] * (1 + d["padding_share"])  # rows computed per batch
+            bucket = min((size for size in ref if size >= rows - 1e-9), default=max(ref))
+            print(f"| {c} | {d['rps']:,.0f} | {d['rps'] / top:.2f} | {d['p50_ms']:.1f} "
+                  f"| {d['p99_ms']:.1f} | {d['mean_batch']:.1f} "
+                  f"| {d['compute_ms_per_batch']:.2f} "
+                  f"| {d['compute_ms_per_batch'] / ref[bucket]['ms_per_run']:.2f} (batch {bucket}) "
+                  f"| {d['padding_share']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
