@@ -1,0 +1,122 @@
+"""The private channel between a front-end process and the device owner, over a socketpair:
+frames of a JSON header and an optional binary payload. Request tensors do not travel here: they
+lie in the front-end's arena (service/arena.py) and the header names their places; outputs (a few
+logits per sample) travel in the reply's payload. Nothing from the network is unpickled.
+
+front-end -> owner: infer, cancel, stats, listening.
+owner -> front-end: loading or catalog (first, then catalog once models are loaded), reply,
+error (a status name and message), stats (ModelStatisticsResponse bytes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from service.dataplane import DataPlane
+from service.errors import HetserveError
+from service.queue_policy import RequestOptions
+from service.shared_memory import SharedMemoryRegions
+
+log = logging.getLogger(__name__)
+_PREFIX = struct.Struct("<II")  # header bytes, payload bytes
+
+
+def send(writer: asyncio.StreamWriter, header: dict, payload: bytes = b"") -> None:
+    data = json.dumps(header, separators=(",", ":")).encode()
+    writer.write(_PREFIX.pack(len(data), len(payload)) + data + payload)
+
+
+async def receive(reader: asyncio.StreamReader) -> tuple[dict, bytes]:
+    """The next frame; asyncio.IncompleteReadError once the other side has gone."""
+    header_bytes, payload_bytes = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
+    body = await reader.readexactly(header_bytes + payload_bytes)
+    return json.loads(body[:header_bytes]), body[header_bytes:]
+
+
+def catalog(plane: DataPlane) -> tuple[dict, bytes]:
+    """The served models (their effective configs) and the failed ones, for front-ends."""
+    models = plane.registry.loaded()
+    configs = [m.config.SerializeToString() for m in models]
+    return ({"op": "catalog", "models": [[m.spec.version, len(c)] for m, c in zip(models, configs)],
+             "failures": plane.registry.failures}, b"".join(configs))
+
+
+class OwnerSide:
+    """Serves one front-end's requests on the owner's data plane; every infer gets exactly one
+    answer (reply or error), also when cancelled, because the front-end frees the request's
+    arena block only then."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 plane: DataPlane, regions: SharedMemoryRegions, region: str) -> None:
+        self._reader, self._writer = reader, writer
+        self._plane, self._regions, self._region = plane, regions, region
+        self._tasks: dict[int, asyncio.Task] = {}
+        self.listening = asyncio.Event()  # the front-end's gRPC server has started
+
+    def send(self, header: dict, payload: bytes = b"") -> None:
+        if not self._writer.is_closing():
+            send(self._writer, header, payload)
+
+    async def serve(self) -> None:
+        """Until the front-end goes; its requests still running are then cancelled."""
+        try:
+            while True:
+                header, _ = await receive(self._reader)
+                op = header["op"]
+                if op == "infer":
+                    task = asyncio.create_task(self._infer(header))
+                    self._tasks[header["id"]] = task
+                    task.add_done_callback(lambda _, i=header["id"]: self._tasks.pop(i, None))
+                elif op == "cancel" and header["id"] in self._tasks:
+                    self._tasks[header["id"]].cancel()
+                elif op == "stats":
+                    self._statistics(header)
+                elif op == "listening":
+                    self.listening.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            for task in list(self._tasks.values()):
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            self._writer.close()
+
+    async def _infer(self, h: dict) -> None:
+        try:
+            model = self._plane.model(h["model"], h["version"])
+            inputs = {name: np.frombuffer(self._regions.view(
+                self._region, offset, nbytes, f"input {name!r}"), dtype).reshape(shape)
+                for name, dtype, shape, offset, nbytes in h["inputs"]}
+            answer = await self._plane.infer(
+                model, inputs, [], RequestOptions(h["priority"], h["timeout_us"], h["deadline"]))
+        except HetserveError as e:
+            self._error(h["id"], e.status.name, str(e))
+        except asyncio.CancelledError:  # the client went away, or the owner stops
+            self._error(h["id"], "CANCELLED", "the request was cancelled")
+        except Exception as e:  # a bug: the request still gets its answer
+            log.exception("request %d from a front-end failed", h["id"])
+            self._error(h["id"], "INTERNAL", f"{type(e).__name__}: {e}")
+        else:
+            arrays = [np.ascontiguousarray(a) for a in answer.outputs.values()]
+            self.send({"op": "reply", "id": h["id"], "device": answer.device,
+                       "outputs": [[n, a.dtype.str, a.shape, a.nbytes]
+                                   for n, a in zip(answer.outputs, arrays)]},
+                      b"".join(a.tobytes() for a in arrays))
+
+    def _statistics(self, h: dict) -> None:
+        try:
+            reply = pb.ModelStatisticsResponse(model_stats=[
+                m.stats.proto(m.spec.name, m.spec.version)
+                for m in self._plane.statistics(h["name"], h["version"])])
+        except HetserveError as e:
+            self._error(h["id"], e.status.name, str(e))
+        else:
+            self.send({"op": "stats", "id": h["id"]}, reply.SerializeToString())
+
+    def _error(self, request_id: int, status: str, message: str) -> None:
+        self.send({"op": "error", "id": request_id, "status": status, "message": message})

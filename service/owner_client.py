@@ -1,0 +1,151 @@
+"""A front-end's end of the channel to the device owner (service/owner_channel.py): the catalog
+of served models that the front-end's data plane looks models up in, and, in place of each
+model's batcher, a proxy that puts a request's inputs into the arena and hands it to the owner,
+whose batcher forms batches across every front-end."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from service import owner_channel
+from service.arena import Arena
+from service.batcher import Answer
+from service.errors import HetserveError, ModelUnavailableError, QueueFullError
+from service.model import ModelSpec
+from service.model_table import ModelTable
+from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
+from service.statistics import ModelStatistics
+from service.tensors import Tensors
+
+
+class OwnerClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 arena: Arena) -> None:
+        self._reader, self._writer, self._arena = reader, writer, arena
+        self._ids = itertools.count()
+        # request id -> its future, and its arena block (None for a statistics request)
+        self._pending: dict[int, tuple[asyncio.Future, tuple[int, int] | None]] = {}
+        self.gone = asyncio.Event()  # the owner has gone: the front-end stops
+
+    def send(self, header: dict) -> None:
+        owner_channel.send(self._writer, header)
+
+    async def receive(self) -> tuple[dict, bytes]:
+        return await owner_channel.receive(self._reader)
+
+    async def run(self, on_catalog) -> None:
+        """Matches answers to requests until the owner goes; then every request waiting fails
+        UNAVAILABLE, so that clients retry elsewhere."""
+        try:
+            while True:
+                header, payload = await self.receive()
+                if header["op"] == "catalog":
+                    on_catalog(header, payload)
+                    continue
+                future, block = self._pending.pop(header["id"])
+                if block is not None:
+                    self._arena.free(block)
+                if future.done():  # cancelled meanwhile
+                    continue
+                if header["op"] == "error":
+                    error = HetserveError(header["message"])
+                    error.status = grpc.StatusCode[header["status"]]
+                    future.set_exception(error)
+                else:
+                    future.set_result((header, payload))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            for future, _ in self._pending.values():
+                if not future.done():
+                    future.set_exception(ModelUnavailableError(
+                        "the daemon's device owner process has gone; retry"))
+            self._pending.clear()
+            self.gone.set()
+
+    async def infer(self, name: str, version: int, inputs: Tensors,
+                    options: RequestOptions) -> Answer:
+        if self.gone.is_set():
+            raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        nbytes = sum(a.nbytes for a in inputs.values())
+        block = self._arena.alloc(nbytes)
+        if block is None:
+            raise QueueFullError(
+                f"inputs of {nbytes} bytes: this front-end's shared memory arena of "
+                f"{self._arena.size} bytes is " + (
+                    "too full now; retry later" if nbytes <= self._arena.size else
+                    "smaller; send smaller requests, or serve with --workers 1"))
+        places, view, at = [], self._arena.view(block), 0
+        for tensor, array in inputs.items():
+            view[at:at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            places.append([tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes])
+            at += array.nbytes
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (future, block)
+        self.send({"op": "infer", "id": request_id, "model": name, "version": str(version),
+                   "inputs": places, "priority": options.priority,
+                   "timeout_us": options.timeout_us, "deadline": options.deadline})
+        try:
+            header, payload = await future
+        except asyncio.CancelledError:  # the client went: the owner drops it, then answers
+            if not self.gone.is_set():
+                self.send({"op": "cancel", "id": request_id})
+            raise
+        outputs, start = {}, 0
+        for out, dtype, shape, size in header["outputs"]:
+            outputs[out] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
+                                         start).reshape(shape)
+            start += size
+        return Answer(outputs, header["device"])
+
+    async def statistics(self, name: str, version: str) -> bytes:
+        if self.gone.is_set():
+            raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (future, None)
+        self.send({"op": "stats", "id": request_id, "name": name, "version": version})
+        return (await future)[1]
+
+
+@dataclass
+class RemoteModel:
+    """What a front-end's data plane needs of a model: its spec and config, and a batcher."""
+
+    spec: ModelSpec
+    config: model_config_pb2.ModelConfig
+    batcher: RemoteBatcher
+    # Counted by the data plane here; ModelStatistics answers with the owner's counts.
+    stats: ModelStatistics = field(default_factory=ModelStatistics)
+
+
+@dataclass(frozen=True)
+class RemoteBatcher:
+    owner: OwnerClient
+    spec: ModelSpec
+
+    async def submit(self, inputs: Tensors, size: int,
+                     options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
+        return await self.owner.infer(self.spec.name, self.spec.version, inputs, options)
+
+
+class Catalog(ModelTable[RemoteModel]):
+    """The owner's served models, as its catalog message lists them."""
+
+    def update(self, owner: OwnerClient, header: dict, payload: bytes) -> None:
+        models: dict[str, dict[int, RemoteModel]] = {}
+        start = 0
+        for version, size in header["models"]:
+            config = model_config_pb2.ModelConfig.FromString(payload[start:start + size])
+            start += size
+            spec = ModelSpec.from_config(config, version)
+            models.setdefault(spec.name, {})[version] = RemoteModel(
+                spec, config, RemoteBatcher(owner, spec))
+        self._models, self.failures = models, header["failures"]
