@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service import tensors
+from service import socket_lock, tensors
 
 log = logging.getLogger(__name__)
 RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
@@ -116,34 +117,46 @@ def _status(e: InferenceServerException) -> str:
 
 
 @contextlib.contextmanager
-def _staged(client: grpcclient.InferenceServerClient, address: str,
+def _staged(clients: list[grpcclient.InferenceServerClient], address: str,
             samples: np.ndarray) -> Iterator[str | None]:
-    """The samples in a POSIX shared memory region registered with the daemon, so that each
-    request names its slice instead of carrying the bytes (Triton's system shared memory). None
-    where that cannot be: a daemon on another node, or one that cannot open the region (another
-    user's daemon, a server without the extension); the bytes then travel in the messages."""
+    """The samples in a POSIX shared memory region registered with the daemon (with each of
+    its front-ends, where it has several), so that each request names its slice instead of
+    carrying the bytes (Triton's system shared memory). None where that cannot be: a daemon on
+    another node, or one that cannot open the region (another user's daemon, a server without
+    the extension); the bytes then travel in the messages."""
     if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
         yield None
         return
     memory = shared_memory.SharedMemory(create=True, size=samples.nbytes)
+    registered: list[grpcclient.InferenceServerClient] = []
     try:
         memory.buf[:samples.nbytes] = samples.reshape(-1).view(np.uint8)
         try:
-            client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                 samples.nbytes)
+            for client in clients:
+                client.register_system_shared_memory(memory.name, "/" + memory.name,
+                                                     samples.nbytes)
+                registered.append(client)
         except InferenceServerException as e:
             log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
                      "messages", address, e.message())
             yield None
             return
-        try:
-            yield memory.name
-        finally:
+        yield memory.name
+    finally:
+        for client in registered:
             with contextlib.suppress(InferenceServerException):  # a daemon gone meanwhile
                 client.unregister_system_shared_memory(memory.name)
-    finally:
         memory.close()
         memory.unlink()
+
+
+def _spread(address: str) -> list[str]:
+    """The addresses a call spreads its requests over: every socket of a daemon with several
+    front-end processes (service/socket_lock.worker_sockets), else the address alone."""
+    if not address.startswith("unix:"):
+        return [address]
+    own = Path(address.removeprefix("unix:").removeprefix("//"))
+    return [address] + [f"unix:{path}" for path in socket_lock.worker_sockets(own)[1:]]
 
 
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int,
@@ -155,7 +168,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     step = max(1, min(batch_size, model.max_batch_size))
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
-    current = [address]
+    targets = _spread(address)
     region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
     def one(start: int) -> grpcclient.InferResult:
@@ -167,27 +180,28 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         else:
             tensor.set_data_from_numpy(chunk)
         outputs = [grpcclient.InferRequestedOutput(model.output_name)]
+        target = targets[start // step % len(targets)]
         for attempt in range(retry.attempts):
-            client = _client(current[0])
+            client = _client(target)
             try:
                 return client.infer(model.name, [tensor], outputs=outputs, priority=priority,
                                     client_timeout=retry.request_timeout_s)
             except InferenceServerException as e:
                 if _status(e) not in RETRIED or attempt == retry.attempts - 1:
                     raise
-                log.warning("daemon at %s answered %s (attempt %d of %d): %s", current[0],
+                log.warning("daemon at %s answered %s (attempt %d of %d): %s", target,
                             _status(e), attempt + 1, retry.attempts, e.message())
                 time.sleep(retry.delay_s(attempt))
                 if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
                     # A restarted daemon knows no region of ours: bytes travel in the messages.
                     region[0] = None
                     tensor.set_data_from_numpy(chunk)
-                    _forget(current[0], client)
+                    _forget(target, client)
                     if recover is not None:
-                        current[0] = recover()
+                        target = recover()
         raise AssertionError("unreachable")
 
-    with _staged(_client(address), address, samples) as region[0], \
+    with _staged([_client(t) for t in targets], address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]

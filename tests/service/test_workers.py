@@ -1,0 +1,214 @@
+"""Several front-end processes behind one address (`--workers`): they answer on one port and a
+socket each, batches form across them, one statistics answer and one /metrics cover them all,
+and faults stay contained: a killed front-end comes back and only its own requests fail, a killed
+device owner answers UNAVAILABLE and leaves no process behind, a taken port is a clear error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from service.server import default_workers
+from spark_jobs import client as spark_client
+from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
+from tests.service.conftest import scrape, total
+
+
+def frontends(owner: int) -> dict[int, int]:
+    """Front-end index -> PID of the daemon process `owner`'s front-ends alive now."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == owner and b"service.frontend_process" in argv:
+            found[int(argv[argv.index(b"service.frontend_process") + 1])] = int(entry.name)
+    return found
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def infer(address: str, images, timeout_s: float = 60.0):
+    with grpcclient.InferenceServerClient(address) as c:
+        return c.infer(MODEL, image_input(images), client_timeout=timeout_s).as_numpy("logits")
+
+
+def answers(address: str, images) -> bool:
+    try:
+        return infer(address, images).shape == (len(images), 10)
+    except InferenceServerException:
+        return False
+
+
+def test_default_is_one_process_up_to_three_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cpus, workers in ((1, 1), (2, 1), (3, 1), (4, 2), (16, 8), (64, 8)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cpus: set(range(n)))
+        assert default_workers() == workers
+
+
+def test_two_workers_batch_together_and_answer_as_one_daemon(serve, holdout) -> None:
+    # A batch leaves only with two requests (or after 10 s): each front-end below has one
+    # request in flight at a time, so every batch of two holds one from each front-end.
+    daemon, _ = serve(8, "preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000",
+                      "--workers", "2")
+    assert sorted(frontends(daemon.process.pid)) == [0, 1]
+    sockets = [daemon.socket_url, f"unix:{daemon.socket}.1"]
+    images = holdout[0]
+
+    def serially(address: str) -> list:
+        return [infer(address, images[i:i + 1]).shape for i in range(4)]
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(serially, sockets)) == [[(1, 10)] * 4] * 2
+    assert infer(daemon.url, images[:3]).shape == (3, 10)  # and over the shared TCP port
+
+    with grpcclient.InferenceServerClient(daemon.url) as c:
+        stats = c.get_inference_statistics(MODEL).model_stats[0]
+    assert stats.inference_count == 11 and stats.inference_stats.success.count == 9
+    assert stats.execution_count < 9  # batches of two, across the two processes
+    assert any(b.batch_size == 2 for b in stats.batch_stats)
+    samples = scrape(daemon.metrics_url)  # one endpoint: the front-ends' requests included
+    assert total(samples, "hetserve_requests_total", model=MODEL, code="OK") == 9
+    assert total(samples, "hetserve_request_duration_seconds_count", model=MODEL) == 9
+    assert total(samples, "hetserve_inferences_total", model=MODEL) == 11
+
+
+def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
+    daemon, _ = serve(8, "max_queue_delay_microseconds: 1000", "--workers", "2")
+    images = holdout[0][:32]
+    model = spark_client.ModelInterface.fetch(daemon.socket_url, MODEL)
+    result = spark_client.infer(daemon.socket_url, model, images, batch_size=4, inflight=4)
+    assert result.logits.shape == (32, 10)
+    assert {daemon.socket_url, f"unix:{daemon.socket}.1"} <= set(spark_client._clients)
+
+
+def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, holdout) -> None:
+    daemon, control = serve(8, "max_queue_delay_microseconds: 2000", "--workers", "2")
+    control.set(delay_s=0.05)
+    victim = frontends(daemon.process.pid)[0]
+    images = holdout[0][:1]
+    stop = threading.Event()
+    survivors: list = []
+    on_victim: list[str] = []
+
+    def load(address: str, outcomes: list) -> None:
+        with grpcclient.InferenceServerClient(address) as c:
+            while not stop.is_set():
+                try:
+                    outcomes.append(c.infer(MODEL, image_input(images), client_timeout=60)
+                                    .as_numpy("logits").shape)
+                except InferenceServerException as e:
+                    outcomes.append(e.status())
+
+    with ThreadPoolExecutor(6) as pool:
+        calls = [pool.submit(load, f"unix:{daemon.socket}.1", survivors) for _ in range(4)]
+        calls += [pool.submit(load, daemon.socket_url, on_victim) for _ in range(2)]
+        try:
+            wait_for(lambda: len(survivors) > 20 and len(on_victim) > 4, "requests under load")
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda: frontends(daemon.process.pid).get(0, victim) != victim,
+                     "front-end 0 to be started again")
+            wait_for(lambda: answers(daemon.socket_url, images), "front-end 0 to answer again")
+        finally:
+            stop.set()
+        for call in calls:
+            call.result(timeout=60)
+    assert survivors and set(survivors) == {(1, 10)}  # every request of the other worker
+    assert set(on_victim) <= {(1, 10), "StatusCode.UNAVAILABLE"}
+    assert not alive(victim)
+
+
+def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
+        tmp_path: Path, holdout, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.service.conftest import ENGINE_MODULE, Control, write_model
+    from tests.service.faulty_engine import CONTROL_ENV
+
+    control = Control(tmp_path / "control.json")
+    monkeypatch.setenv(CONTROL_ENV, str(control.path))
+    models = write_model(tmp_path / "models", 8, "max_queue_delay_microseconds: 1000",
+                         {"devices": "faulty:cpu1"})
+    daemon = Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE, "--workers", "2")
+    fronts = frontends(daemon.process.pid)
+    control.set(delay_s=2.0)
+    with ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(infer, address, holdout[0][:1]) for address in
+                 (daemon.url, daemon.socket_url, f"unix:{daemon.socket}.1") * 2]
+        time.sleep(0.5)  # let them reach the owner; any order of events passes below
+        os.kill(daemon.process.pid, signal.SIGKILL)
+        for call in calls:
+            with pytest.raises(InferenceServerException) as failed:
+                call.result(timeout=60)  # never a hang
+            assert failed.value.status() == "StatusCode.UNAVAILABLE"
+    assert daemon.process.stop() == -signal.SIGKILL
+    wait_for(lambda: not any(alive(pid) for pid in fronts.values()), "front-ends to end")
+
+
+def test_sigterm_drains_every_worker_and_leaves_no_process(serve, holdout) -> None:
+    daemon, control = serve(8, "max_queue_delay_microseconds: 1000", "--workers", "2",
+                            devices="faulty:cpu1")
+    fronts = frontends(daemon.process.pid)
+    control.set(delay_s=0.5)
+    with ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(infer, address, holdout[0][:1])
+                 for address in (daemon.socket_url, f"unix:{daemon.socket}.1") * 2]
+        time.sleep(0.3)
+        assert daemon.stop() == 0
+        assert all(call.result(timeout=30).shape == (1, 10) for call in calls)
+    assert not any(alive(pid) for pid in fronts.values())
+    assert not daemon.socket.exists() and not Path(f"{daemon.socket}.1").exists()
+
+
+def _start_refused(tmp_path: Path, port: int, socket_name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--models", str(MODELS), "--port", str(port),
+         "--socket", str(tmp_path / socket_name), "--metrics-port", "0", "--workers", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_port_held_by_another_program_is_a_clear_error(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        refused = _start_refused(tmp_path, port, "grpc.sock")
+    assert refused.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: address in use" in refused.stderr
+
+
+def test_a_port_held_by_another_daemon_with_workers_is_a_clear_error(tmp_path: Path,
+                                                                    holdout) -> None:
+    first = Daemon(tmp_path, MODELS, "--workers", "2")
+    try:  # both share SO_REUSEPORT: only the owner's own guard can tell
+        refused = _start_refused(tmp_path, first.port, "other.sock")
+        assert refused.returncode == 2
+        assert f"cannot listen on 127.0.0.1:{first.port}: address in use" in refused.stderr
+        assert infer(first.url, holdout[0][:1]).shape == (1, 10)
+    finally:
+        assert first.stop() == 0
