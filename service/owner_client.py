@@ -6,7 +6,9 @@ whose batcher forms batches across every front-end."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,7 +41,7 @@ class OwnerClient:
     async def receive(self) -> tuple[dict, bytes]:
         return await owner_channel.receive(self._reader)
 
-    async def run(self, on_catalog) -> None:
+    async def run(self, on_catalog: Callable[[dict, bytes], None]) -> None:
         """Matches answers to requests until the owner goes; then every request waiting fails
         UNAVAILABLE, so that clients retry elsewhere."""
         try:
@@ -57,8 +59,10 @@ class OwnerClient:
                     error = HetserveError(header["message"])
                     error.status = grpc.StatusCode[header["status"]]
                     future.set_exception(error)
+                elif header["op"] == "reply":
+                    future.set_result(_answer(header, payload))
                 else:
-                    future.set_result((header, payload))
+                    future.set_result(payload)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -69,8 +73,10 @@ class OwnerClient:
             self._pending.clear()
             self.gone.set()
 
-    async def infer(self, name: str, version: int, inputs: Tensors,
-                    options: RequestOptions) -> Answer:
+    def enqueue(self, name: str, version: int, inputs: Tensors,
+                options: RequestOptions) -> asyncio.Future[Answer]:
+        """Hands a request to the owner now; the future of its answer. Cancelling the future
+        withdraws the request (the owner still answers, and only then is its block freed)."""
         if self.gone.is_set():
             raise ModelUnavailableError("the daemon's device owner process has gone; retry")
         nbytes = sum(a.nbytes for a in inputs.values())
@@ -86,33 +92,38 @@ class OwnerClient:
             view[at:at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             places.append([tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes])
             at += array.nbytes
-        request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (future, block)
-        self.send({"op": "infer", "id": request_id, "model": name, "version": str(version),
-                   "inputs": places, "priority": options.priority,
-                   "timeout_us": options.timeout_us, "deadline": options.deadline})
-        try:
-            header, payload = await future
-        except asyncio.CancelledError:  # the client went: the owner drops it, then answers
-            if not self.gone.is_set():
-                self.send({"op": "cancel", "id": request_id})
-            raise
-        outputs, start = {}, 0
-        for out, dtype, shape, size in header["outputs"]:
-            outputs[out] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
-                                         start).reshape(shape)
-            start += size
-        return Answer(outputs, header["device"])
+        request_id, future = self._request({"op": "infer", "model": name, "version": str(version),
+                                "inputs": places, "priority": options.priority,
+                                "timeout_us": options.timeout_us,
+                                "deadline": options.deadline}, block)
+        future.add_done_callback(functools.partial(self._withdraw, request_id))
+        return future
+
+    def _withdraw(self, request_id: int, future: asyncio.Future) -> None:
+        if future.cancelled() and not self.gone.is_set():  # the client went
+            self.send({"op": "cancel", "id": request_id})
 
     async def statistics(self, name: str, version: str) -> bytes:
         if self.gone.is_set():
             raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        return await self._request({"op": "stats", "name": name, "version": version}, None)[1]
+
+    def _request(self, header: dict, block: tuple[int, int] | None
+                 ) -> tuple[int, asyncio.Future]:
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (future, None)
-        self.send({"op": "stats", "id": request_id, "name": name, "version": version})
-        return (await future)[1]
+        self._pending[request_id] = (future, block)
+        self.send({**header, "id": request_id})
+        return request_id, future
+
+
+def _answer(header: dict, payload: bytes) -> Answer:
+    outputs, start = {}, 0
+    for name, dtype, shape, size in header["outputs"]:
+        outputs[name] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
+                                      start).reshape(shape)
+        start += size
+    return Answer(outputs, header["device"])
 
 
 @dataclass
@@ -131,9 +142,13 @@ class RemoteBatcher:
     owner: OwnerClient
     spec: ModelSpec
 
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+        return self.owner.enqueue(self.spec.name, self.spec.version, inputs, options)
+
     async def submit(self, inputs: Tensors, size: int,
                      options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
-        return await self.owner.infer(self.spec.name, self.spec.version, inputs, options)
+        return await self.enqueue(inputs, size, options)
 
 
 class Catalog(ModelTable[RemoteModel]):

@@ -157,7 +157,7 @@ def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
     daemon = Daemon(tmp_path, models, "--engine-modules", ENGINE_MODULE, "--workers", "2")
     fronts = frontends(daemon.process.pid)
     control.set(delay_s=2.0)
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(6) as pool:  # every call in flight when the owner dies
         calls = [pool.submit(infer, address, holdout[0][:1]) for address in
                  (daemon.url, daemon.socket_url, f"unix:{daemon.socket}.1") * 2]
         time.sleep(0.5)  # let them reach the owner; any order of events passes below
