@@ -49,37 +49,40 @@ class FrontendServicer(InferenceServicer):
 
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
-    reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=channel_fd))
-    owner = OwnerClient(reader, writer, arena)
     catalog = Catalog()
     plane = DataPlane(catalog)
     regions = SharedMemoryRegions()
-    token = TokenFile(settings.token_file) if settings.token_file else None
-    front = GrpcFront(settings, token, FrontendServicer(plane, Metrics(), regions, owner),
-                      plane, reuseport=True)
+    serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
     became_ready: set[asyncio.Task] = set()
 
     def on_catalog(header: dict, payload: bytes) -> None:
         catalog.update(owner, header, payload)
         plane.ready = True
-        task = asyncio.create_task(front.serving())
-        became_ready.add(task)
-        task.add_done_callback(became_ready.discard)
+        if serving:
+            task = asyncio.create_task(front.serving())
+            became_ready.add(task)
+            task.add_done_callback(became_ready.discard)
 
-    first = await owner.receive()  # models loaded (a front-end started again) or loading
+    owner = OwnerClient(arena, on_catalog)
+    token = TokenFile(settings.token_file) if settings.token_file else None
+    front = GrpcFront(settings, token, FrontendServicer(plane, Metrics(), regions, owner),
+                      plane, reuseport=True)
+    await owner.open(socket.socket(fileno=channel_fd))
+    reading = asyncio.create_task(owner.run())
+    # Models loaded already (a front-end started again): ready before the first connection.
+    await owner.first
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
         await front.start(cleanup)
-        if first[0]["op"] == "catalog":
-            on_catalog(*first)
+        if plane.ready:
+            await front.serving()
+        serving.append(True)
         owner.send({"op": "listening"})
-        reading = asyncio.create_task(owner.run(on_catalog))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await asyncio.wait([asyncio.create_task(stop.wait()),
-                            asyncio.create_task(owner.gone.wait())],
+        await asyncio.wait([asyncio.create_task(stop.wait()), reading],
                            return_when=asyncio.FIRST_COMPLETED)
         await front.drain(settings.shutdown_grace_s)
         reading.cancel()

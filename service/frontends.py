@@ -159,8 +159,8 @@ class Frontends:
             there.close()
             os.close(fd)
             (SHM_ROOT / key).unlink()  # both hold it now: no death can leak it
-        reader, writer = await asyncio.open_unix_connection(sock=here)
-        side = OwnerSide(reader, writer, self._plane, self._regions, region)
+        side = OwnerSide(self._plane, self._regions, region)
+        await side.open(here)
         side.send(*(self._catalog or ({"op": "loading"}, b"")))
         self._sides[index], self._processes[index] = side, process
         serving = asyncio.create_task(side.serve())

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import struct
+from collections.abc import Callable
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
@@ -26,16 +28,61 @@ log = logging.getLogger(__name__)
 _PREFIX = struct.Struct("<II")  # header bytes, payload bytes
 
 
-def send(writer: asyncio.StreamWriter, header: dict, payload: bytes = b"") -> None:
-    data = json.dumps(header, separators=(",", ":")).encode()
-    writer.write(_PREFIX.pack(len(data), len(payload)) + data + payload)
+class Channel(asyncio.Protocol):
+    """One end of the socketpair. Frames sent in one event-loop iteration leave in one write
+    (the answers of a batch, the requests decoded meanwhile); each frame received is handed to
+    `on_frame` as it is parsed, with no task or coroutine per frame."""
 
+    def __init__(self, on_frame: Callable[[dict, bytes], None]) -> None:
+        self._on_frame = on_frame
+        self._received = bytearray()
+        self._outgoing: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self.closed = asyncio.Event()
 
-async def receive(reader: asyncio.StreamReader) -> tuple[dict, bytes]:
-    """The next frame; asyncio.IncompleteReadError once the other side has gone."""
-    header_bytes, payload_bytes = _PREFIX.unpack(await reader.readexactly(_PREFIX.size))
-    body = await reader.readexactly(header_bytes + payload_bytes)
-    return json.loads(body[:header_bytes]), body[header_bytes:]
+    @classmethod
+    async def open(cls, sock: socket.socket, on_frame: Callable[[dict, bytes], None]) -> Channel:
+        _, channel = await asyncio.get_running_loop().create_unix_connection(
+            lambda: cls(on_frame), sock=sock)
+        return channel
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+    def data_received(self, data: bytes) -> None:
+        self._received += data
+        buffer, at = self._received, 0
+        while len(buffer) - at >= _PREFIX.size:
+            header_bytes, payload_bytes = _PREFIX.unpack_from(buffer, at)
+            end = at + _PREFIX.size + header_bytes + payload_bytes
+            if len(buffer) < end:
+                break
+            body = at + _PREFIX.size
+            header = json.loads(buffer[body:body + header_bytes])
+            payload = bytes(buffer[body + header_bytes:end])
+            at = end
+            self._on_frame(header, payload)
+        del buffer[:at]
+
+    def send(self, header: dict, payload: bytes = b"") -> None:
+        if self.closed.is_set() or self._transport is None:
+            return
+        data = json.dumps(header, separators=(",", ":")).encode()
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing += (_PREFIX.pack(len(data), len(payload)), data, payload)
+
+    def _flush(self) -> None:
+        if not self.closed.is_set():
+            self._transport.write(b"".join(self._outgoing))
+        self._outgoing.clear()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
 
 def catalog(plane: DataPlane) -> tuple[dict, bytes]:
@@ -51,40 +98,40 @@ class OwnerSide:
     answer (reply or error), also when cancelled, because the front-end frees the request's
     arena block only then."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 plane: DataPlane, regions: SharedMemoryRegions, region: str) -> None:
-        self._reader, self._writer = reader, writer
+    def __init__(self, plane: DataPlane, regions: SharedMemoryRegions, region: str) -> None:
         self._plane, self._regions, self._region = plane, regions, region
         self._tasks: dict[int, asyncio.Task] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
+        self.channel: Channel | None = None
 
     def send(self, header: dict, payload: bytes = b"") -> None:
-        if not self._writer.is_closing():
-            send(self._writer, header, payload)
+        self.channel.send(header, payload)
+
+    async def open(self, sock: socket.socket) -> None:
+        self.channel = await Channel.open(sock, self._on_frame)
 
     async def serve(self) -> None:
         """Until the front-end goes; its requests still running are then cancelled."""
         try:
-            while True:
-                header, _ = await receive(self._reader)
-                op = header["op"]
-                if op == "infer":
-                    task = asyncio.create_task(self._infer(header))
-                    self._tasks[header["id"]] = task
-                    task.add_done_callback(lambda _, i=header["id"]: self._tasks.pop(i, None))
-                elif op == "cancel" and header["id"] in self._tasks:
-                    self._tasks[header["id"]].cancel()
-                elif op == "stats":
-                    self._statistics(header)
-                elif op == "listening":
-                    self.listening.set()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            await self.channel.closed.wait()
         finally:
             for task in list(self._tasks.values()):
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-            self._writer.close()
+            self.channel.close()
+
+    def _on_frame(self, header: dict, _: bytes) -> None:
+        op = header["op"]
+        if op == "infer":
+            task = asyncio.create_task(self._infer(header))
+            self._tasks[header["id"]] = task
+            task.add_done_callback(lambda _, i=header["id"]: self._tasks.pop(i, None))
+        elif op == "cancel" and header["id"] in self._tasks:
+            self._tasks[header["id"]].cancel()
+        elif op == "stats":
+            self._statistics(header)
+        elif op == "listening":
+            self.listening.set()
 
     async def _infer(self, h: dict) -> None:
         try:

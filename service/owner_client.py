@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,63 +16,71 @@ import grpc
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from service import owner_channel
 from service.arena import Arena
 from service.batcher import Answer
 from service.errors import HetserveError, ModelUnavailableError, QueueFullError
 from service.model import ModelSpec
 from service.model_table import ModelTable
+from service.owner_channel import Channel
 from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.statistics import ModelStatistics
 from service.tensors import Tensors
 
 
 class OwnerClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 arena: Arena) -> None:
-        self._reader, self._writer, self._arena = reader, writer, arena
+    def __init__(self, arena: Arena, on_catalog: Callable[[dict, bytes], None]) -> None:
+        self._arena, self._on_catalog = arena, on_catalog
         self._ids = itertools.count()
         # request id -> its future, and its arena block (None for a statistics request)
         self._pending: dict[int, tuple[asyncio.Future, tuple[int, int] | None]] = {}
-        self.gone = asyncio.Event()  # the owner has gone: the front-end stops
+        self._channel: Channel | None = None
+        self.first = asyncio.get_running_loop().create_future()  # the owner's first word
+
+    async def open(self, sock: socket.socket) -> None:
+        self._channel = await Channel.open(sock, self._on_frame)
+
+    @property
+    def gone(self) -> asyncio.Event:
+        """Set once the owner has gone: the front-end stops."""
+        return self._channel.closed
 
     def send(self, header: dict) -> None:
-        owner_channel.send(self._writer, header)
+        self._channel.send(header)
 
-    async def receive(self) -> tuple[dict, bytes]:
-        return await owner_channel.receive(self._reader)
-
-    async def run(self, on_catalog: Callable[[dict, bytes], None]) -> None:
-        """Matches answers to requests until the owner goes; then every request waiting fails
-        UNAVAILABLE, so that clients retry elsewhere."""
+    async def run(self) -> None:
+        """Until the owner goes; then every request waiting fails UNAVAILABLE, so that clients
+        retry elsewhere."""
         try:
-            while True:
-                header, payload = await self.receive()
-                if header["op"] == "catalog":
-                    on_catalog(header, payload)
-                    continue
-                future, block = self._pending.pop(header["id"])
-                if block is not None:
-                    self._arena.free(block)
-                if future.done():  # cancelled meanwhile
-                    continue
-                if header["op"] == "error":
-                    error = HetserveError(header["message"])
-                    error.status = grpc.StatusCode[header["status"]]
-                    future.set_exception(error)
-                elif header["op"] == "reply":
-                    future.set_result(_answer(header, payload))
-                else:
-                    future.set_result(payload)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            await self.gone.wait()
         finally:
             for future, _ in self._pending.values():
                 if not future.done():
                     future.set_exception(ModelUnavailableError(
                         "the daemon's device owner process has gone; retry"))
             self._pending.clear()
-            self.gone.set()
+
+    def _on_frame(self, header: dict, payload: bytes) -> None:
+        """Matches answers to requests; the owner's state (loading, catalog) goes elsewhere."""
+        op = header["op"]
+        if op in ("loading", "catalog"):
+            if not self.first.done():
+                self.first.set_result(op)
+            if op == "catalog":
+                self._on_catalog(header, payload)
+            return
+        future, block = self._pending.pop(header["id"])
+        if block is not None:
+            self._arena.free(block)
+        if future.done():  # cancelled meanwhile
+            return
+        if op == "error":
+            error = HetserveError(header["message"])
+            error.status = grpc.StatusCode[header["status"]]
+            future.set_exception(error)
+        elif op == "reply":
+            future.set_result(_answer(header, payload))
+        else:
+            future.set_result(payload)
 
     def enqueue(self, name: str, version: int, inputs: Tensors,
                 options: RequestOptions) -> asyncio.Future[Answer]:
