@@ -108,7 +108,8 @@ class Frontends:
         await self.health.enter_graceful_shutdown()
         self._stopping = True
         for process in self._processes.values():
-            process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # exited already (systemd's SIGTERM)
+                process.send_signal(signal.SIGTERM)
         await asyncio.wait(self._slots, timeout=grace_s + _EXIT_MARGIN_S)
         if not await self._plane.drain(max(grace_s - (loop.time() - started), 0.0)):
             log.warning("requests still in flight after %.1f s are cancelled", grace_s)
