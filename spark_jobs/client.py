@@ -117,37 +117,57 @@ def _status(e: InferenceServerException) -> str:
 
 
 @contextlib.contextmanager
-def _staged(clients: list[grpcclient.InferenceServerClient], address: str,
+def _staged(client: grpcclient.InferenceServerClient, address: str,
             samples: np.ndarray) -> Iterator[str | None]:
-    """The samples in a POSIX shared memory region registered with the daemon (with each of
-    its front-ends, where it has several), so that each request names its slice instead of
-    carrying the bytes (Triton's system shared memory). None where that cannot be: a daemon on
-    another node, or one that cannot open the region (another user's daemon, a server without
-    the extension); the bytes then travel in the messages."""
+    """The samples in a POSIX shared memory region registered with the daemon, so that each
+    request names its slice instead of carrying the bytes (Triton's system shared memory). None
+    where that cannot be: a daemon on another node, or one that cannot open the region (another
+    user's daemon, a server without the extension); the bytes then travel in the messages."""
     if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
         yield None
         return
     memory = shared_memory.SharedMemory(create=True, size=samples.nbytes)
-    registered: list[grpcclient.InferenceServerClient] = []
     try:
         memory.buf[:samples.nbytes] = samples.reshape(-1).view(np.uint8)
         try:
-            for client in clients:
-                client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                     samples.nbytes)
-                registered.append(client)
+            client.register_system_shared_memory(memory.name, "/" + memory.name,
+                                                 samples.nbytes)
         except InferenceServerException as e:
             log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
                      "messages", address, e.message())
             yield None
             return
-        yield memory.name
-    finally:
-        for client in registered:
+        try:
+            yield memory.name
+        finally:
             with contextlib.suppress(InferenceServerException):  # a daemon gone meanwhile
                 client.unregister_system_shared_memory(memory.name)
+    finally:
         memory.close()
         memory.unlink()
+
+
+@contextlib.contextmanager
+def _beside(clients: list[grpcclient.InferenceServerClient], region: str | None,
+            nbytes: int) -> Iterator[str | None]:
+    """The call's region registered also with the daemon's other front-ends (one client per
+    socket); None where one of them cannot open it: the bytes then travel in the messages."""
+    registered: list[grpcclient.InferenceServerClient] = []
+    usable = region
+    try:
+        for client in clients if region is not None else ():
+            client.register_system_shared_memory(region, "/" + region, nbytes)
+            registered.append(client)
+    except InferenceServerException as e:
+        log.info("a front-end of the daemon cannot use shared memory (%s); sending tensors in "
+                 "gRPC messages", e.message())
+        usable = None
+    try:
+        yield usable
+    finally:
+        for client in registered:
+            with contextlib.suppress(InferenceServerException):  # a front-end gone meanwhile
+                client.unregister_system_shared_memory(region)
 
 
 def _spread(address: str) -> list[str]:
@@ -201,7 +221,8 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                         target = recover()
         raise AssertionError("unreachable")
 
-    with _staged([_client(t) for t in targets], address, samples) as region[0], \
+    with _staged(_client(address), address, samples) as staged, \
+            _beside([_client(t) for t in targets[1:]], staged, samples.nbytes) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]
