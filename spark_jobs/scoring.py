@@ -1,17 +1,19 @@
-"""Scoring over pandas batches, the core of every Spark entry point: decode the tensor or image
-column, infer through the node-local daemon, and return id, label, top-k classes and scores
-(softmax of the model's output), the device that ran each row and the model version."""
+"""What every Spark entry point shares: the options, the output schema and the top-k of softmax
+scores; and scoring over pandas batches (mapInPandas): decode the tensor or image column, infer
+through the node-local daemon, and return id, label, top-k classes and scores, the device that
+ran each row and the model version. spark_jobs.arrow_scoring does the same on Arrow batches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from service import tensors
-from spark_jobs.client import ModelInterface, RetryPolicy, infer
+from spark_jobs.client import (NO_CREDENTIALS, Credentials, Inference, ModelInterface,
+                               RetryPolicy, infer)
 from spark_jobs.daemon import NodeDaemon
 from spark_jobs.images import decode_image
 
@@ -26,13 +28,37 @@ def output_schema(id_type: str, keep_errors: bool = False) -> str:
 class ScoreOptions:
     daemon: NodeDaemon
     model: ModelInterface
-    batch_size: int = 128
+    batch_size: int | None = None  # samples per request; None: the daemon's largest bucket
     inflight: int = 2  # requests in flight per task
     priority: int | None = None  # None: the model's lowest level (batch work yields)
     top_k: int = 5
     keep_errors: bool = False  # a malformed row becomes an error row instead of failing
     images: bool = False  # rows come from Spark's `image` source
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    credentials: Credentials = NO_CREDENTIALS  # for a daemon reached over TCP with TLS
+
+    @property
+    def level(self) -> int:
+        return self.model.lowest_priority if self.priority is None else self.priority
+
+    def locate(self) -> str:
+        return locate(self.daemon, self.credentials)
+
+    def recover(self) -> Callable[[], str] | None:
+        """What a retry of an UNAVAILABLE request asks for the node's daemon: a job that may
+        not start daemons keeps retrying the one it was given."""
+        return self.locate if self.daemon.model_repository else None
+
+    def infer(self, address: str, samples: np.ndarray) -> Inference:
+        return infer(address, self.model, samples, self.batch_size, self.inflight, self.level,
+                     self.retry, self.recover(), self.credentials)
+
+
+def locate(daemon: NodeDaemon, credentials: Credentials = NO_CREDENTIALS) -> str:
+    """This node's daemon. One reached with TLS is used as it is: the job starts daemons only
+    on a unix socket or a loopback port of its own, which need no credentials."""
+    address = daemon.resolve()
+    return address if credentials.applies_to(address) else daemon.ensure()
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -80,26 +106,27 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
         raise ValueError(next(iter(errors.values())))
     good = np.ones(len(frame), bool)
     good[list(errors)] = False
-    model = options.model
-    priority = model.lowest_priority if options.priority is None else options.priority
-    result = infer(address, model, samples[good], options.batch_size, options.inflight,
-                   priority, options.retry,
-                   # a job that may not start daemons keeps retrying the one it was given
-                   recover=options.daemon.ensure if options.daemon.model_repository else None)
-    # No valid row (all went to the error output) leaves no logits, hence no class axis.
-    logits = result.logits.astype(np.float32).reshape(int(good.sum()), -1) if good.any() \
-        else np.zeros((0, 1), np.float32)
-    scores = softmax(logits)
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :max(1, options.top_k)]
+    result = options.infer(address, samples[good])
+    top, top_scores = top_k(result, int(good.sum()), options.top_k)
     return pd.DataFrame({
         "id": frame["id"].to_numpy(),
         "label": pd.array(_spread(top[:, 0].tolist(), good), dtype="Int32"),
-        "top_labels": _spread(list(top.astype(np.int32)), good),
-        "top_scores": _spread(list(np.take_along_axis(scores, top, axis=1)), good),
+        "top_labels": _spread(list(top), good),
+        "top_scores": _spread(list(top_scores), good),
         "device": _spread(result.devices, good),
         "model_version": result.model_version or None,
         **({"error": [errors.get(i) for i in range(len(frame))]}
            if options.keep_errors else {})})
+
+
+def top_k(result: Inference, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best classes (int32, best first) and their softmax scores, per row."""
+    # No valid row (all went to the error output) leaves no logits, hence no class axis.
+    logits = result.logits.astype(np.float32).reshape(rows, -1) if rows \
+        else np.zeros((0, 1), np.float32)
+    scores = softmax(logits)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :max(1, k)]
+    return top.astype(np.int32), np.take_along_axis(scores, top, axis=1)
 
 
 def _spread(values: list, good: np.ndarray) -> list:
@@ -115,5 +142,5 @@ def score_frames(frames: Iterator[pd.DataFrame], options: ScoreOptions
     for frame in frames:
         if frame.empty:
             continue
-        address = address or options.daemon.ensure()
+        address = address or options.locate()
         yield score_frame(frame, options, address)
