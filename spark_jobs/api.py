@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -42,12 +44,16 @@ PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
                                   StructField("scores", ArrayType(FloatType()))])
 
 
+OWNER_CONF = "spark.hetserve.owner"  # names the job in the daemons it starts
+
+
 def node_daemon(spark: SparkSession, address: str | None = None,
                 model_repository: str | None = None) -> NodeDaemon:
     """`address` (else the conf spark.hetserve.daemon, else each node's own setting); with a
-    model repository, nodes where none answers get a daemon started by the job."""
+    model repository, nodes where none answers get a daemon started by the job, owned by
+    spark.hetserve.owner (job_session sets it), else the Spark application id."""
     return NodeDaemon(address or spark.conf.get(ADDRESS_CONF, None), model_repository,
-                      spark.sparkContext.applicationId)
+                      spark.conf.get(OWNER_CONF, None) or spark.sparkContext.applicationId)
 
 
 def score_options(spark: SparkSession, model: str, *, address: str | None = None,
@@ -74,13 +80,22 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
 
 
 @contextlib.contextmanager
-def job_session(app_name: str, address: str | None) -> Iterator[SparkSession]:
-    """A job's Spark session and log. On the way out it stops the daemons the job started (a
-    failure there is logged, never hiding the job's own error) and then the session."""
+def job_session(app_name: str, address: str | None,
+                model_repository: str | None = None) -> Iterator[SparkSession]:
+    """A job's Spark session and log. Given both an address and a model repository, the
+    daemon of the driver's host starts (where none answers) while Spark does, so that the job
+    waits for the slower of the two instead of both. On the way out it stops the daemons the
+    job started (a failure there is logged, never hiding the job's own error) and then the
+    session."""
     # force: pyspark may have configured the root logger already.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         force=True)
-    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    owner = f"{app_name}-{uuid.uuid4().hex[:16]}"
+    if address and model_repository:
+        # A failure here resurfaces, with its reason, when the job asks for the daemon.
+        threading.Thread(target=_quietly, args=(NodeDaemon(address, model_repository, owner)
+                                                .ensure,), daemon=True).start()
+    spark = SparkSession.builder.appName(app_name).config(OWNER_CONF, owner).getOrCreate()
     try:
         yield spark
     finally:
@@ -91,6 +106,13 @@ def job_session(app_name: str, address: str | None) -> Iterator[SparkSession]:
                           "when its executor's JVM ends")
         finally:
             spark.stop()
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception as e:
+        log.info("starting the daemon early failed (%s); the job will ask again", e)
 
 
 def _stop_started(_: Iterator[int], daemon: NodeDaemon) -> Iterator[int]:

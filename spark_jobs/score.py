@@ -70,6 +70,13 @@ def scoring_options(args: argparse.Namespace) -> dict[str, object]:
             "credentials": Credentials(args.tls_ca, args.token_file)}
 
 
+def daemon_repository(args: argparse.Namespace) -> str | None:
+    """The repository the job starts daemons from, None where it never does (not allowed, or a
+    daemon reached with TLS, which a job only uses)."""
+    options = scoring_options(args)
+    return None if options["credentials"] else options["model_repository"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,7 +126,7 @@ def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> N
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with job_session("hetserve-score", args.daemon) as spark:
+    with job_session("hetserve-score", args.daemon, daemon_repository(args)) as spark:
         start = time.perf_counter()
         scored = score(spark, args)
         log.info("scoring %s through the node-local daemons", args.input)

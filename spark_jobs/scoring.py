@@ -5,6 +5,7 @@ ran each row and the model version. spark_jobs.arrow_scoring does the same on Ar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from spark_jobs.client import (NO_CREDENTIALS, Credentials, Inference, ModelInte
                                RetryPolicy, infer)
 from spark_jobs.daemon import NodeDaemon
 from spark_jobs.images import decode_image
+from spark_jobs.resources import task_resources
+
+log = logging.getLogger(__name__)
 
 
 def output_schema(id_type: str, keep_errors: bool = False) -> str:
@@ -42,7 +46,11 @@ class ScoreOptions:
         return self.model.lowest_priority if self.priority is None else self.priority
 
     def locate(self) -> str:
-        return locate(self.daemon, self.credentials)
+        """This task's daemon (see locate), logged with the accelerators the task holds."""
+        address = locate(self.daemon, self.credentials)
+        log.info("a task holding %s scores through the daemon at %s",
+                 task_resources() or "no accelerator", address)
+        return address
 
     def recover(self) -> Callable[[], str] | None:
         """What a retry of an UNAVAILABLE request asks for the node's daemon: a job that may
