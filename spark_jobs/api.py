@@ -32,8 +32,8 @@ from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, St
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
-from spark_jobs.scoring import (ScoreOptions, locate, output_schema, score_frames,
-                                softmax)
+from spark_jobs.pandas_scoring import score_frames
+from spark_jobs.scoring import ScoreOptions, locate, output_schema, softmax
 
 log = logging.getLogger(__name__)
 __all__ = ["PREDICT_RETURN_TYPE", "Credentials", "image_columns", "make_predict_fn",
@@ -71,9 +71,11 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
     executor's (a task per core, twice over, to reach each); returns how many. A daemon that
     a job started also stops by itself when its executor's JVM ends."""
     daemon = node_daemon(spark, address)
-    tasks = 2 * spark.sparkContext.defaultParallelism
-    stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
-        .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
+    stopped = 0
+    if not spark.sparkContext.master.startswith("local"):  # else the driver's is the only host
+        tasks = 2 * spark.sparkContext.defaultParallelism
+        stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
+            .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
     stopped = int(daemon.stop_started()) + int(stopped)
     log.info("stopped %d daemon(s) that %s started", stopped, daemon.owner)
     return stopped
