@@ -86,7 +86,7 @@ def cold_runs(args: argparse.Namespace, data: Path, tmp: Path, daemon: str) -> d
     score = [str(ROOT / "spark_jobs" / "score.py"), "--input", str(data)]
     jobs = {
         "daemon, started by the job": [*score, "--daemon", f"unix:{tmp / 'cold' / 'grpc.sock'}",
-                                       "--model-repository", str(ROOT / "models")],
+                                       "--model-repository", str(args.models)],
         "daemon, already running": [*score, "--daemon", daemon, "--no-start-daemon"],
         "in-process mapInArrow": [__file__, "--reference-job", "--input", str(data),
                                   "--provider", args.provider]}
@@ -156,6 +156,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--provider", default="CPUExecutionProvider",
                         help="ONNX Runtime provider of the in-process references")
     parser.add_argument("--no-cold", action="store_true", help="skip the spark-submit runs")
+    parser.add_argument("--models", type=Path, default=ROOT / "models",
+                        help="the daemon's model repository, e.g. one whose mnist_cnn config "
+                             "asks for KIND_GPU on a GPU node (default: ./models)")
     parser.add_argument("--daemon-threads", type=int, default=0,
                         help="the daemon's ONNX Runtime intra-op threads per engine instance "
                              "(default: 0, the daemon's own choice: its instances split the "
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     data.mkdir(), small.mkdir()
     write_dataset(data, args.rows)
     write_dataset(small, 2000)
-    daemon = DaemonProcess(["--models", str(ROOT / "models"), "--socket", str(tmp / "d.sock"),
+    daemon = DaemonProcess(["--models", str(args.models), "--socket", str(tmp / "d.sock"),
                             "--port", "0", "--metrics-port", "0", "--intra-op-threads",
                             str(args.daemon_threads)],
                            f"unix:{tmp / 'd.sock'}", tmp / "daemon.log")

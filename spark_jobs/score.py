@@ -47,7 +47,8 @@ def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
                              "daemon runs the model at (default: the largest, max_batch_size "
                              "or the largest dynamic_batching.preferred_batch_size)")
     parser.add_argument("--inflight", type=int, default=2,
-                        help="requests in flight per Spark task (default: 2)")
+                        help="requests in flight per Spark task and Arrow batch; a task "
+                             "overlaps two batches (default: 2)")
     parser.add_argument("--priority", type=int,
                         help="request priority, 1 the highest (default: the model's lowest "
                              "level, so that online traffic keeps its latency)")
