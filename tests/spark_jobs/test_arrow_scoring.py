@@ -75,3 +75,14 @@ def test_malformed_rows_are_named_or_kept_as_error_rows(options, holdout):
     assert "holds no tensor" in kept["error"][2] and "holds 2801 bytes" in kept["error"][3]
     with pytest.raises(ValueError, match="column tensor is string"):
         _score(options, pa.RecordBatch.from_pydict({"id": [1], "tensor": ["x"]}))
+
+
+def test_a_task_whose_node_has_no_daemon_and_may_not_start_one_fails_naming_it(options,
+                                                                               holdout,
+                                                                               tmp_path):
+    nobody = f"unix:{tmp_path / 'nobody.sock'}"
+    batch = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64()),
+                                        "tensor": pa.array([holdout[0][0].tobytes()])})
+    with pytest.raises(RuntimeError, match=f"no hetserve daemon answers at {nobody} and the "
+                                           "job was not allowed to start one"):
+        _score(ScoreOptions(NodeDaemon(nobody, None, "test"), options.model), batch)
