@@ -9,8 +9,12 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from service.credentials import TokenFile
 
 _EXEMPT = "/grpc.health.v1.Health/"
 
@@ -47,10 +51,11 @@ def read_token(path: Path) -> str:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses TCP calls without the bearer token: UNAUTHENTICATED, before any handler runs."""
+    """Refuses TCP calls without the bearer token in force: UNAUTHENTICATED, before any handler
+    runs."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, token: TokenFile) -> None:
+        self._token = token
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -62,7 +67,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if context.peer().startswith("unix:"):
             return True
         sent = dict(context.invocation_metadata()).get("authorization", "")
-        return hmac.compare_digest(str(sent).encode(), self._expected)
+        return hmac.compare_digest(str(sent).encode(), self._token.bearer())
 
 
 async def _deny(context: grpc.aio.ServicerContext) -> None:

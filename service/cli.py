@@ -23,6 +23,7 @@ _SERVE_FLAGS = [
     ("--token-file", "token_file"),
     ("--metrics-host", "metrics_host"),
     ("--metrics-port", "metrics_port"),
+    ("--health-port", "health_port"),
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
     ("--shutdown-grace-s", "shutdown_grace_s"),
@@ -53,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     devices.add_argument("--models", metavar="DIR", help="also say which models of this "
                          "repository each device can run (loads each one there)")
 
+    health = commands.add_parser(
+        "health", help="ask a daemon's grpc.health.v1 service whether it serves (exit 0 when "
+                       "SERVING); for container health checks",
+        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port.")
+    health.add_argument("--address", help="unix:PATH or HOST:PORT (default: the unix socket "
+                                          f"from the {ENV_PREFIX}UNIX_SOCKET setting)")
+    health.add_argument("--service", default="",
+                        help="the service to ask about (default: the whole server)")
+    health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="seconds to wait for the answer (default: 5)")
+
     top = commands.add_parser(
         "top", help="live view of one node: requests, latency, watts, GFLOP/s per watt, joules "
                     "per inference",
@@ -74,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         return _devices(args.json, args.models)
     if args.command == "top":
         return _top(args)
+    if args.command == "health":
+        from service.probe import check, default_address
+        return check(args.address or default_address(Settings.from_env()), args.service,
+                     args.timeout)
     return _serve(args)
 
 

@@ -1,11 +1,14 @@
-"""Protocol tensors <-> numpy: raw bytes become arrays without a copy; typed contents work too."""
+"""Protocol messages <-> the data plane: request bytes become messages, tensors become numpy
+arrays (raw bytes without a copy; typed contents work too), answers become replies."""
 
 from __future__ import annotations
 
 import math
 import time
+from typing import TypeVar
 
 import numpy as np
+from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
 from service import tensors
@@ -15,7 +18,19 @@ from service.queue_policy import RequestOptions
 from service.shared_memory import SharedMemoryRegions
 from service.tensors import Tensors
 
+M = TypeVar("M", bound=Message)
+# Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
+_MAX_TENSOR_BYTES = 1 << 40
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+def parse_message(message_class: type[M], data: bytes) -> M:
+    """The message in `data`; InvalidInputError where the bytes are no such message."""
+    try:
+        return message_class.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:  # what protobuf's parsers raise
+        raise InvalidInputError(f"the request is not a valid {message_class.DESCRIPTOR.full_name}"
+                                f" message ({e})") from None
 
 
 def decode_inputs(request: service_pb2.ModelInferRequest,
@@ -41,11 +56,17 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
         if any(d < 0 for d in shape):
             raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, "
                                     "expected non-negative dimensions")
+        if math.prod(max(d, 1) for d in shape) * dtype.itemsize > _MAX_TENSOR_BYTES:
+            raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, expected "
+                                    f"dimensions that describe at most {_MAX_TENSOR_BYTES} bytes")
         count = math.prod(shape)
         if place is not None or raw:
+            where = "its shared memory" if place is not None else "raw_input_contents"
+            if t.contents.ListFields():
+                raise InvalidInputError(f"input {t.name!r}: both contents and {where} "
+                                        "received; send the tensor in one of them")
             data = regions.view(*place, field=f"input {t.name!r}") if place is not None \
                 else next(raw_entries)
-            where = "its shared memory" if place is not None else "raw_input_contents"
             expected = count * dtype.itemsize
             if len(data) != expected:
                 raise InvalidInputError(
@@ -58,7 +79,12 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
                 raise InvalidInputError(
                     f"input {t.name!r}: {len(values)} values in contents received, {count} "
                     f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
-            arrays[t.name] = np.asarray(values, dtype).reshape(shape)
+            try:
+                arrays[t.name] = np.asarray(values, dtype).reshape(shape)
+            except OverflowError:
+                raise InvalidInputError(
+                    f"input {t.name!r}: contents hold values outside the range of "
+                    f"{t.datatype}") from None
     return arrays
 
 

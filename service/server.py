@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
+import os
 import signal
-import socket
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from accelerators.power.meter import PowerMonitor
-from service.auth import ExposureError, TokenInterceptor, check_exposure, read_token
+from service.auth import ExposureError, TokenInterceptor, check_exposure
+from service.credentials import TlsFiles, TokenFile
 from service.dataplane import DataPlane
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.servicer import InferenceServicer
+from service import handlers, socket_lock
 from service.shared_memory import SharedMemoryRegions
 from service.settings import Settings
+from service.systemd import notify
 
 log = logging.getLogger(__name__)
-_SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 
 class StartupError(Exception):
@@ -45,64 +48,73 @@ async def serve(settings: Settings) -> None:
         raise StartupError("tls_cert and tls_key: give both or neither")
     try:
         check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
-        token = read_token(settings.token_file) if settings.token_file else None
+        token = TokenFile(settings.token_file) if settings.token_file else None
     except ExposureError as e:
         raise StartupError(str(e)) from e
     try:
         power = PowerMonitor(settings.power_sources, settings.power_model)
     except ValueError as e:
         raise StartupError(str(e)) from e
-    metrics = Metrics(power)
-    registry = ModelRegistry(settings, metrics)
-    plane = DataPlane(registry)
-    server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [], options=[
-        # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-    ])
-    regions = SharedMemoryRegions()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(plane, metrics, regions), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for service in ("", _SERVICE_NAME):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    async with contextlib.AsyncExitStack() as cleanup:  # also when start-up fails half-way
+        if settings.unix_socket:  # first taken, last let go: devices close before a successor
+            _own_socket(settings.unix_socket, cleanup)
+        metrics = Metrics(power)
+        registry = ModelRegistry(settings, metrics)
+        cleanup.push_async_callback(registry.close)
+        plane = DataPlane(registry)
+        server = grpc.aio.server(interceptors=[TokenInterceptor(token)] if token else [], options=[
+            # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+        ])
+        regions = SharedMemoryRegions()
+        cleanup.callback(regions.close)
+        handlers.add_to_server(InferenceServicer(plane, metrics, regions), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        for service in ("", handlers.SERVICE.full_name):
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        probes = _health_port(health_servicer, settings)
 
-    addresses = _bind(server, settings)
-    if settings.metrics_port:
-        try:
-            metrics.serve(settings.metrics_host, settings.metrics_port)
-        except OSError as e:
-            raise StartupError(f"cannot serve metrics on {settings.metrics_host}:"
-                               f"{settings.metrics_port}: {e.strerror}") from e
-        addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
-    await server.start()
-    power.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        addresses = _bind(server, settings)
+        if settings.metrics_port:
+            try:
+                metrics.serve(settings.metrics_host, settings.metrics_port)
+            except OSError as e:
+                raise StartupError(f"cannot serve metrics on {settings.metrics_host}:"
+                                   f"{settings.metrics_port}: {e.strerror}") from e
+            addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+        await server.start()
+        cleanup.push_async_callback(server.stop, 0)  # a no-op after the drain below
+        if probes:
+            await probes.start()
+            cleanup.push_async_callback(probes.stop, 0)
+        power.start()
+        cleanup.callback(power.stop)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
 
-    await registry.load_all()
-    plane.ready = True
-    for service in ("", _SERVICE_NAME):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+        await registry.load_all()
+        plane.ready = True
+        for service in ("", handlers.SERVICE.full_name):
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+        notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
 
-    await stop.wait()
-    grace_s = settings.shutdown_grace_s
-    log.info("draining: refusing new requests, %.1f s for those in flight", grace_s)
-    started = loop.time()
-    await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
-    if not await plane.drain(grace_s):
-        log.warning("requests still in flight after %.1f s are cancelled", grace_s)
-    await server.stop(max(grace_s - (loop.time() - started), 0.0))
-    await registry.close()
-    regions.close()
-    power.stop()
-    if settings.unix_socket:
-        settings.unix_socket.unlink(missing_ok=True)
+        await stop.wait()
+        grace_s = settings.shutdown_grace_s
+        log.info("draining: refusing new requests, %.1f s for those in flight", grace_s)
+        notify("STOPPING=1")
+        started = loop.time()
+        await health_servicer.enter_graceful_shutdown()  # every service NOT_SERVING
+        if not await plane.drain(grace_s):
+            log.warning("requests still in flight after %.1f s are cancelled", grace_s)
+        await server.stop(max(grace_s - (loop.time() - started), 0.0))
 
 
 def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
@@ -112,7 +124,6 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
         _add_port(server, target, target, _tls(settings))
         addresses.append(target + (" (TLS)" if settings.tls_cert else ""))
     if settings.unix_socket:
-        _prepare_socket(settings.unix_socket)
         target = f"unix:{settings.unix_socket}"
         _add_port(server, target, str(settings.unix_socket), None)
         addresses.append(target)
@@ -124,12 +135,10 @@ def _bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:
     if not settings.tls_cert:
         return None
-    try:
-        pair = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
-    except OSError as e:
-        raise StartupError(f"tls_cert / tls_key: cannot read {e.filename!r}: {e.strerror}") \
-            from None
-    return grpc.ssl_server_credentials([pair])
+    try:  # the pair is re-read when its files change
+        return TlsFiles(settings.tls_cert, settings.tls_key).credentials()
+    except ExposureError as e:
+        raise StartupError(str(e)) from None
 
 
 def _add_port(server: grpc.aio.Server, target: str, shown: str,
@@ -142,17 +151,25 @@ def _add_port(server: grpc.aio.Server, target: str, shown: str,
         raise StartupError(f"cannot listen on {shown}: address in use or not available")
 
 
-def _prepare_socket(path: Path) -> None:
-    """Creates a private parent folder; removes a stale socket, but never a live daemon's."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()
-    else:
-        raise StartupError(f"cannot listen on {path}: another daemon is serving there")
-    finally:
-        probe.close()
+def _own_socket(path: Path, cleanup: contextlib.AsyncExitStack) -> None:
+    """Takes the socket's lock for the daemon's life, then removes a socket file left by a
+    daemon that died without removing it; another daemon's live socket is never touched."""
+    fd = socket_lock.hold(path)
+    if fd is None:
+        raise StartupError(f"cannot listen on {path}: another daemon is serving there "
+                           f"(pid {socket_lock.holder(path)} holds {socket_lock.lock_path(path)})")
+    cleanup.callback(os.close, fd)
+    path.unlink(missing_ok=True)
+    cleanup.callback(path.unlink, missing_ok=True)  # before the lock goes: never a successor's
+
+
+def _health_port(servicer: health.aio.HealthServicer,
+                 settings: Settings) -> grpc.aio.Server | None:
+    """Health alone, in plaintext, for probes that send neither TLS nor a token (kubelet's)."""
+    if not settings.health_port:
+        return None
+    probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probes)
+    target = f"{settings.metrics_host}:{settings.health_port}"
+    _add_port(probes, target, target, None)
+    return probes

@@ -1,5 +1,6 @@
 """The KServe V2 / Triton gRPC servicer: converts messages, calls the data plane, and is the one
-place where domain errors become gRPC statuses."""
+place where domain errors become gRPC statuses. service/handlers.py puts it on a server: the
+methods it defines are served, every other method of the service answers UNIMPLEMENTED."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from importlib.metadata import version as package_version
 
 import grpc
 from prometheus_client import Counter, Histogram
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from service import codec
 from service.dataplane import DataPlane
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 pb = service_pb2
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer:
     def __init__(self, plane: DataPlane, metrics: Metrics,
                  regions: SharedMemoryRegions) -> None:
         self._plane = plane
@@ -115,12 +116,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently (so that they batch together); each reply
-        or error goes back as soon as it is ready, carrying the request's id."""
+        or error goes back as soon as it is ready, carrying the request's id. Messages arrive
+        as bytes: one that does not parse gets its own error reply and the stream goes on."""
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
 
-        async def one(request: pb.ModelInferRequest) -> None:
+        async def one(data: bytes) -> None:
+            request = pb.ModelInferRequest()
             try:
+                request = codec.parse_message(pb.ModelInferRequest, data)
                 reply = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, context.time_remaining()))
             except Exception as e:  # every request of a stream gets an answer, even a bug's
@@ -134,8 +138,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
-                    task = asyncio.create_task(one(request))
+                async for data in request_iterator:
+                    task = asyncio.create_task(one(data))
                     running.add(task)
                     task.add_done_callback(running.discard)
                 while running:

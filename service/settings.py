@@ -43,6 +43,10 @@ class Settings:
         default="127.0.0.1", metadata={"doc": "address of the Prometheus /metrics endpoint"})
     metrics_port: int = field(
         default=8002, metadata={"doc": "port of the Prometheus /metrics endpoint; 0 disables it"})
+    health_port: int = field(
+        default=0, metadata={"doc": "plaintext port on metrics_host serving only grpc.health.v1, "
+                                    "for probes that send neither TLS nor a token (Kubernetes "
+                                    "grpc probes); 0 disables it"})
     max_message_bytes: int = field(
         default=64 << 20, metadata={"doc": "largest gRPC message accepted or sent"})
     max_queue_size: int = field(

@@ -1,13 +1,16 @@
 """Finding the node-local daemon, and starting one per host where none answers.
 
 A job uses the daemon its address names (systemd unit, Kubernetes DaemonSet). Where none
-answers and the job was given a model repository, the first executor (or driver) on a host to
-notice takes a lock file, starts one daemon under a small supervisor, and records the job as
-its owner; every other executor on that host waits on the lock and then finds it ready. At the
-end the job stops the daemons it owns and no other; a supervisor also stops its daemon when
-the Spark process that started it (the executor's JVM) has gone.
+answers and the job was given a model repository, executors on a host elect one of them to
+start it: under a lock file, the first to notice starts one daemon under a small supervisor
+only if no daemon holds the socket (a daemon holds its socket's lock for its whole life, from
+start-up to the end of its drain: see service/socket_lock.py), waits until it is ready and
+records the job as its owner; every other executor waits on the lock and then finds it ready.
+A daemon that runs but does not answer in time is waited for, never replaced. At the end the job
+stops the daemons it owns and no other; a supervisor also stops its daemon when the Spark
+process that started it (the executor's JVM) has gone.
 
-    python -m spark_jobs.daemon supervise OWNER_FILE WATCH_PID OWNER -- SERVE_ARGS...
+    python -m spark_jobs.daemon supervise WATCH_PID -- SERVE_ARGS...
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
+from service import socket_lock
 from service.settings import default_socket
 
 log = logging.getLogger(__name__)
@@ -55,17 +59,22 @@ def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
         client.close()
 
 
-def _serve_args(address: str, model_repository: str) -> tuple[list[str], Path]:
-    """`hetserve serve` flags for a daemon answering at `address`, and the folder that holds
-    its lock, owner and log files."""
+def _node_socket(address: str) -> Path:
+    """The unix socket of the daemon a job starts for `address`: the address's own, or for a
+    loopback port one beside it, whose lock tells whether that daemon runs."""
     if address.startswith("unix:"):
-        socket = Path(address.removeprefix("unix:").removeprefix("//"))
-        return (["--socket", str(socket), "--port", "0"], socket.parent)
+        return Path(address.removeprefix("unix:").removeprefix("//"))
     host, _, port = address.rpartition(":")
     if host not in ("127.0.0.1", "localhost") or not port.isdigit():
         raise ValueError(f"daemon address {address!r}: a job starts daemons only on a unix "
                          "socket or a loopback port (127.0.0.1:PORT)")
-    return (["--port", port, "--socket", ""], default_socket().parent / f"tcp-{port}")
+    return default_socket().parent / f"tcp-{port}" / "grpc.sock"
+
+
+def _serve_args(address: str) -> list[str]:
+    """`hetserve serve` flags for a daemon answering at `address`."""
+    port = "0" if address.startswith("unix:") else address.rpartition(":")[2]
+    return ["--socket", str(_node_socket(address)), "--port", port]
 
 
 class DaemonProcess:
@@ -155,32 +164,36 @@ class NodeDaemon:
         if self.model_repository is None:
             raise RuntimeError(f"no hetserve daemon answers at {address} and the job was "
                                "not allowed to start one (no model repository given)")
-        args, folder = _serve_args(address, self.model_repository)
+        socket = _node_socket(address)
         deadline = time.monotonic() + timeout_s
-        with _locked(folder / "daemon.lock"):
+        with _locked(socket.parent / "daemon.lock"):
             while not is_ready(address):  # a peer may have started one meanwhile
-                # One that runs but is not ready is loading or draining: wait, never replace it.
-                if not is_ready(address, live=True):
-                    self._start(address, args, folder, timeout_s)
+                # One that holds the socket is starting, loading, busy or draining: wait.
+                if not socket_lock.is_held(socket):
+                    self._start(address, socket, timeout_s)
                     break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the hetserve daemon at {address} runs but has not "
-                                       f"been ready for {timeout_s:.0f} s")
+                    raise RuntimeError(f"the hetserve daemon at {address} (pid "
+                                       f"{socket_lock.holder(socket)}) runs but has not been "
+                                       f"ready for {timeout_s:.0f} s")
                 time.sleep(0.2)
         return address
 
-    def _start(self, address: str, args: list[str], folder: Path, timeout_s: float) -> None:
-        socket = Path(args[1]) if args[0] == "--socket" else None
-        if socket is not None:
-            socket.unlink(missing_ok=True)  # a killed daemon's socket; we hold the lock
-        log_path = folder / "daemon.log"
-        serve = ["--models", self.model_repository, "--metrics-port", "0", *args]
+    def _start(self, address: str, socket: Path, timeout_s: float) -> None:
+        """Starts this node's daemon; the caller holds the election lock."""
+        log_path = socket.parent / "daemon.log"
+        serve = ["--models", self.model_repository, "--metrics-port", "0", *_serve_args(address)]
         with open(log_path, "ab") as log_file:
             supervisor = subprocess.Popen(
-                [sys.executable, "-m", "spark_jobs.daemon", "supervise",
-                 str(folder / "daemon.owner"), str(_spark_jvm_pid()), self.owner, "--", *serve],
+                [sys.executable, "-m", "spark_jobs.daemon", "supervise", str(_spark_jvm_pid()),
+                 "--", *serve],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         _wait_ready(address, supervisor, log_path, timeout_s)
+        record = socket.parent / "daemon.owner"
+        staged = record.with_suffix(".new")
+        staged.write_text(json.dumps({"owner": self.owner, "supervisor": supervisor.pid,
+                                      "daemon": int(socket_lock.holder(socket))}))
+        staged.replace(record)  # readers see the old record or the new one, never half
         log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
                  address, self.owner, supervisor.pid)
 
@@ -188,24 +201,26 @@ class NodeDaemon:
         """Stops this node's daemon if this job started it; True if it did."""
         address = self.resolve()
         try:
-            _, folder = _serve_args(address, "")
+            socket = _node_socket(address)
         except ValueError:
             return False
-        owner_file = folder / "daemon.owner"
-        with _locked(folder / "daemon.lock"):
-            owner = read_owner(owner_file)
+        record = socket.parent / "daemon.owner"
+        with _locked(socket.parent / "daemon.lock"):
+            owner = read_owner(record)
             if owner is None or owner["owner"] != self.owner:
                 return False
             os.kill(owner["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while owner_file.exists() and time.monotonic() < deadline:
+            while socket_lock.is_held(socket) and time.monotonic() < deadline:
                 time.sleep(0.1)
+            record.unlink()
         log.info("stopped the daemon %s started at %s", self.owner, address)
         return True
 
 
 def read_owner(owner_file: Path) -> dict | None:
-    """{"owner", "supervisor", "daemon"} of a daemon a job started, if one runs."""
+    """{"owner", "supervisor", "daemon"} of a daemon a job started, while its supervisor
+    runs (a record whose supervisor has gone is stale)."""
     try:
         owner = json.loads(owner_file.read_text())
         os.kill(owner["supervisor"], 0)
@@ -222,34 +237,28 @@ def _end_with(parent: int) -> None:
         os._exit(1)
 
 
-def supervise(owner_file: Path, watch_pid: int, owner: str, serve_args: list[str]) -> int:
+def supervise(watch_pid: int, serve_args: list[str]) -> int:
     """Runs one daemon until it exits, SIGTERM arrives, or `watch_pid` has gone."""
     daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args],
                               preexec_fn=functools.partial(_end_with, os.getpid()))
-    owner_file.write_text(json.dumps({"owner": owner, "supervisor": os.getpid(),
-                                      "daemon": daemon.pid}))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    try:
-        while daemon.poll() is None and not stopping:
-            try:
-                os.kill(watch_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        if daemon.poll() is None:
-            daemon.terminate()
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        return daemon.wait()
-    finally:
-        if (read_owner(owner_file) or {}).get("supervisor") == os.getpid():
-            owner_file.unlink()  # only our own record: a successor may have written its own
+    while daemon.poll() is None and not stopping:
+        try:
+            os.kill(watch_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    if daemon.poll() is None:
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+    return daemon.wait()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 6 or sys.argv[1] != "supervise" or sys.argv[5] != "--":
+    if len(sys.argv) < 4 or sys.argv[1] != "supervise" or sys.argv[3] != "--":
         sys.exit(__doc__)
-    sys.exit(supervise(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[6:]))
+    sys.exit(supervise(int(sys.argv[2]), sys.argv[4:]))

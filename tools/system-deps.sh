@@ -2,6 +2,7 @@
 # Installs the Debian packages hetserve needs when run as root; otherwise names the command.
 #   pocl-opencl-icd + ocl-icd-libopencl1: OpenCL on the CPU (PyPI's PoCL is too old for new CPUs)
 #   oclgrind: the OpenCL simulator `make kernel-check` runs the kernel tests under
+#   systemd: `systemd-analyze verify` checks deploy/systemd/hetserve.service
 #   default-jre-headless: the Java 17+ runtime that Spark needs
 #   prometheus (prometheus + promtool, for the metrics tests): unpacked from Debian's package into
 #     .tools/prometheus, never installed, so no service is left running
@@ -25,7 +26,7 @@ if [ ! -x "$prom_dir/usr/bin/promtool" ]; then
 fi
 
 missing=()
-for pkg in pocl-opencl-icd ocl-icd-libopencl1 oclgrind; do
+for pkg in pocl-opencl-icd ocl-icd-libopencl1 oclgrind systemd; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
 done
 java_major=$(java -version 2>&1 | sed -nE '1s/.*version "([0-9]+).*/\1/p')

@@ -24,6 +24,7 @@ import yaml
 from tests.conftest import MODEL, ROOT, Daemon, free_port, image_input
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
 
 def prometheus_tool(name: str) -> str:
@@ -69,15 +70,19 @@ class Load:
 
 
 class Prometheus:
-    def __init__(self, tmp: Path, target: str, interval: str = "1s") -> None:
+    def __init__(self, tmp: Path, target: str, interval: str = "1s",
+                 scrape_configs: list[dict] | None = None) -> None:
+        """Scrapes `target` as job hetserve, or what `scrape_configs` say, with the project's
+        recording and alerting rules."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        tmp.mkdir(parents=True, exist_ok=True)
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "hetserve",
-                                "static_configs": [{"targets": [target]}]}]}))
+            "rule_files": [str(RULES), str(ALERTS)],
+            "scrape_configs": scrape_configs or [
+                {"job_name": "hetserve", "static_configs": [{"targets": [target]}]}]}))
         self._log = open(tmp / "prometheus.log", "wb")
         self._process = subprocess.Popen(
             [prometheus_tool("prometheus"), f"--config.file={config}",
@@ -96,9 +101,12 @@ class Prometheus:
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
-        body = json.loads(scrape(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}"))
+        return self.api(f"query?{urllib.parse.urlencode(params)}")["result"]
+
+    def api(self, path: str) -> dict:
+        body = json.loads(scrape(f"{self.url}/api/v1/{path}"))
         assert body["status"] == "success", body
-        return body["data"]["result"]
+        return body["data"]
 
     def stop(self) -> None:
         self._process.terminate()

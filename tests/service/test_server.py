@@ -28,6 +28,17 @@ def test_a_live_socket_is_never_taken_over(daemon) -> None:
     assert result.returncode == 2 and "another daemon is serving there" in result.stderr
 
 
+def test_a_start_up_that_fails_after_binding_leaves_no_socket(daemon, tmp_path) -> None:
+    socket = tmp_path / "grpc.sock"
+    result = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--models", str(MODELS), "--port", "0",
+         "--socket", str(socket), "--metrics-port", str(daemon.metrics_port)],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"cannot serve metrics on 127.0.0.1:{daemon.metrics_port}" in result.stderr
+    assert not socket.exists()
+
+
 def test_a_broken_model_does_not_take_the_others_down(tmp_path) -> None:
     models = tmp_path / "models"
     shutil.copytree(MODELS / MODEL, models / MODEL)

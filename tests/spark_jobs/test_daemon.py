@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +17,7 @@ from spark_jobs.api import stop_started_daemons
 from spark_jobs.daemon import NodeDaemon, is_ready, read_owner
 from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS
+from tests.spark_jobs.processes import serving, wait
 
 ENSURE = """
 import sys
@@ -25,21 +25,6 @@ from spark_jobs.daemon import NodeDaemon
 print(NodeDaemon(sys.argv[1], sys.argv[2], "app-lock").ensure(), flush=True)
 sys.stdin.read()  # stays until the test lets go: it is the daemon's starter
 """
-
-
-def _serving(socket: Path) -> list[str]:
-    found = subprocess.run(["pgrep", "-f", f"service serve .*{socket}"], capture_output=True,
-                           text=True)
-    return found.stdout.split()
-
-
-def _wait(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_path):
@@ -50,16 +35,16 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
                 for _ in range(3)]
     try:
         assert [p.stdout.readline().strip() for p in starters] == [address] * 3
-        assert len(_serving(socket)) == 1
+        assert len(serving(socket)) == 1
         owner = read_owner(socket.parent / "daemon.owner")
         assert owner is not None and owner["owner"] == "app-lock"
     finally:
         for p in starters:
             p.communicate("")
-    # Every starter has gone: the supervisor notices its Spark process ended and stops it,
-    # then, once the daemon has exited, removes its record.
-    assert _wait(lambda: not _serving(socket))
-    assert _wait(lambda: not (socket.parent / "daemon.owner").exists())
+    # Every starter has gone: the supervisor notices its Spark process ended and stops it, and
+    # with it gone the record names no running daemon.
+    assert wait(lambda: not serving(socket))
+    assert wait(lambda: read_owner(socket.parent / "daemon.owner") is None)
 
 
 def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
@@ -71,7 +56,7 @@ def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
         assert starter.stdout.readline().strip() == address
         owner = read_owner(socket.parent / "daemon.owner")
         os.kill(owner["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
-        assert _wait(lambda: not _serving(socket)), "the daemon outlived its supervisor"
+        assert wait(lambda: not serving(socket)), "the daemon outlived its supervisor"
     finally:
         starter.communicate("")
 
@@ -115,9 +100,9 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
     runner.start()
     owner_file = socket.parent / "daemon.owner"
     try:
-        assert _wait(lambda: read_owner(owner_file) is not None and is_ready(f"unix:{socket}"),
+        assert wait(lambda: read_owner(owner_file) is not None and is_ready(f"unix:{socket}"),
                      120)
-        assert _wait(lambda: spark.sparkContext.statusTracker().getActiveStageIds(), 120)
+        assert wait(lambda: spark.sparkContext.statusTracker().getActiveStageIds(), 120)
         time.sleep(1)  # the scoring stage is under way
         assert runner.is_alive(), "the job ended before the daemon could be killed"
         killed = read_owner(owner_file)["daemon"]
@@ -132,4 +117,4 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
         runner.join(300)
         assert stop_started_daemons(spark, args.daemon) == 1
-    assert not _serving(socket)
+    assert not serving(socket)

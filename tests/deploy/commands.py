@@ -1,0 +1,95 @@
+"""What `hetserve` makes of the command lines and environments that deploy/ gives it, by the
+real CLI parser and settings: an unknown flag, variable or bad value fails the test."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from accelerators.opencl.program_cache import CACHE_DIR_ENV, FPGA_BINARIES_ENV
+from service import cli
+from service.settings import ENV_PREFIX, Settings
+from spark_jobs.daemon import is_ready
+
+# Read by the OpenCL engine itself, not by Settings.
+ENGINE_ENV = {CACHE_DIR_ENV, FPGA_BINARIES_ENV}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """`hetserve ...` (argv[0] names the command) through the real parser."""
+    assert Path(argv[0]).name == "hetserve", argv
+    try:
+        return cli._parser().parse_args(argv[1:])
+    except SystemExit:
+        pytest.fail(f"hetserve rejects the command line {argv}")
+
+
+def settings(argv: list[str], environ: dict[str, str]) -> Settings:
+    """The settings `hetserve serve` would run with, from its command line and environment."""
+    args = parse(argv)
+    assert args.command == "serve", argv
+    check_environment(environ)
+    return Settings.from_env(environ, **{name: getattr(args, name) for _, name in cli._SERVE_FLAGS})
+
+
+def check_environment(environ: dict[str, str]) -> None:
+    known = {ENV_PREFIX + name.upper() for name in Settings.docs()} | ENGINE_ENV
+    unknown = {k for k in environ if k.startswith(ENV_PREFIX)} - known
+    assert not unknown, f"not hetserve settings: {sorted(unknown)}"
+    Settings.from_env(environ)  # every value parses
+
+
+def read_env_file(path: Path, commented: bool = False) -> dict[str, str]:
+    """KEY=VALUE lines of an environment file; with `commented`, also `#KEY=VALUE` examples."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if commented and line.startswith("#") and "=" in line and " " not in line.split("=")[0]:
+            line = line[1:]
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def hetserve_executable() -> str:
+    """The `hetserve` console script of the environment running the tests."""
+    return str(Path(sys.executable).parent / "hetserve")
+
+
+def start_environment(environ: dict[str, str]) -> dict[str, str]:
+    """This process's environment without its own HETSERVE_* settings, plus `environ`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)} | environ
+
+
+def start(argv: list[str], environ: dict[str, str], log: Path) -> subprocess.Popen:
+    """Runs a deploy/ command line as it stands (the console script, not `python -m`)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen([hetserve_executable(), *argv[1:]],
+                                env=start_environment(environ), stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def wait_ready(address: str, process: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not is_ready(address, timeout_s=1.0):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            pytest.fail(f"the daemon did not become ready on {address}:\n{log.read_text()}")
+        time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 30) -> int:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
