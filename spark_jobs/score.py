@@ -68,7 +68,9 @@ def scoring_options(args: argparse.Namespace) -> dict[str, object]:
             "model_repository": None if args.no_start_daemon
             else str(args.model_repository.resolve()),
             "priority": args.priority, "top_k": args.top_k,
-            "credentials": Credentials(args.tls_ca, args.token_file)}
+            # absolute: executors run elsewhere than the driver's working directory
+            "credentials": Credentials(*(str(Path(f).resolve()) if f else None
+                                         for f in (args.tls_ca, args.token_file)))}
 
 
 def daemon_repository(args: argparse.Namespace) -> str | None:
