@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         report(args.rows, cold, warm)
     finally:
         daemon.stop()
+        shutil.rmtree(tmp)  # the data and outputs: hundreds of MB
 
 
 if __name__ == "__main__":
