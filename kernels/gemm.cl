@@ -35,6 +35,9 @@ inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
     case ACT_LEAKY_RELU: return select(x * a, x, x >= (VEC)(0.0f));
     case ACT_CLIP: return fmin(fmax(x, (VEC)(a)), (VEC)(b));
     case ACT_SIGMOID: return (VEC)(1.0f) / ((VEC)(1.0f) + exp(-x));
+    case ACT_HARD_SIGMOID: return clamp(x * a + b, 0.0f, 1.0f);
+    case ACT_HARD_SWISH: return x * clamp(x * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
+    case ACT_SILU: return x / ((VEC)(1.0f) + exp(-x));
     default: return x;
     }
 }

@@ -70,8 +70,9 @@ class OpenCLEngine:
         step = CPU_SLICE if self.device.kind == "cpu" else batch
         if batch <= step:
             return self.plan(batch).run(inputs, outputs)
-        shapes = {o.name: o.shape[1:] for o in self.outputs}
-        results = {name: np.empty((batch, *shapes[name]), np.float32) for name in outputs}
+        sliced = self.plan(step)  # shapes from the plan: declared outputs may lack them
+        results = {name: np.empty((batch, *sliced.output_shape(name)[1:]), np.float32)
+                   for name in outputs}
         held = []  # every slice is enqueued before the one wait: no host round trip between
         for lo in range(0, batch, step):
             hi = min(lo + step, batch)

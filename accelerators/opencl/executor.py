@@ -47,6 +47,9 @@ class Executor:
             self._kernels.append((kernel, launch))
         self._events: list[cl.Event] = []
 
+    def output_shape(self, name: str) -> tuple[int, ...]:
+        return self._outputs[name][1]
+
     @property
     def peak_bytes(self) -> int:
         return self.buffers.peak_bytes

@@ -1,7 +1,9 @@
 """Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
-nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it,
-activations fused into the Conv, Gemm, MatMul or Add that feeds them. Ops the engine cannot run
-are reported at load time, naming the op and the node."""
+nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it
+(any other runs as a per-channel scale and shift), gated activations recognised (x * Sigmoid(x)
+is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm, MatMul, Add or
+BatchNormalization that feeds them. Ops the engine cannot run are reported at load time, naming
+the op and the node."""
 
 from __future__ import annotations
 
@@ -16,12 +18,16 @@ from onnx import numpy_helper
 # Ops lowered to kernels, and ops evaluated on the host when all their inputs are constant
 # (shape arithmetic) or that only rename a buffer (reshapes).
 KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "LRN",
-              "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu", "Clip", "Sigmoid",
-              "Concat", "Softmax"}
+              "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu",
+              "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Concat", "Softmax", "Transpose",
+              "Split"}
 VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
 HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
 SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS
-ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid"}
+# "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
+ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
+# Ops an activation that follows them is fused into.
+FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization"}
 _DROPPED = {"Dropout", "Identity"}
 
 
@@ -59,8 +65,7 @@ def load_graph(path: Path) -> Graph:
     nodes = []
     for i, n in enumerate(model.graph.node):
         name = n.name or f"{n.op_type}_{i}"
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED | {
-                "BatchNormalization"}:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED:
             raise UnsupportedModelError(
                 f"op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of node {name!r} is not "
                 f"supported by the OpenCL engine")
@@ -75,12 +80,8 @@ def load_graph(path: Path) -> Graph:
         opset=opset)
     _drop_passthrough(graph)
     _fold_batch_norm(graph)
+    _fuse_gates(graph)
     _fuse_activations(graph)
-    leftover = [n for n in graph.nodes if n.op == "BatchNormalization"]
-    if leftover:
-        raise UnsupportedModelError(
-            f"op 'BatchNormalization' of node {leftover[0].name!r} is supported only right "
-            f"after a Conv whose output nothing else reads")
     return graph
 
 
@@ -157,8 +158,26 @@ def _fold_batch_norm(graph: Graph) -> None:
         graph.fused["BatchNormalization"] += 1
 
 
+def _fuse_gates(graph: Graph) -> None:
+    """Mul(x, Sigmoid(x)) -> Silu(x); Mul(x, HardSigmoid(x)) with alpha 1/6 and beta 1/2 (how
+    exporters spell HardSwish before opset 14) -> HardSwish(x)."""
+    for gate in [n for n in graph.nodes if n.op in ("Sigmoid", "HardSigmoid")]:
+        if gate.op == "HardSigmoid" and not (
+                abs(gate.attrs.get("alpha", 0.2) - 1 / 6) < 1e-6
+                and abs(gate.attrs.get("beta", 0.5) - 0.5) < 1e-6):
+            continue
+        mul = _sole_consumer(graph, gate)
+        if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted(
+                [gate.inputs[0], gate.outputs[0]]):
+            continue
+        graph.nodes.remove(gate)
+        op = "Silu" if gate.op == "Sigmoid" else "HardSwish"
+        mul.op, mul.inputs, mul.attrs = op, [gate.inputs[0]], {}
+        graph.fused[f"{gate.op}*x"] += 1
+
+
 def _fuse_activations(graph: Graph) -> None:
-    for node in [n for n in graph.nodes if n.op in {"Conv", "Gemm", "MatMul", "Add"}]:
+    for node in [n for n in graph.nodes if n.op in FUSING]:
         act = _sole_consumer(graph, node)
         if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
             continue

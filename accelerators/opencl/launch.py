@@ -13,7 +13,8 @@ from accelerators.opencl.graph import Node
 WG_1D, GEMM_WG, VN = 64, 4, 16
 GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
 LOCAL_TILE, LOCAL_ROWS = 32, 4  # gemm_local's TS x TS tile, TS / WPT rows of work-items
-ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
+ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
+       "HardSwish": 6, "Silu": 7}  # kernels/common.cl's ACT_*
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
 
@@ -65,6 +66,8 @@ def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
     a = b = 0.0
     if act.op == "LeakyRelu":
         a = act.attrs.get("alpha", 0.01)
+    elif act.op == "HardSigmoid":
+        a, b = act.attrs.get("alpha", 0.2), act.attrs.get("beta", 0.5)
     elif act.op == "Clip":
         bounds = [consts[i] if i else None for i in act.inputs[1:3]] + [None, None]
         a = float(bounds[0]) if bounds[0] is not None else act.attrs.get("min", -3.4e38)

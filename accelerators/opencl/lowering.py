@@ -12,10 +12,11 @@ from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
 from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, Lowered, Ref,
                                         activation_args, ints, round_up)
+from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
 
 
-class Lowering(MatMulLowering):
+class Lowering(MatMulLowering, LayoutLowering):
     def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
         self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
@@ -139,7 +140,22 @@ class Lowering(MatMulLowering):
             Ref(x.storage), Ref(out.storage), np.int32(math.prod(x.shape)),
             *activation_args(node, self.values)])
 
-    _relu = _leakyrelu = _clip = _sigmoid = _activation
+    _relu = _leakyrelu = _clip = _sigmoid = _hardsigmoid = _hardswish = _silu = _activation
+
+    def _batchnormalization(self, node: Node, args: list) -> None:
+        """One not folded into a convolution: a scale and shift per channel (axis 1)."""
+        x = args[0]
+        if any(isinstance(v, Dyn) for v in args[1:5]):
+            raise UnsupportedModelError(f"BatchNormalization node {node.name!r}: scale, bias, "
+                                        f"mean and variance must be constant")
+        gamma, beta, mean, var = (np.asarray(v, np.float64) for v in args[1:5])
+        scale = gamma / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        c, hw = x.shape[1], math.prod(x.shape[2:])
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        self._emit(node, "channel_affine", (hw, x.shape[0] * c), [
+            Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
+            self._ref(beta - mean * scale, f"{node.name}:shift"), Ref(out.storage),
+            *ints(c, hw), *activation_args(node, self.values)], 2 * math.prod(x.shape))
 
     def _concat(self, node: Node, args: list) -> None:
         rank = len(args[0].shape)
