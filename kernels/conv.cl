@@ -1,34 +1,42 @@
 // Convolution as im2col + GEMM (gemm.cl): col[z][k][n] for z = batch * groups + group,
-// k = (channel in group, ky, kx), n = (oy, ox); zero where the window leaves the input.
+// k = (channel in group, ky, kx), n = (oy, ox); `pad` where the window leaves the input.
 // A work-item fills one row k of one z: index arithmetic once per row, not per element.
-__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void im2col(__global const float* x, __global float* col, const int c_per_group, const int h,
-            const int w, const int oh, const int ow, const int kh, const int kw, const int sh,
-            const int sw, const int ph, const int pw, const int dh, const int dw) {
-    const int k = get_global_id(0), z = get_global_id(1);
-    if (k >= c_per_group * kh * kw) return;
-    const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);
-    __global const float* plane = x + (z * c_per_group + c) * h * w;
-    __global float* row = col + (z * c_per_group * kh * kw + k) * oh * ow;
-    // Output columns whose input column lies inside the row: [ox_lo, ox_hi); zeros elsewhere,
-    // and a plain strided copy between (a vectorizable memcpy for stride 1).
-    const int off = kx * dw - pw;
-    const int ox_lo = clamp((-off + sw - 1) / sw, 0, ow);
-    const int ox_hi = clamp(off >= w ? 0 : (w - 1 - off) / sw + 1, ox_lo, ow);
-    for (int oy = 0; oy < oh; ++oy) {
-        const int iy = oy * sh - ph + ky * dh;
-        __global float* out = row + oy * ow;
-        if (iy < 0 || iy >= h) {
-            for (int ox = 0; ox < ow; ++ox) out[ox] = 0.0f;
-            continue;
-        }
-        __global const float* in = plane + iy * w + off;
-        for (int ox = 0; ox < ox_lo; ++ox) out[ox] = 0.0f;
-        if (sw == 1) {
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox];
-        } else {
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox * sw];
-        }
-        for (int ox = ox_hi; ox < ow; ++ox) out[ox] = 0.0f;
-    }
+// Two instances: fp32 (pad 0), and int8 (quantized.cl) quantizing as it gathers, where the
+// padding is the input's zero point.
+#define IM2COL(NAME, T, LOAD, EXTRA_ARGS)                                                      \
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))                                   \
+void NAME(__global const float* x, __global T* col, const int c_per_group, const int h,      \
+          const int w, const int oh, const int ow, const int kh, const int kw, const int sh,  \
+          const int sw, const int ph, const int pw, const int dh, const int dw EXTRA_ARGS) {  \
+    const int k = get_global_id(0), z = get_global_id(1);                                    \
+    if (k >= c_per_group * kh * kw) return;                                                   \
+    const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);                             \
+    __global const float* plane = x + (z * c_per_group + c) * h * w;                         \
+    __global T* row = col + (z * c_per_group * kh * kw + k) * oh * ow;                       \
+    /* Output columns whose input column lies inside the row: [ox_lo, ox_hi); padding        \
+       elsewhere, and a plain strided copy between (a vectorizable one for stride 1). */      \
+    const int off = kx * dw - pw;                                                             \
+    const int ox_lo = clamp((-off + sw - 1) / sw, 0, ow);                                     \
+    const int ox_hi = clamp(off >= w ? 0 : (w - 1 - off) / sw + 1, ox_lo, ow);                \
+    for (int oy = 0; oy < oh; ++oy) {                                                         \
+        const int iy = oy * sh - ph + ky * dh;                                                \
+        __global T* out = row + oy * ow;                                                      \
+        if (iy < 0 || iy >= h) {                                                              \
+            for (int ox = 0; ox < ow; ++ox) out[ox] = PAD;                                    \
+            continue;                                                                         \
+        }                                                                                     \
+        __global const float* in = plane + iy * w + off;                                      \
+        for (int ox = 0; ox < ox_lo; ++ox) out[ox] = PAD;                                     \
+        if (sw == 1) {                                                                        \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = LOAD(in[ox]);                    \
+        } else {                                                                              \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = LOAD(in[ox * sw]);               \
+        }                                                                                     \
+        for (int ox = ox_hi; ox < ow; ++ox) out[ox] = PAD;                                    \
+    }                                                                                         \
 }
+
+#define PAD 0.0f
+#define AS_IS(v) (v)
+IM2COL(im2col, float, AS_IS, )
+#undef PAD

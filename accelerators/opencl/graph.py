@@ -23,7 +23,8 @@ KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAverage
               "Split"}
 VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
 HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
-SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}  # see qdq.py
+SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS | QDQ_OPS
 # "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
 ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
 # Ops an activation that follows them is fused into.
@@ -53,9 +54,18 @@ class Graph:
     opset: int
     fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
     derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
+    int8: dict = field(default_factory=dict)  # weight name -> qdq.Int8Weight
 
     def consumers(self, name: str) -> list[Node]:
         return [n for n in self.nodes if name in n.inputs]
+
+    def producer(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if name in n.outputs), None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Every reader of `old` reads `new` instead."""
+        for n in self.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
 
 
 def load_graph(path: Path) -> Graph:
@@ -78,10 +88,13 @@ def load_graph(path: Path) -> Graph:
         inputs=[(v.name, _dims(v)) for v in model.graph.input if v.name not in consts],
         outputs=[(v.name, _dims(v)) for v in model.graph.output], nodes=nodes, consts=consts,
         opset=opset)
+    from accelerators.opencl import qdq  # it builds on this module's Graph
     _drop_passthrough(graph)
+    qdq.simplify_qdq(graph)
     _fold_batch_norm(graph)
     _fuse_gates(graph)
     _fuse_activations(graph)
+    qdq.fuse_quantized(graph)
     return graph
 
 
@@ -107,11 +120,6 @@ def _dims(v: onnx.ValueInfoProto) -> tuple[int, ...]:
                  for d in v.type.tensor_type.shape.dim)
 
 
-def _rename(graph: Graph, old: str, new: str) -> None:
-    for n in graph.nodes:
-        n.inputs = [new if i == old else i for i in n.inputs]
-
-
 def _drop_passthrough(graph: Graph) -> None:
     """Dropout (inference: identity; its mask output must be unused) and Identity."""
     outputs = {name for name, _ in graph.outputs}
@@ -122,9 +130,9 @@ def _drop_passthrough(graph: Graph) -> None:
         if n.outputs[0] in outputs:  # keep the graph's output name: rename the producer
             for p in graph.nodes:
                 p.outputs = [n.outputs[0] if o == n.inputs[0] else o for o in p.outputs]
-            _rename(graph, n.inputs[0], n.outputs[0])
+            graph.rename(n.inputs[0], n.outputs[0])
         else:
-            _rename(graph, n.outputs[0], n.inputs[0])
+            graph.rename(n.outputs[0], n.inputs[0])
         graph.fused[n.op] += 1
 
 

@@ -14,9 +14,10 @@ from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, Lowered, Ref
                                         activation_args, ints, round_up)
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
+from accelerators.opencl.quant_lowering import QuantLowering
 
 
-class Lowering(MatMulLowering, LayoutLowering):
+class Lowering(MatMulLowering, LayoutLowering, QuantLowering):
     def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
         self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
@@ -53,14 +54,14 @@ class Lowering(MatMulLowering, LayoutLowering):
         return self.out
 
     # --- buffers
-    def _new(self, name: str, shape: tuple[int, ...]) -> Dyn:
-        self.out.storages[name] = 4 * math.prod(shape)
+    def _new(self, name: str, shape: tuple[int, ...], itemsize: int = 4) -> Dyn:
+        self.out.storages[name] = itemsize * math.prod(shape)
         return Dyn(tuple(shape), name)
 
-    def _ref(self, value: np.ndarray | Dyn, key: str) -> Ref:
+    def _ref(self, value: np.ndarray | Dyn, key: str, dtype: type = np.float32) -> Ref:
         if isinstance(value, Dyn):
             return Ref(value.storage)
-        self.out.consts.setdefault(key, np.ascontiguousarray(value, np.float32))
+        self.out.consts.setdefault(key, np.ascontiguousarray(value, dtype))
         return Ref(key)
 
     def _emit(self, node: Node, kernel: str, size: int | tuple[int, ...], args: list,

@@ -36,23 +36,32 @@ class MatMulLowering:
                                         args + [np.int32(rows_first)], node.name, flops))
 
     # --- kernel ops
-    def _conv(self, node: Node, args: list) -> None:
-        x, w = args[0], args[1]
+    def _conv_geometry(self, node: Node, x: Dyn, w: np.ndarray) -> tuple[Dyn, list[int]]:
+        """The output and the im2col arguments (channels per group, h, w, oh, ow, kh, kw, sh,
+        sw, ph, pw, dh, dw)."""
         if not isinstance(w, np.ndarray) or len(w.shape) != 4 or len(x.shape) != 4:
             raise UnsupportedModelError(
                 f"node {node.name!r}: only 2-D Conv with constant weights is supported")
         n, c, h, wd = x.shape
         oc, cg, kh, kw = w.shape
-        g = node.attrs.get("group", 1)
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), _ = window(node, (h, wd), (kh, kw))
-        mg, kg, p = oc // g, cg * kh * kw, oh * ow
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, oc, oh, ow))
+        return out, [cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw]
+
+    def _conv(self, node: Node, args: list) -> None:
+        if "quant_in" in node.attrs:
+            self._conv_q8(node, args)
+            return
+        x, w = args[0], args[1]
+        out, geometry = self._conv_geometry(node, x, w)
+        cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
+        n, oc, g = x.shape[0], w.shape[0], node.attrs.get("group", 1)
+        mg, kg, p = oc // g, cg * kh * kw, oh * ow
         if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd):
             col = Ref(x.storage)  # a 1x1 convolution reads its input as the GEMM's B
         else:
             col = Ref(self._new(f"{node.name}:col", (n * g * kg * p,)).storage)
-            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *ints(
-                cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)])
+            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *ints(*geometry)])
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
@@ -106,6 +115,9 @@ class MatMulLowering:
                                              *activation_args(node, self.values)])
 
     def _gemm(self, node: Node, args: list) -> None:
+        if "quant_in" in node.attrs:
+            self._gemm_q8(node, args)
+            return
         a = node.attrs
         self._gemm_node(node, args, a.get("alpha", 1.0), a.get("beta", 1.0), a.get("transB", 0))
 
