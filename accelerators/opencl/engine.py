@@ -17,7 +17,7 @@ from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.launch import Lowered
+from accelerators.opencl.launch import LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.program_cache import ProgramCache
 
@@ -29,11 +29,18 @@ CPU_SLICE = 8
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
                  local_tiles: bool | None = None) -> None:
-        """`local_tiles`: GEMMs through local memory; by default on GPUs and FPGAs only."""
+        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs and
+        FPGAs only. Their tile size follows the device's limits; an FPGA binary is built with
+        the default tiles (docs/opencl.md)."""
         self.graph: Graph = load_graph(model_path)
         self._dev: OpenCLDevice = open_device(device)
-        self._local_tiles = self._dev.kind in ("gpu", "fpga") if local_tiles is None \
-            else local_tiles
+        d = self._dev.device
+        if not (self._dev.kind in ("gpu", "fpga") if local_tiles is None else local_tiles):
+            self._tiling = None
+        elif self._dev.kind == "fpga":
+            self._tiling = LocalTiling()
+        else:
+            self._tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
         self.device = Device(self._dev.name, self._dev.kind, "opencl")
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
@@ -42,10 +49,11 @@ class OpenCLEngine:
         self._plans: dict[int, Executor] = {}
         # Raises for unsupported ops before the device is touched. Kernels differ between one
         # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
-        first = lower(self.graph, 1, self._local_tiles)
-        several = lower(self.graph, CPU_SLICE, self._local_tiles)
+        first = lower(self.graph, 1, self._tiling)
+        several = lower(self.graph, CPU_SLICE, self._tiling)
         self.program = self._cache.program(
-            self._dev, {la.kernel for plan in (first, several) for la in plan.launches})
+            self._dev, {la.kernel for plan in (first, several) for la in plan.launches},
+            self._tiling.defines if self._tiling else "")
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
@@ -56,7 +64,7 @@ class OpenCLEngine:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self._local_tiles)
+            lowered = lowered or lower(self.graph, batch, self._tiling)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(

@@ -10,7 +10,7 @@ import numpy as np
 
 from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
-from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, Lowered, Ref,
+from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, LocalTiling, Lowered, Ref,
                                         activation_args, ints, round_up)
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
@@ -18,8 +18,8 @@ from accelerators.opencl.quant_lowering import QuantLowering
 
 
 class Lowering(MatMulLowering, LayoutLowering, QuantLowering):
-    def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
-        self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
+    def __init__(self, graph: Graph, batch: int, tiling: LocalTiling | None) -> None:
+        self.graph, self.out, self.tiling = graph, Lowered(), tiling
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
@@ -185,7 +185,7 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering):
                                                 *ints(rows, math.prod(x.shape[axis:]))])
 
 
-def lower(graph: Graph, batch: int, local_tiles: bool = False) -> Lowered:
-    """`local_tiles`: GEMMs staged through local memory (GPUs, FPGAs) instead of the register
-    tiles that suit CPUs."""
-    return Lowering(graph, batch, local_tiles).run()
+def lower(graph: Graph, batch: int, tiling: LocalTiling | None = None) -> Lowered:
+    """`tiling`: GEMMs and convolutions staged through local memory in tiles of that size (GPUs,
+    FPGAs) instead of the register tiles that suit CPUs."""
+    return Lowering(graph, batch, tiling).run()

@@ -73,7 +73,10 @@ def test_conv(engine_for, case, activation, local_tiles) -> None:
         model.graph.node[0].output[0] = "conv"
         model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
         ref = np.maximum(ref, 0)
-    _check(engine_for(model, local_tiles), {"x": x}, ref, seed)
+    engine = engine_for(model, local_tiles)
+    if local_tiles and k > 1:  # an implicit GEMM: no im2col buffer
+        assert [la.kernel for la in engine.plan(n).launches] == ["conv_local"]
+    _check(engine, {"x": x}, ref, seed)
 
 
 @pytest.mark.parametrize("m, k, n, trans_b, alpha, beta", _grid([

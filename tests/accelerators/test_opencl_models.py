@@ -48,6 +48,9 @@ def test_mnist_matches_onnxruntime_on_held_out_digits(opencl_device, program_cac
              session.run(None, {"image": images[:16]})[0])
 
 
+LOCAL_TILES = {"mobilenet_v2", "shufflenet_v2", "googlenet"}
+
+
 @pytest.mark.parametrize("name", list(cnn_architectures.ARCHITECTURES))
 def test_architecture_matches_onnxruntime(engine_for, name) -> None:
     model = cnn_architectures.ARCHITECTURES[name]()
@@ -58,6 +61,11 @@ def test_architecture_matches_onnxruntime(engine_for, name) -> None:
     _compare(got, _ort(model).run(None, {"image": x})[0])
     plan = engine.plan(1)
     assert plan.peak_bytes < plan.sum_bytes  # buffers are reused
+    if name in LOCAL_TILES:  # the GPU/FPGA path: implicit-GEMM convolutions, local tiles
+        tiled = engine_for(model, local_tiles=True)
+        assert "conv_local" in {la.kernel for la in tiled.plan(1).launches}
+        _compare(tiled.run({"image": x}, ["logits"])["logits"], _ort(model).run(
+            None, {"image": x})[0])
     if name == "resnet50":
         assert engine.graph.fused["BatchNormalization"] == 53
         assert engine.graph.fused["Add+Relu"] == 16
