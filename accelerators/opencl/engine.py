@@ -8,6 +8,7 @@ throughput falls fourfold once a batch's im2col buffer outgrows the cache)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,19 +20,25 @@ from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
 from accelerators.opencl.launch import LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
+from accelerators.opencl.pipeline_lowering import PIPELINED_DEFINE
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
 
 CPU_SLICE = 8
+PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
 
 
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
-                 local_tiles: bool | None = None) -> None:
+                 local_tiles: bool | None = None, pipelined: bool | None = None) -> None:
         """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs and
         FPGAs only. Their tile size follows the device's limits; an FPGA binary is built with
-        the default tiles (docs/opencl.md)."""
+        the default tiles (docs/opencl.md). `pipelined`: fp32 convolutions through the
+        pipelined single work-item kernels, built with -DPIPELINED; by default when
+        $HETSERVE_OPENCL_PIPELINED is 1."""
+        self._pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None \
+            else pipelined
         self.graph: Graph = load_graph(model_path)
         self._dev: OpenCLDevice = open_device(device)
         d = self._dev.device
@@ -49,11 +56,13 @@ class OpenCLEngine:
         self._plans: dict[int, Executor] = {}
         # Raises for unsupported ops before the device is touched. Kernels differ between one
         # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
-        first = lower(self.graph, 1, self._tiling)
-        several = lower(self.graph, CPU_SLICE, self._tiling)
+        first = lower(self.graph, 1, self._tiling, self._pipelined)
+        several = lower(self.graph, CPU_SLICE, self._tiling, self._pipelined)
+        defines = [self._tiling.defines if self._tiling else "",
+                   PIPELINED_DEFINE if self._pipelined else ""]
         self.program = self._cache.program(
             self._dev, {la.kernel for plan in (first, several) for la in plan.launches},
-            self._tiling.defines if self._tiling else "")
+            " ".join(filter(None, defines)))
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
@@ -64,7 +73,7 @@ class OpenCLEngine:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self._tiling)
+            lowered = lowered or lower(self.graph, batch, self._tiling, self._pipelined)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(

@@ -14,12 +14,14 @@ from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, LocalTiling,
                                         activation_args, ints, round_up)
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
+from accelerators.opencl.pipeline_lowering import PipelineLowering
 from accelerators.opencl.quant_lowering import QuantLowering
 
 
-class Lowering(MatMulLowering, LayoutLowering, QuantLowering):
-    def __init__(self, graph: Graph, batch: int, tiling: LocalTiling | None) -> None:
-        self.graph, self.out, self.tiling = graph, Lowered(), tiling
+class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
+    def __init__(self, graph: Graph, batch: int, tiling: LocalTiling | None,
+                 pipelined: bool) -> None:
+        self.graph, self.out, self.tiling, self.pipelined = graph, Lowered(), tiling, pipelined
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
@@ -185,7 +187,9 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering):
                                                 *ints(rows, math.prod(x.shape[axis:]))])
 
 
-def lower(graph: Graph, batch: int, tiling: LocalTiling | None = None) -> Lowered:
+def lower(graph: Graph, batch: int, tiling: LocalTiling | None = None,
+          pipelined: bool = False) -> Lowered:
     """`tiling`: GEMMs and convolutions staged through local memory in tiles of that size (GPUs,
-    FPGAs) instead of the register tiles that suit CPUs."""
-    return Lowering(graph, batch, tiling).run()
+    FPGAs) instead of the register tiles that suit CPUs. `pipelined`: fp32 convolutions through
+    the pipelined kernels (kernels/pipelined.cl)."""
+    return Lowering(graph, batch, tiling, pipelined).run()

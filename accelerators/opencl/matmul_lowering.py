@@ -54,6 +54,9 @@ class MatMulLowering:
         if "quant_in" in node.attrs:
             self._conv_q8(node, args)
             return
+        if self.pipelined:
+            self._conv_pipelined(node, args)
+            return
         x, w = args[0], args[1]
         out, geometry = self._conv_geometry(node, x, w)
         cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
