@@ -288,7 +288,8 @@ def shufflenet_v2(seed: int = 0, size: int = 224) -> onnx.ModelProto:
             right = g.conv_bn(right, half, half, 1, act="relu")
             x = _shuffle(g, g.op("Concat", [parts[0], right], axis=1), c, side)
     x = g.conv_bn(x, c, 1024, 1, act="relu")
-    return g.model(g.classifier(x, 1024), "shufflenet_v2", size, 17)
+    x = g.op("ReduceMean", [x], axes=[2, 3], keepdims=0)  # torchvision's x.mean([2, 3])
+    return g.model(g.fc(x, 1024, 1000), "shufflenet_v2", size, 17)
 
 
 ARCHITECTURES = {"alexnet": alexnet, "googlenet": googlenet, "resnet50": resnet50,

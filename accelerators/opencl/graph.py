@@ -20,7 +20,7 @@ from onnx import numpy_helper
 KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "LRN",
               "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu",
               "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Concat", "Softmax", "Transpose",
-              "Split"}
+              "Split", "ReduceMean"}
 VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
 HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}  # see qdq.py

@@ -92,13 +92,29 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
     def _averagepool(self, node: Node, args: list) -> None:
         self._pool(node, args, False)
 
+    def _mean_of_last_axes(self, node: Node, x: Dyn, first: int, keep: bool) -> None:
+        """The mean over axes first.. of x, one work-item per value kept."""
+        rank = len(x.shape)
+        shape = x.shape[:first] + ((1,) * (rank - first) if keep else ())
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        rows = math.prod(x.shape[:first])
+        self._emit(node, "global_avg_pool", rows, [Ref(x.storage), Ref(out.storage),
+                                                   *ints(rows, math.prod(x.shape[first:]))])
+
     def _globalaveragepool(self, node: Node, args: list) -> None:
-        x = args[0]
-        n, c = x.shape[:2]
-        out = self.values[node.outputs[0]] = self._new(
-            node.outputs[0], (n, c) + (1,) * (len(x.shape) - 2))
-        self._emit(node, "global_avg_pool", n * c, [Ref(x.storage), Ref(out.storage),
-                                                    *ints(n * c, math.prod(x.shape[2:]))])
+        self._mean_of_last_axes(node, args[0], 2, True)
+
+    def _reducemean(self, node: Node, args: list) -> None:
+        """Over trailing axes only: torchvision's `x.mean([2, 3])` (ShuffleNet's global pool)."""
+        x, rank = args[0], len(args[0].shape)
+        axes = node.attrs.get("axes") if len(args) < 2 or args[1] is None else args[1]
+        if axes is None or isinstance(axes, Dyn):
+            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: constant axes needed")
+        axes = sorted(int(a) % rank for a in axes)
+        if axes != list(range(rank - len(axes), rank)):
+            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: only trailing axes are "
+                                        f"supported, not {axes} of rank {rank}")
+        self._mean_of_last_axes(node, x, axes[0], bool(node.attrs.get("keepdims", 1)))
 
     def _lrn(self, node: Node, args: list) -> None:
         x, a = args[0], node.attrs

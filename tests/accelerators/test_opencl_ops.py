@@ -178,3 +178,25 @@ def test_squeeze_excitation(engine_for) -> None:
     engine = check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
     assert [la.kernel for la in engine.plan(n).launches if "gemm" not in la.kernel] == [
         "global_avg_pool", "binary4d"]
+
+
+@pytest.mark.parametrize("opset, axes, keepdims", [(13, [2, 3], 0), (13, [-1, -2], 1),
+                                                   (18, [3], 0), (13, [1, 2, 3], 1)], ids=str)
+def test_reduce_mean_over_trailing_axes(engine_for, opset, axes, keepdims) -> None:
+    """torchvision's ShuffleNetV2 pools globally with `x.mean([2, 3])`."""
+    x = fresh_rng()[0].standard_normal((3, 5, 4, 6), np.float32)
+    consts, inputs, attrs = {}, ["x"], {"keepdims": keepdims}
+    if opset >= 18:
+        consts["axes"] = np.array(axes, np.int64)
+        inputs.append("axes")
+    else:
+        attrs["axes"] = axes
+    node = helper.make_node("ReduceMean", inputs, ["y"], **attrs)
+    check(engine_for, graph([node], {"x": x.shape}, consts, ["y"], opset), x=x)
+
+
+def test_reduce_mean_over_leading_axes_is_refused(engine_for) -> None:
+    from accelerators.opencl.graph import UnsupportedModelError
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="channel_mean")
+    with pytest.raises(UnsupportedModelError, match="'channel_mean': only trailing axes"):
+        engine_for(graph([node], {"x": (2, 3, 4)}, {}, ["y"], 13))
