@@ -1,17 +1,17 @@
 // Convolution as im2col + GEMM (gemm.cl): col[z][k][n] for z = batch * groups + group,
 // k = (channel in group, ky, kx), n = (oy, ox); `pad` where the window leaves the input.
 // A work-item fills one row k of one z: index arithmetic once per row, not per element.
-// Two instances: fp32 (pad 0), and int8 (quantized.cl) quantizing as it gathers, where the
-// padding is the input's zero point.
-#define IM2COL(NAME, T, LOAD, EXTRA_ARGS)                                                      \
+// Two instances: fp32 (pad 0), and int8 codes (quantized.cl), where the padding is the input's
+// zero point.
+#define IM2COL(NAME, T, EXTRA_ARGS)                                                            \
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))                                   \
-void NAME(__global const float* x, __global T* col, const int c_per_group, const int h,      \
+void NAME(__global const T* x, __global T* col, const int c_per_group, const int h,          \
           const int w, const int oh, const int ow, const int kh, const int kw, const int sh,  \
           const int sw, const int ph, const int pw, const int dh, const int dw EXTRA_ARGS) {  \
     const int k = get_global_id(0), z = get_global_id(1);                                    \
     if (k >= c_per_group * kh * kw) return;                                                   \
     const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);                             \
-    __global const float* plane = x + (z * c_per_group + c) * h * w;                         \
+    __global const T* plane = x + (z * c_per_group + c) * h * w;                             \
     __global T* row = col + (z * c_per_group * kh * kw + k) * oh * ow;                       \
     /* Output columns whose input column lies inside the row: [ox_lo, ox_hi); padding        \
        elsewhere, and a plain strided copy between (a vectorizable one for stride 1). */      \
@@ -25,18 +25,17 @@ void NAME(__global const float* x, __global T* col, const int c_per_group, const
             for (int ox = 0; ox < ow; ++ox) out[ox] = PAD;                                    \
             continue;                                                                         \
         }                                                                                     \
-        __global const float* in = plane + iy * w + off;                                      \
+        __global const T* in = plane + iy * w + off;                                          \
         for (int ox = 0; ox < ox_lo; ++ox) out[ox] = PAD;                                     \
         if (sw == 1) {                                                                        \
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = LOAD(in[ox]);                    \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox];                          \
         } else {                                                                              \
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = LOAD(in[ox * sw]);               \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox * sw];                     \
         }                                                                                     \
         for (int ox = ox_hi; ox < ow; ++ox) out[ox] = PAD;                                    \
     }                                                                                         \
 }
 
 #define PAD 0.0f
-#define AS_IS(v) (v)
-IM2COL(im2col, float, AS_IS, )
+IM2COL(im2col, float, )
 #undef PAD

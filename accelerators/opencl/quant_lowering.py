@@ -1,8 +1,8 @@
 """Lowering of the int8 nodes that qdq.py marks (Conv and Gemm with `quant_in`) to the kernels of
-kernels/quantized.cl: the input quantized as it is gathered (im2col_q8) or in one pass
-(quantize_q8), int8 x int8 products summed in int32 (gemm_q8), the per-channel scales, bias,
-activation and the output's re-quantization in the GEMM's epilogue. Leftover FakeQuant nodes
-run as their own kernel."""
+kernels/quantized.cl: the input quantized in one pass (quantize_q8), a convolution's windows
+gathered as int8 codes (im2col_q8), int8 x int8 products summed in int32 (gemm_q8), and the
+per-channel scales, bias, activation and the output's re-quantization in the GEMM's epilogue.
+Leftover FakeQuant nodes run as their own kernel."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import math
 import numpy as np
 
 from accelerators.opencl.graph import Node, UnsupportedModelError
-from accelerators.opencl.launch import GEMM_WG, VN, Launch, Ref, activation_args, ints, round_up
+from accelerators.opencl.launch import (GEMM_WG, VN, Dyn, Launch, Ref, activation_args, ints,
+                                        round_up)
 from accelerators.opencl.qdq import Grid, Int8Weight
 
-Q8_TM = 4  # rows of a gemm_q8 work-item's tile (kernels/quantized.cl)
+Q8_TM = 8  # rows of a gemm_q8 work-item's tile (kernels/quantized.cl)
 
 
 def _requant_args(node: Node) -> list:
@@ -49,6 +50,14 @@ class QuantLowering:
         self.out.launches.append(Launch("gemm_q8", size, (GEMM_WG, 1, 1), args, node.name,
                                         flops))
 
+    def _quantize(self, node: Node, x: Dyn, grid: Grid) -> Ref:
+        """x's int8 codes on `grid`, in a new buffer."""
+        total = math.prod(x.shape)
+        xq = Ref(self._new(f"{node.name}:x_q8", x.shape, itemsize=1).storage)
+        self._emit(node, "quantize_q8", total, [Ref(x.storage), xq, np.int32(total),
+                                                np.float32(grid.scale), *ints(*grid.stored)])
+        return xq
+
     def _conv_q8(self, node: Node, args: list) -> None:
         x, grid = args[0], node.attrs["quant_in"]
         weight: Int8Weight = self.graph.int8[node.inputs[1]]
@@ -57,9 +66,10 @@ class QuantLowering:
         n, oc, g = x.shape[0], weight.codes.shape[0], node.attrs.get("group", 1)
         mg, kg, p = oc // g, cg * kh * kw, oh * ow
         zero, lo, hi = grid.stored
+        # Quantized once, then gathered as codes: kh x kw times fewer divisions.
+        xq = self._quantize(node, x, grid)
         col = Ref(self._new(f"{node.name}:col_q8", (n * g * kg * p,), itemsize=1).storage)
-        self._emit(node, "im2col_q8", (kg, n * g), [
-            Ref(x.storage), col, *ints(*geometry), np.float32(grid.scale), *ints(zero, lo, hi)])
+        self._emit(node, "im2col_q8", (kg, n * g), [xq, col, *ints(*geometry, zero)])
         codes = weight.codes.reshape(oc, kg)
         bias = np.asarray(args[2], np.float32) if len(args) > 2 and args[2] is not None else None
         self._launch_q8(
@@ -77,10 +87,8 @@ class QuantLowering:
         codes = weight.codes.T if a.get("transB", 0) else weight.codes  # (k, n)
         m, k = x.shape
         n = codes.shape[1]
-        zero, lo, hi = grid.stored
-        xq = Ref(self._new(f"{node.name}:x_q8", (m * k,), itemsize=1).storage)
-        self._emit(node, "quantize_q8", m * k, [Ref(x.storage), xq, np.int32(m * k),
-                                                np.float32(grid.scale), *ints(zero, lo, hi)])
+        zero = grid.stored[0]
+        xq = self._quantize(node, x, grid)
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (m, n))
         bias = None
         if len(args) > 2 and args[2] is not None:
