@@ -90,7 +90,7 @@ inline void q8_store_row(IVEC acc, __global float* C, __global const float* scal
     r = activate_vec(r, act, alpha, beta);
     if (requant) {
         const IVEC q = clamp(CAT(CAT(convert_int, VN), _sat_rte)(r / out_scale) + out_zero,
-                             out_lo, out_hi);
+                             (IVEC)(out_lo), (IVEC)(out_hi));
         r = CAT(convert_float, VN)(q - out_zero) * out_scale;
     }
     VSTORE(r, 0, C + m * ldc + n0);
