@@ -39,3 +39,32 @@ void NAME(__global const T* x, __global T* col, const int c_per_group, const int
 #define PAD 0.0f
 IM2COL(im2col, float, )
 #undef PAD
+
+// Depthwise convolution (groups = input channels, `mult` output channels each), directly: a
+// work-item computes one output pixel of one output channel (dimension 0: the pixel, so
+// neighbours read neighbouring inputs; dimension 1: sample x output channel). As im2col + GEMM
+// it was thousands of one-row GEMMs.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void conv_depthwise(__global const float* x, __global const float* wt,
+                    __global const float* bias, __global float* out, const int c_in,
+                    const int mult, const int h, const int w, const int oh, const int ow,
+                    const int kh, const int kw, const int sh, const int sw, const int ph,
+                    const int pw, const int dh, const int dw, const int has_bias,
+                    const int act, const float a, const float b) {
+    const int p = get_global_id(0), nc = get_global_id(1);
+    if (p >= oh * ow) return;
+    const int c_out = c_in * mult, oc = nc % c_out, n = nc / c_out;
+    const int oy = p / ow, ox = p % ow;
+    __global const float* plane = x + (n * c_in + oc / mult) * h * w;
+    __global const float* k = wt + oc * kh * kw;
+    float acc = has_bias ? bias[oc] : 0.0f;
+    for (int ky = 0; ky < kh; ++ky) {
+        const int iy = oy * sh - ph + ky * dh;
+        if (iy < 0 || iy >= h) continue;
+        for (int kx = 0; kx < kw; ++kx) {
+            const int ix = ox * sw - pw + kx * dw;
+            if (ix >= 0 && ix < w) acc = fma(k[ky * kw + kx], plane[iy * w + ix], acc);
+        }
+    }
+    out[nc * oh * ow + p] = activate(acc, act, a, b);
+}

@@ -65,6 +65,12 @@ class MatMulLowering:
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
+        if cg == 1 and g == x.shape[1]:  # depthwise: its own kernel on every device
+            self._emit(node, "conv_depthwise", (p, n * oc), [
+                Ref(x.storage), weights, bias or weights, Ref(out.storage),
+                *ints(g, mg, *geometry[1:], bias is not None),
+                *activation_args(node, self.values)], 2 * n * oc * kg * p)
+            return
         direct = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd)
         if self.tiling and not direct:  # implicit GEMM: no im2col buffer
             self.out.launches.append(Launch(

@@ -49,6 +49,7 @@ CONV = [
     (1, 3, 23, 23, 16, 7, 2, (3, 3, 3, 3), 1, 1),
     (64, 1, 12, 12, 16, 5, 1, (2, 2, 2, 2), 1, 1),
     (64, 8, 9, 9, 12, 3, 2, (1, 1, 1, 1), 1, 2),
+    (2, 6, 11, 11, 12, 5, 2, (2, 1, 2, 1), 1, 6),  # depthwise, two outputs per channel
 ]
 
 
@@ -74,8 +75,11 @@ def test_conv(engine_for, case, activation, local_tiles) -> None:
         model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
         ref = np.maximum(ref, 0)
     engine = engine_for(model, local_tiles)
-    if local_tiles and k > 1:  # an implicit GEMM: no im2col buffer
-        assert [la.kernel for la in engine.plan(n).launches] == ["conv_local"]
+    kernels = [la.kernel for la in engine.plan(n).launches]
+    if c == g:  # depthwise: a direct kernel
+        assert kernels == ["conv_depthwise"]
+    elif local_tiles and k > 1:  # an implicit GEMM: no im2col buffer
+        assert kernels == ["conv_local"]
     _check(engine, {"x": x}, ref, seed)
 
 
