@@ -60,17 +60,17 @@ void channel_affine(__global const float* x, __global const float* scale,
 
 // A strided view of a tensor of rank <= 6 copied out contiguously: Transpose (strides
 // permuted), Slice and Split (start offset, strides times steps). out[i0..i5] =
-// x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first.
+// x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first. The range is
+// (d5, d4, d0 * d1 * d2 * d3): the two innermost indices come without a division.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void gather_strided(__global const float* x, __global float* out, const int total,
                     const int d1, const int d2, const int d3, const int d4, const int d5,
                     const int s0, const int s1, const int s2, const int s3, const int s4,
                     const int s5, const int offset) {
-    const int i = get_global_id(0);
-    if (i >= total) return;
-    int r = i;
-    const int i5 = r % d5; r /= d5;
-    const int i4 = r % d4; r /= d4;
+    const int i5 = get_global_id(0), i4 = get_global_id(1);
+    if (i5 >= d5) return;
+    int r = get_global_id(2);
+    const int i = (r * d4 + i4) * d5 + i5;
     const int i3 = r % d3; r /= d3;
     const int i2 = r % d2; r /= d2;
     const int i1 = r % d1, i0 = r / d1;

@@ -18,21 +18,38 @@ def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return [math.prod(shape[i + 1:]) for i in range(len(shape))]
 
 
+def _merged(shape: tuple[int, ...], strides: list[int]) -> tuple[tuple, tuple]:
+    """The same view with fewer axes: size-1 axes dropped, and an axis merged into the next
+    when stepping over all of the next is one step of it (e.g. h and w of a channel shuffle)."""
+    dims: list[int] = []
+    steps: list[int] = []
+    for d, s in zip(shape, strides):
+        if d == 1:
+            continue
+        if dims and steps[-1] == d * s:
+            dims[-1], steps[-1] = dims[-1] * d, s
+        else:
+            dims.append(d)
+            steps.append(s)
+    return tuple(dims) or (1,), tuple(steps) or (0,)
+
+
 class LayoutLowering:
     """Mixed into lowering.Lowering, whose values, _new and _emit these methods use."""
 
     def _gather(self, node: Node, x: Dyn, output: str, shape: tuple[int, ...],
                 strides: list[int], offset: int) -> None:
         """output[i] = x[offset + sum(i_k * strides_k)] over `shape`."""
-        if len(shape) > MAX_RANK:
-            raise UnsupportedModelError(
-                f"{node.op} node {node.name!r}: rank {len(shape)} > {MAX_RANK}")
-        pad = MAX_RANK - len(shape)
-        dims, strides = (1,) * pad + tuple(shape), [0] * pad + list(strides)
         out = self.values[output] = self._new(output, tuple(shape))
+        dims, steps = _merged(shape, strides)
+        if len(dims) > MAX_RANK:
+            raise UnsupportedModelError(
+                f"{node.op} node {node.name!r}: rank {len(dims)} > {MAX_RANK}")
+        pad = MAX_RANK - len(dims)
+        dims, steps = (1,) * pad + dims, (0,) * pad + steps
         total = math.prod(shape)
-        self._emit(node, "gather_strided", total, [Ref(x.storage), Ref(out.storage), *ints(
-            total, *dims[1:], *strides, offset)])
+        self._emit(node, "gather_strided", (dims[5], dims[4], math.prod(dims[:4])), [
+            Ref(x.storage), Ref(out.storage), *ints(total, *dims[1:], *steps, offset)])
 
     def _transpose(self, node: Node, args: list) -> None:
         x = args[0]
