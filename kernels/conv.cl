@@ -40,10 +40,10 @@ void NAME(__global const T* x, __global T* col, const int c_per_group, const int
 IM2COL(im2col, float, )
 #undef PAD
 
-// Depthwise convolution (groups = input channels, `mult` output channels each), directly: a
-// work-item computes one output pixel of one output channel (dimension 0: the pixel, so
-// neighbours read neighbouring inputs; dimension 1: sample x output channel). As im2col + GEMM
-// it was thousands of one-row GEMMs.
+// Depthwise convolution (groups = input channels, `mult` output channels each) on GPUs and
+// FPGAs, directly: a work-item computes one output pixel of one output channel (dimension 0:
+// the pixel, so neighbours read neighbouring inputs; dimension 1: sample x output channel).
+// Through the local tiles it would be one-row GEMMs in 32- or 64-row tiles.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void conv_depthwise(__global const float* x, __global const float* wt,
                     __global const float* bias, __global float* out, const int c_in,

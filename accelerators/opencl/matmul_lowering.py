@@ -65,7 +65,9 @@ class MatMulLowering:
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
-        if cg == 1 and g == x.shape[1]:  # depthwise: its own kernel on every device
+        if self.tiling and cg == 1 and g == x.shape[1] > 1:
+            # Depthwise on GPUs and FPGAs: one output pixel per work-item, not one-row GEMMs.
+            # (Under PoCL it measured 2-4x slower than im2col + gemm1's vector tiles.)
             self._emit(node, "conv_depthwise", (p, n * oc), [
                 Ref(x.storage), weights, bias or weights, Ref(out.storage),
                 *ints(g, mg, *geometry[1:], bias is not None),
