@@ -24,7 +24,8 @@ KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAverage
 VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
 HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}  # see qdq.py
-SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS | QDQ_OPS
+FOLDED_OPS = {"Pad"}  # into the Conv that reads it
+SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS | QDQ_OPS | FOLDED_OPS
 # "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
 ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
 # Ops an activation that follows them is fused into.
@@ -91,6 +92,7 @@ def load_graph(path: Path) -> Graph:
     from accelerators.opencl import qdq  # it builds on this module's Graph
     _drop_passthrough(graph)
     qdq.simplify_qdq(graph)
+    _fold_pad_into_conv(graph)
     _fold_batch_norm(graph)
     _fuse_gates(graph)
     _fuse_activations(graph)
@@ -142,6 +144,34 @@ def _sole_consumer(graph: Graph, node: Node) -> Node | None:
     if len(users) != 1 or out in {name for name, _ in graph.outputs}:
         return None
     return users[0]
+
+
+def _fold_pad_into_conv(graph: Graph) -> None:
+    """A zero Pad of the spatial axes whose only reader is a Conv (tf2onnx's explicit SAME
+    padding) becomes that Conv's own padding."""
+    for pad in [n for n in graph.nodes if n.op == "Pad"]:
+        conv = _sole_consumer(graph, pad)
+        if conv is None or conv.op != "Conv" or conv.inputs[0] != pad.outputs[0] \
+                or conv.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        amounts = pad.attrs.get("pads") if graph.opset < 11 else graph.consts.get(pad.inputs[1])
+        value = pad.attrs.get("value", 0.0) if graph.opset < 11 else (
+            graph.consts.get(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else 0.0)
+        axes = pad.inputs[3] if len(pad.inputs) > 3 else ""
+        if amounts is None or value is None or np.any(value) or axes \
+                or pad.attrs.get("mode", "constant") != "constant":
+            continue
+        amounts = [int(a) for a in amounts]
+        rank = len(amounts) // 2
+        if any(amounts[:2] + amounts[rank:rank + 2]) or min(amounts) < 0:
+            continue
+        spatial = rank - 2
+        own = list(conv.attrs.get("pads", [0] * 2 * spatial))
+        conv.attrs["pads"] = [own[i] + amounts[2 + i] for i in range(spatial)] + [
+            own[spatial + i] + amounts[rank + 2 + i] for i in range(spatial)]
+        conv.inputs[0] = pad.inputs[0]
+        graph.nodes.remove(pad)
+        graph.fused["Pad+Conv"] += 1
 
 
 def _fold_batch_norm(graph: Graph) -> None:

@@ -92,6 +92,10 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
     def _averagepool(self, node: Node, args: list) -> None:
         self._pool(node, args, False)
 
+    def _pad(self, node: Node, args: list) -> None:
+        raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only a zero Pad of the "
+                                    f"spatial axes read by a Conv alone is supported")
+
     def _mean_of_last_axes(self, node: Node, x: Dyn, first: int, keep: bool) -> None:
         """The mean over axes first.. of x, one work-item per value kept."""
         rank = len(x.shape)

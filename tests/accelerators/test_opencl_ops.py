@@ -200,3 +200,30 @@ def test_reduce_mean_over_leading_axes_is_refused(engine_for) -> None:
     node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="channel_mean")
     with pytest.raises(UnsupportedModelError, match="'channel_mean': only trailing axes"):
         engine_for(graph([node], {"x": (2, 3, 4)}, {}, ["y"], 13))
+
+
+@pytest.mark.parametrize("opset", [13, 10])
+def test_zero_pad_before_a_convolution_becomes_its_padding(engine_for, opset) -> None:
+    """tf2onnx writes SAME padding as an explicit Pad before the Conv."""
+    rng, _ = fresh_rng()
+    x = rng.standard_normal((2, 3, 8, 9), np.float32)
+    amounts = [0, 0, 1, 2, 0, 0, 2, 1]
+    consts = {"w": rng.standard_normal((4, 3, 3, 3), np.float32)}
+    if opset >= 11:
+        consts["amounts"] = np.array(amounts, np.int64)
+        pad = helper.make_node("Pad", ["x", "amounts"], ["p"], mode="constant")
+    else:
+        pad = helper.make_node("Pad", ["x"], ["p"], mode="constant", pads=amounts)
+    conv = helper.make_node("Conv", ["p", "w"], ["y"], pads=[1, 0, 0, 1])
+    engine = check(engine_for, graph([pad, conv], {"x": x.shape}, consts, ["y"], opset), x=x)
+    assert engine.graph.fused["Pad+Conv"] == 1
+
+
+def test_a_pad_that_is_not_zero_is_refused(engine_for) -> None:
+    from accelerators.opencl.graph import UnsupportedModelError
+    consts = {"amounts": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+              "w": np.ones((1, 1, 3, 3), np.float32)}
+    pad = helper.make_node("Pad", ["x", "amounts"], ["p"], mode="reflect", name="mirror")
+    conv = helper.make_node("Conv", ["p", "w"], ["y"])
+    with pytest.raises(UnsupportedModelError, match="'Pad' of node 'mirror': only a zero Pad"):
+        engine_for(graph([pad, conv], {"x": (1, 1, 5, 5)}, consts, ["y"]))
