@@ -79,7 +79,10 @@ class OpenCLEngine:
                     self._consts[key] = cl.Buffer(
                         self._dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                         hostbuf=value)
-            plan = self._plans[batch] = Executor(self._dev, self.program, lowered, self._consts)
+            # FPGA binaries join the pipelined stages with channels or pipes (docs/opencl.md).
+            plan = self._plans[batch] = Executor(
+                self._dev, self.program, lowered, self._consts,
+                concurrent_stages=self._dev.kind == "fpga")
         return plan
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:

@@ -63,6 +63,9 @@ class Launch:
     args: list
     node: str
     flops: int = 0
+    # 0: the main queue. k > 0: the k-th stage of a chain of single work-item kernels joined by
+    # FIFOs (pipeline_lowering.py), each stage on its own queue.
+    stage: int = 0
 
 
 @dataclass

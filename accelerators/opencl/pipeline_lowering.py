@@ -1,7 +1,8 @@
 """Lowering of convolutions to the pipelined kernels of kernels/pipelined.cl (engine option
-`pipelined`, built with -DPIPELINED): three single work-item stages chained by FIFOs. Where the
-device has no channels or pipes, the FIFOs are buffers in global memory and the stages run one
-after another on the in-order queue."""
+`pipelined`, built with -DPIPELINED): three single work-item stages chained by FIFOs, each on its
+own queue (executor.py). With channels or pipes (FPGA binaries) the stages run at once; where
+the device has neither, the FIFOs are buffers in global memory and each stage waits for the
+one before."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from accelerators.opencl.launch import Launch, Ref, activation_args, ints
 
 PIPE_MAX_K = 4608  # kernels/pipelined.cl: the longest window kept on chip
 PIPELINED_DEFINE = "-DPIPELINED"
+STAGES = ("pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain")  # Launch.stage 1, 2, 3
 
 
 class PipelineLowering:
@@ -19,7 +21,8 @@ class PipelineLowering:
     methods use."""
 
     def _stage(self, node: Node, kernel: str, args: list, flops: int = 0) -> None:
-        self.out.launches.append(Launch(kernel, (1,), (1,), args, node.name, flops))
+        stage = STAGES.index(kernel) + 1
+        self.out.launches.append(Launch(kernel, (1,), (1,), args, node.name, flops, stage))
 
     def _conv_pipelined(self, node: Node, args: list) -> None:
         x, w = args[0], args[1]

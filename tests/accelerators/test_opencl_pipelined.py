@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pyopencl as cl
 import pytest
 from onnx import helper
 
-from accelerators.opencl.engine import OpenCLEngine
+from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine
 from accelerators.opencl.graph import UnsupportedModelError
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
 from tests.accelerators.test_opencl_kernels import CONV, conv_ref
@@ -38,6 +39,11 @@ def test_pipelined_conv(tmp_path, opencl_device, program_cache, case) -> None:
     assert all(la.global_size == (1,) for la in engine.plan(n).launches)  # single work-items
     got = engine.run({"x": x}, ["y"])["y"]
     assert rel_err(got, ref) <= 1e-4, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
+    # Each stage on its own queue (with channels they run at once; here each waits for the
+    # one before), none on the main queue.
+    plan = engine.plan(min(n, CPU_SLICE))  # the plan that ran last
+    queues = [e.get_info(cl.event_info.COMMAND_QUEUE) for e in plan._events]
+    assert len(set(queues)) == 3 and engine._dev.queue not in queues
 
 
 def test_pipelined_mnist_matches_onnxruntime(opencl_device, program_cache, holdout,
@@ -47,12 +53,12 @@ def test_pipelined_mnist_matches_onnxruntime(opencl_device, program_cache, holdo
     engine = OpenCLEngine(path, opencl_device, program_cache)
     kernels = [la.kernel for la in engine.plan(4).launches]
     assert kernels.count("pipe_conv_mac") == 2 and "im2col" not in kernels
-    images = holdout[0][:4]
-    got = engine.run({"image": images}, ["logits"])["logits"]
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
-        None, {"image": images})[0]
-    assert rel_err(got, ref) <= 1e-3
-    assert (got.argmax(1) == ref.argmax(1)).all()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for images in (holdout[0][:4], holdout[0][4:8]):  # the second run reuses the plan
+        got = engine.run({"image": images}, ["logits"])["logits"]
+        ref = session.run(None, {"image": images})[0]
+        assert rel_err(got, ref) <= 1e-3
+        assert (got.argmax(1) == ref.argmax(1)).all()
 
 
 def test_a_window_too_long_for_the_chip_is_refused(tmp_path, opencl_device,
