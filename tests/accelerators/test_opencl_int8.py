@@ -92,3 +92,27 @@ def test_quantized_layers_match_qdq_semantics(engine_for, tmp_path, activations,
     got = engine.run({"image": x}, ["logits"])["logits"]
     ref = literal_qdq(dst).run(["logits"], {"image": x})[0]
     assert np.abs(got - ref).max() <= 1.01 * output_step(dst, "logits"), seed
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_small", "shufflenet_v2"])
+def test_quantized_classifiers_match_qdq_semantics(engine_for, tmp_path, name) -> None:
+    """Whole mobile classifiers (64 x 64 inputs, random weights) quantized: every convolution
+    and fully connected layer on the int8 kernels, residual Adds, squeeze-excitation and channel
+    shuffles between them on rounded fp32. One-step rounding differences of hidden layers
+    propagate, so the bound is a few output steps, and the same top-1."""
+    import cnn_architectures
+    rng, seed = fresh_rng()
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    onnx.save(cnn_architectures.ARCHITECTURES[name](seed, size=64), str(src))
+    quantize_int8.quantize(src, dst, "image", rng.standard_normal((8, 3, 64, 64), np.float32))
+    engine = engine_for(onnx.load(str(dst)))
+    kernels = [la.kernel for la in engine.plan(2).launches]
+    assert "gemm_q8" in kernels and not {"gemm8", "gemm1", "gemv_partial"} & set(kernels)
+    x = rng.standard_normal((2, 3, 64, 64), np.float32)
+    got = engine.run({"image": x}, ["logits"])["logits"]
+    ref = literal_qdq(dst).run(["logits"], {"image": x})[0]
+    step = output_step(dst, "logits")
+    assert np.abs(got - ref).max() <= 8.01 * step, seed
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 16 * step  # a winner no error within the bound can flip
+    assert (got.argmax(1) == ref.argmax(1))[clear].all(), seed
