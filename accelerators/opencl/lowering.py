@@ -82,6 +82,12 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
         kh, kw = node.attrs["kernel_shape"]
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), (eh, ew) = window(node, (h, w), (kh, kw))
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
+        if (ph, pw) == (0, 0) and (oh - 1) * sh + (kh - 1) * dh < h \
+                and (ow - 1) * sw + (kw - 1) * dw < w:  # every window inside the input
+            self._emit(node, "pool2d_valid", (oh * ow, n * c), [
+                Ref(x.storage), Ref(out.storage), *ints(h, w, oh, ow, kh, kw, sh, sw, dh, dw,
+                                                         is_max)])
+            return
         self._emit(node, "pool2d", (oh * ow, n * c), [Ref(x.storage), Ref(out.storage), *ints(
             n * c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, dh, dw, is_max,
             node.attrs.get("count_include_pad", 0))])
