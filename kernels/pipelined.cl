@@ -12,7 +12,8 @@
 #define PIPE_DEPTH 512
 #endif
 #ifndef PIPE_MAX_K
-#define PIPE_MAX_K 4608  // longest window (channels x kh x kw) kept on chip: ResNet-50's 512 x 3 x 3
+// The longest window (channels x kh x kw) kept on chip: ResNet-50's 512 x 3 x 3.
+#define PIPE_MAX_K 4608
 #endif
 
 #if defined(INTEL_CHANNELS)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn, Ref, ints
 

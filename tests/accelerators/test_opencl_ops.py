@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
+from tests.accelerators.conftest import fresh_rng, rel_err
 
 TOL = 1e-4
 
