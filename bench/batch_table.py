@@ -1,6 +1,8 @@
 """Images/s by batch size for each model on each device and engine of this node, run
 in-process (the engine alone) and through a daemon (the same engine behind gRPC, tensors in
 shared memory), with watts and where they come from, GFLOP/s per watt and joules per image.
+The two paths alternate in slices at each batch size, so that the drift of a shared machine
+hits both alike and their ratio holds.
 
 Watts come from the device's power source as the daemon would pick it (accelerators/power:
 a sensor, or the `model` estimate from idle and busy watts, which is labelled so). The
@@ -9,24 +11,29 @@ all the time), through the daemon it is the daemon's busy-seconds counter over t
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from accelerators.engine import Device
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource
-from bench.local_daemon import local_daemon
+from bench.local_daemon import LocalDaemon, local_daemon
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository
 from service.top import Snapshot, fetch
 from spark_jobs.client import ModelInterface, infer
 
 BATCHES = (1, 8, 32, 64, 256)
-_MAX_STAGED_BYTES = 1 << 30  # images staged per daemon point
+_MAX_STAGED_BYTES = 1 << 30  # images staged per daemon slice
+SLICES = 2  # per path and point, alternating
 
 
 @dataclass
@@ -66,21 +73,28 @@ class Point:
 @dataclass(frozen=True)
 class TableSettings:
     batches: tuple[int, ...] = BATCHES
-    seconds: float = 1.0  # per point, after one warm-up batch
+    seconds: float = 1.0  # per point and path, after one warm-up batch
     max_batch_s: float = 2.0  # skip a batch size expected to take longer than this per batch
     power_sources: str = ""
     power_model: str = DEFAULT_MODEL_WATTS
     daemon: bool = True
 
 
-def _measure(run: Callable[[], None], seconds: float) -> tuple[int, float]:
-    """Runs after a warm-up until `seconds` have passed (at least once): (runs, elapsed)."""
-    run()
-    runs, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds or runs == 0:
-        run()
-        runs += 1
-    return runs, elapsed
+@dataclass
+class _Total:
+    images: int = 0
+    seconds: float = 0.0
+    joules: float = 0.0
+
+    def add(self, images: int, start: float, end: float, joules: float) -> None:
+        self.images += images
+        self.seconds += end - start
+        self.joules += joules
+
+    def fill(self, point: Point) -> float:
+        point.images_per_s, point.watts = (self.images / self.seconds,
+                                           self.joules / self.seconds)
+        return point.images_per_s
 
 
 def _joules(source: PowerSource, start: float, end: float, utilization: float) -> float:
@@ -89,104 +103,106 @@ def _joules(source: PowerSource, start: float, end: float, utilization: float) -
     return source.sample(end, utilization).energy_j - before
 
 
-def _too_slow(point: Point, rate: float | None, limit_s: float) -> bool:
-    """Whether a batch would take over `limit_s` at the rate of the previous batch size."""
-    if rate and point.batch / rate > limit_s:
-        point.note = f"skipped: about {point.batch / rate:.0f} s per batch (over --max-batch-s)"
-        return True
-    return False
-
-
-def in_process(model: BenchModel, spec: DeviceSpec, source: PowerSource,
-               settings: TableSettings, progress: Callable[[], None]) -> list[Point]:
-    engine = create_engine(spec, model.path)
-    points, rate = [], None
-    for batch in settings.batches:
-        point = Point(model.name, spec.device, spec.engine, "in-process", batch,
-                      model.flops_per_image, power_source=source.source)
-        points.append(point)
-        if not _too_slow(point, rate, settings.max_batch_s):
-            x = model.images(batch)
-            start = time.monotonic()
-            runs, elapsed = _measure(lambda: engine.run({INPUT: x}, [OUTPUT]),
-                                     settings.seconds)
-            point.images_per_s = rate = runs * batch / elapsed
-            point.watts = _joules(source, start, time.monotonic(), 1.0) / (
-                time.monotonic() - start)
-        progress()
-    return points
-
-
 def _busy_s(snapshot: Snapshot, device: str) -> float:
     return sum(v for labels, v in snapshot.series("hetserve_device_busy_seconds_total").items()
                if dict(labels).get("device") == device)
 
 
-def through_daemon(models: list[BenchModel], spec: DeviceSpec, source: PowerSource,
-                   settings: TableSettings, rates: dict[tuple[str, int], float | None],
-                   progress: Callable[[], None]) -> list[Point]:
-    """One daemon serving every model on `spec`; `rates` (in-process images/s by model and
-    batch) size each run and skip what in-process skipped."""
-    points = []
+def _local_slice(run: Callable[[], None], batch: int, seconds: float, source: PowerSource,
+                 total: _Total) -> None:
+    """Back-to-back batches for `seconds` (at least one): the engine is busy throughout."""
+    runs, start = 0, time.monotonic()
+    while (end := time.monotonic()) - start < seconds or runs == 0:
+        run()
+        runs += 1
+    total.add(runs * batch, start, end, _joules(source, start, end, 1.0))
+
+
+def _daemon_slice(daemon: LocalDaemon, interface: ModelInterface, x: np.ndarray, batch: int,
+                  device: str, source: PowerSource, total: _Total) -> None:
+    """`x` in requests of `batch` images, two in flight; utilization from the daemon's
+    busy-seconds counter."""
+    before, start = fetch(daemon.metrics_url), time.monotonic()
+    infer(daemon.address, interface, x, batch, 2)
+    end, after = time.monotonic(), fetch(daemon.metrics_url)
+    utilization = (_busy_s(after, device) - _busy_s(before, device)) / (end - start)
+    total.add(len(x), start, end, _joules(source, start, end, utilization))
+
+
+def _model_rows(model: BenchModel, spec: DeviceSpec, source: PowerSource,
+                daemon: LocalDaemon | None, settings: TableSettings,
+                progress: Callable[[], None]) -> list[Point]:
+    paths = ("in-process", "daemon") if daemon else ("in-process",)
+    rows = {(path, b): Point(model.name, spec.device, spec.engine, path, b,
+                             model.flops_per_image, power_source=source.source)
+            for path in paths for b in settings.batches}
+    try:
+        engine = create_engine(spec, model.path)
+        interface = ModelInterface.fetch(daemon.address, model.name) if daemon else None
+    except Exception as e:  # a model this engine cannot run is a row, not the end
+        for point in rows.values():
+            point.note = f"failed: {e}"
+            progress()
+        return list(rows.values())
+    rate = None
+    for batch in settings.batches:
+        local, remote = rows["in-process", batch], rows.get(("daemon", batch))
+        if rate and batch / rate > settings.max_batch_s:
+            for point in filter(None, (local, remote)):
+                point.note = (f"skipped: about {batch / rate:.0f} s per batch "
+                              "(over --max-batch-s)")
+        else:
+            x = model.images(batch)
+            run = functools.partial(engine.run, {INPUT: x}, [OUTPUT])
+            run()  # warm-up
+            totals = (_Total(), _Total())
+            for _ in range(SLICES):
+                _local_slice(run, batch, settings.seconds / SLICES, source, totals[0])
+                if remote is not None and not remote.note:
+                    count = max(1, min(
+                        math.ceil(totals[0].images / totals[0].seconds
+                                  * settings.seconds / SLICES / batch),
+                        _MAX_STAGED_BYTES // (x.nbytes or 1)))
+                    try:
+                        if not totals[1].images:  # warm-up
+                            infer(daemon.address, interface, x, batch, 1)
+                        _daemon_slice(daemon, interface, np.tile(x, (count,) + (1,) * (
+                            x.ndim - 1)), batch, spec.device, source, totals[1])
+                    except Exception as e:  # e.g. the daemon could not load the model
+                        remote.note = f"failed: {e}"
+            rate = totals[0].fill(local)
+            if remote is not None and not remote.note:
+                totals[1].fill(remote)
+        for _ in paths:
+            progress()
+    return list(rows.values())
+
+
+@contextlib.contextmanager
+def _daemon_for(spec: DeviceSpec, models: list[BenchModel],
+                settings: TableSettings) -> Iterator[LocalDaemon | None]:
+    """A daemon serving every model on `spec` alone, one instance, no dynamic batching (a
+    request of N images is a batch of N); None without settings.daemon."""
+    if not settings.daemon:
+        yield None
+        return
     with tempfile.TemporaryDirectory(prefix="hetserve-bench-") as tmp:
         repository = write_repository(Path(tmp) / "models", models, str(spec),
                                       max(settings.batches))
         with local_daemon(repository, Path(tmp), "--power-sources", settings.power_sources,
                           "--power-model", settings.power_model) as daemon:
-            for model in models:
-                served = any(rates.get((model.name, b)) for b in settings.batches)
-                interface = ModelInterface.fetch(daemon.address, model.name) if served else None
-                for batch in settings.batches:
-                    point = Point(model.name, spec.device, spec.engine, "daemon", batch,
-                                  model.flops_per_image, power_source=source.source)
-                    points.append(point)
-                    rate = rates.get((model.name, batch))
-                    if not rate or interface is None:
-                        point.note = "skipped: not measured in-process"
-                    else:
-                        point.images_per_s, point.watts = _daemon_point(
-                            daemon.address, daemon.metrics_url, interface, model, batch, rate,
-                            spec.device, source, settings.seconds)
-                    progress()
-    return points
-
-
-def _daemon_point(address: str, metrics_url: str, interface: ModelInterface,
-                  model: BenchModel, batch: int, rate: float, device: str, source: PowerSource,
-                  seconds: float) -> tuple[float, float]:
-    """Images/s and watts of requests of `batch` images, two in flight, over about `seconds`
-    (at least two requests)."""
-    count = max(2, min(math.ceil(rate * seconds / batch),
-                       _MAX_STAGED_BYTES // (model.images(1).nbytes * batch)))
-    x = model.images(batch * count)
-    infer(address, interface, x[:2 * batch], batch, 2)  # warm-up
-    before, start = fetch(metrics_url), time.monotonic()
-    infer(address, interface, x, batch, 2)
-    end, after = time.monotonic(), fetch(metrics_url)
-    utilization = (_busy_s(after, device) - _busy_s(before, device)) / (end - start)
-    return len(x) / (end - start), _joules(source, start, end, utilization) / (end - start)
+            yield daemon
 
 
 def run_table(models: list[BenchModel], specs: list[DeviceSpec], settings: TableSettings,
               progress: Callable[[], None] = lambda: None) -> list[Point]:
-    """Every model on every device spec, in-process then (with settings.daemon) through a
+    """Every model on every device spec, in-process and (with settings.daemon) through a
     daemon; `progress()` is called after each point."""
     picker = SourcePicker(settings.power_sources, settings.power_model)
     points: list[Point] = []
     for spec in specs:
         source = picker.pick(Device(spec.device, spec.kind, spec.engine))
-        local = []
-        for model in models:
-            try:
-                local += in_process(model, spec, source, settings, progress)
-            except Exception as e:  # a model this engine cannot run is a row, not the end
-                local += [Point(model.name, spec.device, spec.engine, "in-process", b,
-                                model.flops_per_image, note=f"failed: {e}")
-                          for b in settings.batches]
-                for _ in settings.batches:
-                    progress()
-        points += local
-        if settings.daemon:
-            rates = {(p.model, p.batch): p.images_per_s for p in local}
-            points += through_daemon(models, spec, source, settings, rates, progress)
+        with _daemon_for(spec, models, settings) as daemon:
+            for model in models:
+                points += _model_rows(model, spec, source, daemon, settings, progress)
     return points

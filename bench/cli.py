@@ -2,6 +2,7 @@
 older benches, written as a Markdown report with PNG figures (and results.json) to --out.
 
     python -m bench run [--out bench-report]       # LoadGen scenarios + batch table, one report
+    python -m bench run --also serving efficiency spark opencl   # and the older benches
     python -m bench loadgen --scenarios Server Offline --server-qps 150
     python -m bench table --models mnist_cnn resnet50 --batches 1 8 32
     python -m bench serving -- --seconds 2         # bench/serving.py with its own flags
@@ -84,8 +85,10 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", parents=[common, loadgen, table],
-                        help="LoadGen scenarios and the batch table, one report")
+    run = commands.add_parser("run", parents=[common, loadgen, table],
+                              help="LoadGen scenarios and the batch table, one report")
+    run.add_argument("--also", nargs="+", choices=SCRIPTS, default=[],
+                     help="then these benches with their default flags, in the same report")
     commands.add_parser("loadgen", parents=[common, loadgen], help="LoadGen scenarios only")
     commands.add_parser("table", parents=[common, table], help="the batch table only")
     for name, script in SCRIPTS.items():
@@ -107,13 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         results["batch_table"] = _table(args, console)
     if args.command in SCRIPTS:
         results["benches"] = [_script(args.command, args.args, console)]
+    if args.command == "run" and args.also:
+        results["benches"] = [_script(name, [], console) for name in args.also]
     results["meta"]["finished"] = _now()
     results["meta"]["load average at the end"] = _load()
     report = write_report(results, args.out)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:
-        print_summary(results, Console())
+        print_summary(results, Console(width=None if sys.stdout.isatty() else 130))
     console.print(f"report: {report}")
     return 0
 

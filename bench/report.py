@@ -60,28 +60,58 @@ def loadgen_section(runs: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _target(p: dict) -> str:
+    return f"{p['engine']}:{p['device']} {p['path']}"
+
+
 def batch_section(points: list[dict]) -> list[str]:
+    """The classic table (images/s, a column per batch size), then each target's efficiency
+    at its most efficient batch size."""
+    batches = sorted({p["batch"] for p in points})
     reference = {(p["model"], p["engine"], p["device"], p["batch"]): p["images_per_s"]
                  for p in points if p["path"] == "in-process"}
-    lines = ["## Images/s by batch size", "",
-             "× in-process: the daemon's images/s over the same engine's in-process images/s "
-             "at the same batch, measured in the same run. GFLOP/s from the models' FLOPs per "
-             "image (accelerators/flops.py). Watts say their source; `model estimate` is "
-             "configured idle/busy watts blended by measured busy time, not a measurement.", "",
-             "| model | device | engine | path | batch | images/s | × in-process | watts "
-             "(source) | GFLOP/s | GFLOP/s per W | J per image |",
-             "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    rows: dict[tuple[str, str], dict[int, dict]] = {}
     for p in points:
-        if not p["images_per_s"]:
-            rest = f"{p['note']} | | | | | |"
-        else:
-            ref = reference.get((p["model"], p["engine"], p["device"], p["batch"]))
-            ratio = _num(p["images_per_s"] / ref, 2) if p["path"] == "daemon" and ref else ""
-            rest = (f"{_num(p['images_per_s'])} | {ratio} | "
-                    f"{watts_label(p['watts'], p['power_source'])} | {_num(p['gflops'], 1)} | "
-                    f"{_num(p['gflops_per_watt'], 3)} | {_num(p['joules_per_image'], 4)} |")
-        lines.append(f"| {TITLES.get(p['model'], p['model'])} | {p['device']} | {p['engine']} "
-                     f"| {p['path']} | {p['batch']} | {rest}")
+        rows.setdefault((p["model"], _target(p)), {})[p["batch"]] = p
+    lines = ["## Images/s by batch size", "",
+             "In-process: the engine alone. Daemon: the same engine behind `hetserve serve` "
+             "(one instance, no batching window, two requests in flight, tensors in shared "
+             "memory), in brackets over in-process at the same batch size; the two alternate "
+             "in slices at each point. `-`: skipped, a batch expected to take longer than "
+             "`--max-batch-s`.", "",
+             "| model | target | " + " | ".join(f"batch {b}" for b in batches) + " |",
+             "|---|---|" + "---:|" * len(batches)]
+    failures = []
+    for (model, target), by_batch in rows.items():
+        cells = []
+        for b in batches:
+            p = by_batch.get(b)
+            if p is None or not p["images_per_s"]:
+                cells.append("failed" if p and p["note"].startswith("failed") else "-")
+                if p and p["note"].startswith("failed"):
+                    failures.append(f"- {TITLES.get(model, model)}, {target}, batch {b}: "
+                                    f"{p['note']}")
+                continue
+            ref = reference.get((model, p["engine"], p["device"], b))
+            ratio = f" ({p['images_per_s'] / ref:.2f}×)" if p["path"] == "daemon" and ref else ""
+            cells.append(_num(p["images_per_s"], 1 if p["images_per_s"] < 10 else 0) + ratio)
+        lines.append(f"| {TITLES.get(model, model)} | {target} | " + " | ".join(cells) + " |")
+    lines += [""] + failures + ([""] if failures else [])
+    lines += ["Efficiency at each target's most efficient batch size. GFLOP/s from the models' "
+              "FLOPs per image (accelerators/flops.py). Watts say their source: `model "
+              "estimate` is configured idle/busy watts blended by measured busy time, not a "
+              "measurement.", "",
+              "| model | target | batch | images/s | watts (source) | GFLOP/s | GFLOP/s per W "
+              "| J per image |", "|---|---|---:|---:|---|---:|---:|---:|"]
+    for (model, target), by_batch in rows.items():
+        measured = [p for p in by_batch.values() if p["images_per_s"]]
+        if not measured:
+            continue
+        p = max(measured, key=lambda p: p["gflops_per_watt"] or p["images_per_s"])
+        lines.append(f"| {TITLES.get(model, model)} | {target} | {p['batch']} "
+                     f"| {_num(p['images_per_s'], 1)} | {watts_label(p['watts'], p['power_source'])} "
+                     f"| {_num(p['gflops'], 1)} | {_num(p['gflops_per_watt'], 3)} "
+                     f"| {_num(p['joules_per_image'], 4)} |")
     return lines + [""]
 
 

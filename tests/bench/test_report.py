@@ -60,9 +60,11 @@ def test_report_shows_tables_and_valid_pngs(tmp_path: Path) -> None:
     assert "| Server | MNIST CNN | INVALID (Early stopping) | 149.5 samples/s" in text
     assert "| 0.05 |" in text  # Server over Offline samples/s, same run
     assert "accuracy 97.9% of 1000" in text
-    assert "65.0 (model estimate)" in text and "40.0 (rapl)" in text
-    assert "| 0.80 |" in text  # daemon over in-process, same batch
-    assert "skipped: about 50 s per batch" in text
+    assert "| MNIST CNN | onnxruntime:cpu0 daemon | 800 (0.80×) | 1,600 (0.80×) | - |" in text
+    assert "| ResNet-50 | opencl:cpu0 in-process | 5.0 | - | - |" in text  # 256 skipped
+    assert "| MNIST CNN | onnxruntime:cpu0 in-process | 8 | 2,000.0 | 65.0 (model estimate) " \
+           "| 48.0 | 0.738 | 0.0325 |" in text  # the most efficient batch
+    assert "40.0 (rapl)" in text
     assert json.loads((tmp_path / "results.json").read_text())["loadgen"][0]["result"] == 149.5
 
 
@@ -72,4 +74,4 @@ def test_report_without_watts_has_no_efficiency_figure(tmp_path: Path) -> None:
     text = write_report({"batch_table": rows}, tmp_path).read_text()
     assert_png(tmp_path / "throughput.png")
     assert not (tmp_path / "efficiency.png").exists() and "efficiency.png" not in text
-    assert "| AlexNet | gpu0 | opencl | in-process | 8 | 800 |" in text
+    assert "| AlexNet | opencl:gpu0 in-process | 100 | 800 |" in text
