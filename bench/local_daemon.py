@@ -19,7 +19,8 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class LocalDaemon:
-    address: str
+    address: str  # the unix socket: how node-local clients reach a daemon
+    tcp_address: str
     metrics_url: str
     log_path: Path
 
@@ -35,7 +36,7 @@ def local_daemon(models: Path, folder: Path, *extra: str) -> Iterator[LocalDaemo
                              *extra], address, folder / "daemon.log")
     try:
         process.wait_ready(timeout_s=600)  # big models on slow OpenCL devices load slowly
-        yield LocalDaemon(address, f"http://127.0.0.1:{metrics_port}/metrics",
-                          folder / "daemon.log")
+        yield LocalDaemon(f"unix:{folder / 'grpc.sock'}", address,
+                          f"http://127.0.0.1:{metrics_port}/metrics", folder / "daemon.log")
     finally:
         process.stop()
