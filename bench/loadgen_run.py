@@ -8,7 +8,8 @@ them and against its early-stopping criteria as it would any other."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlperf_loadgen as lg
@@ -53,17 +54,30 @@ def test_settings(scenario: str, s: ScenarioSettings, accuracy_mode: bool) -> lg
 
 def run_scenario(address: str, model: str, library: SampleLibrary, scenario: str,
                  settings: ScenarioSettings, out: Path, accuracy_mode: bool = False,
-                 progress=None) -> dict:
+                 progress: Callable[[int], None] | None = None) -> dict:
     """One LoadGen test; its logs and summary.json go to `out`. `progress(n)` is called as
-    n more samples complete (for a progress display)."""
+    n more samples complete (for a progress display).
+
+    Offline without an expected rate first probes one with a few requests' worth of samples
+    (logs under out/calibration); where the run then still ends before its minimum duration,
+    it is run once more at the rate it reached, as LoadGen's own recommendation says."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario {scenario!r} is unknown; expected one of {SCENARIOS}")
-    if scenario == "Offline" and not settings.offline_qps and not accuracy_mode:
-        calibration = run_scenario(address, model, library, scenario, ScenarioSettings(
-            **{**vars(settings), "seconds": 1.0, "offline_qps": 1000.0}),
-            out / "calibration")
-        settings = ScenarioSettings(**{**vars(settings),
-                                       "offline_qps": 1.1 * calibration["result"]})
+    if scenario != "Offline" or settings.offline_qps or accuracy_mode:
+        return _run(address, model, library, scenario, settings, out, accuracy_mode, progress)
+    probe = _run(address, model, library, scenario, replace(
+        settings, seconds=1.0, offline_qps=4 * settings.max_batch / 1.1), out / "calibration")
+    run = _run(address, model, library, scenario,
+               replace(settings, offline_qps=1.1 * probe["result"]), out, False, progress)
+    if run["constraints"].get("Min duration satisfied", "").upper() == "NO":
+        run = _run(address, model, library, scenario,
+                   replace(settings, offline_qps=1.25 * run["result"]), out, False, progress)
+    return run
+
+
+def _run(address: str, model: str, library: SampleLibrary, scenario: str,
+         settings: ScenarioSettings, out: Path, accuracy_mode: bool = False,
+         progress: Callable[[int], None] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log_settings = lg.LogSettings()
     log_settings.log_output.outdir = str(out)

@@ -55,3 +55,13 @@ def test_failed_requests_complete_and_are_counted(daemon: Daemon, digits: Sample
     run = run_scenario(daemon.url, "no_such_model", digits, "SingleStream", settings, tmp_path)
     assert run["errors"] == {"StatusCode.NOT_FOUND": run["samples"]}
     assert run["samples"] >= 10
+
+
+def test_offline_probes_its_expected_rate(daemon: Daemon, digits: SampleLibrary,
+                                          tmp_path: Path) -> None:
+    run = run_scenario(daemon.url, MODEL, digits, "Offline", SHORT, tmp_path)
+    probe = json.loads((tmp_path / "calibration" / "summary.json").read_text())
+    assert probe["scenario"] == "Offline" and probe["result"] > 0
+    assert run["result_unit"] == "samples/s" and run["result"] > 0
+    assert run["expected_qps"] > 0 and run["errors"] == {}
+    assert run["samples"] >= run["expected_qps"] * SHORT.seconds  # LoadGen's query size
