@@ -9,10 +9,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from bench.models import TITLES  # noqa: E402
 
 _DPI = 100
+_PLAIN = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:.2g}")
 
 
 def _save(fig, path: Path) -> Path:
@@ -34,17 +36,22 @@ def _grid(count: int, width: float = 4.2, height: float = 3.4):
 def throughput(points: list[dict], path: Path) -> Path:
     """Images/s against batch size, one panel per model, one line per device, engine and path."""
     models = list(dict.fromkeys(p["model"] for p in points))
+    colors = _colors(points)
     fig, axes = _grid(len(models))
     for ax, model in zip(axes, models):
         rows = [p for p in points if p["model"] == model and p["images_per_s"]]
         for target in dict.fromkeys(_target(p) for p in rows):
             line = sorted((p["batch"], p["images_per_s"]) for p in rows if _target(p) == target)
-            ax.plot(*zip(*line), marker="o", label=target,
-                    linestyle="--" if target.endswith("daemon") else "-")
+            device, route = target.rsplit(" ", 1)
+            ax.plot(*zip(*line), marker="o", label=target, color=colors[device],
+                    linestyle="--" if route == "daemon" else "-")
         ax.set(title=TITLES.get(model, model), xlabel="batch size", ylabel="images/s",
                xscale="log", yscale="log")
         ax.set_xticks(sorted({p["batch"] for p in points}),
                       labels=map(str, sorted({p["batch"] for p in points})))
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(_PLAIN)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, path)
@@ -79,18 +86,23 @@ def efficiency(points: list[dict], path: Path) -> Path:
     models = list(dict.fromkeys(m for m, _ in best))
     targets = list(dict.fromkeys(t for _, t in best))
     sources = sorted({p["power_source"] for p in best.values()})
+    colors = _colors(points)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(1, len(targets))
     for ax, field, label in ((axes[0], "gflops_per_watt", "GFLOP/s per watt"),
                              (axes[1], "joules_per_image", "joules per image (log)")):
         for i, target in enumerate(targets):
             values = [best[(m, target)][field] if (m, target) in best else 0 for m in models]
-            ax.bar(np.arange(len(models)) + i * width, values, width, label=target)
+            device, route = target.rsplit(" ", 1)
+            ax.bar(np.arange(len(models)) + i * width, values, width, label=target,
+                   color=colors[device], hatch="//" if route == "daemon" else None,
+                   edgecolor="white")
         ax.set_xticks(np.arange(len(models)) + width * (len(targets) - 1) / 2,
                       labels=[TITLES.get(m, m) for m in models])
         ax.set(ylabel=label)
         if field == "joules_per_image":
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
     named = [("`model` ESTIMATE (idle/busy watts x measured busy time), not a measurement"
@@ -101,3 +113,9 @@ def efficiency(points: list[dict], path: Path) -> Path:
 
 def _target(p: dict) -> str:
     return f"{p['engine']}:{p['device']} {p['path']}"
+
+
+def _colors(points: list[dict]) -> dict[str, str]:
+    """One colour per engine and device; the path (in-process, daemon) is the line style."""
+    devices = dict.fromkeys(f"{p['engine']}:{p['device']}" for p in points)
+    return {d: f"C{i % 10}" for i, d in enumerate(devices)}
