@@ -39,6 +39,24 @@ SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",
            "request-path": "request_path.py"}
 
 
+def _positive(kind: type):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        return value
+    return parse
+
+
+def _device_spec(text: str):
+    from accelerators.engines import DeviceSpec
+
+    try:
+        return DeviceSpec.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, default=Path("bench-report"),
@@ -55,15 +73,15 @@ def _parser() -> argparse.ArgumentParser:
                         "ImageNet-shaped tensors (default: mnist_cnn)")
     g.add_argument("--address", help="a running daemon to test (host:port or unix:PATH); "
                                      "default: start one on free ports")
-    g.add_argument("--loadgen-seconds", type=float, default=10.0,
+    g.add_argument("--loadgen-seconds", type=_positive(float), default=10.0,
                    help="LoadGen's minimum duration per scenario (default: 10)")
-    g.add_argument("--server-qps", type=float, default=150.0, help="Server target (default 150)")
-    g.add_argument("--server-latency-ms", type=float, default=15.0,
+    g.add_argument("--server-qps", type=_positive(float), default=150.0, help="Server target (default 150)")
+    g.add_argument("--server-latency-ms", type=_positive(float), default=15.0,
                    help="Server bound on the 99th percentile latency (default: 15, MLPerf's "
                         "ResNet-50 bound)")
     g.add_argument("--offline-qps", type=float, default=0.0,
                    help="Offline expected samples/s; 0: calibrated by a 1 s Offline run")
-    g.add_argument("--samples", type=int, default=64,
+    g.add_argument("--samples", type=_positive(int), default=64,
                    help="synthetic samples in the library for ImageNet-shaped models")
     g.add_argument("--accuracy", action="store_true",
                    help="also an AccuracyOnly run (Offline), checked against the labels")
@@ -71,12 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     table = argparse.ArgumentParser(add_help=False)
     g = table.add_argument_group("batch table")
     g.add_argument("--models", nargs="+", choices=NAMES, default=list(NAMES))
-    g.add_argument("--devices", nargs="+", metavar="SPEC",
+    g.add_argument("--devices", nargs="+", metavar="SPEC", type=_device_spec,
                    help="engine:device specs, e.g. onnxruntime:cpu0 opencl:gpu0 (default: "
                         "every device `hetserve devices` finds)")
-    g.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
-    g.add_argument("--seconds", type=float, default=1.0, help="per point (default: 1)")
-    g.add_argument("--max-batch-s", type=float, default=2.0,
+    g.add_argument("--batches", nargs="+", type=_positive(int), default=list(BATCHES))
+    g.add_argument("--seconds", type=_positive(float), default=1.0, help="per point (default: 1)")
+    g.add_argument("--max-batch-s", type=_positive(float), default=2.0,
                    help="skip batch sizes expected to take longer per batch (default: 2)")
     g.add_argument("--no-daemon", action="store_true", help="in-process only")
     g.add_argument("--power-sources", default="", help="as `hetserve serve --power-sources`")
@@ -120,15 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_summary(results, Console(width=None if sys.stdout.isatty() else 130))
     console.print(f"report: {report}")
-    return 0
+    return max((b["returncode"] != 0 for b in results.get("benches", [])), default=0)
 
 
 def _table(args: argparse.Namespace, console: Console) -> list[dict]:
     from accelerators.devices import inventory
-    from accelerators.engines import DeviceSpec, device_specs
+    from accelerators.engines import device_specs
 
-    specs = ([DeviceSpec.parse(s) for s in args.devices] if args.devices
-             else device_specs(inventory()))
+    specs = args.devices or device_specs(inventory())
     settings = TableSettings(tuple(args.batches), args.seconds, args.max_batch_s,
                              args.power_sources, args.power_model, not args.no_daemon)
     with tempfile.TemporaryDirectory(prefix="hetserve-models-") as tmp:

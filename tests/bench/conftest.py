@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import bench  # noqa: F401  (puts tools/ on the path, as `python -m bench` does)
 from bench.loadgen_sut import SampleLibrary
 
 

@@ -12,15 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_run_writes_report_and_json(tmp_path: Path) -> None:
-    out = tmp_path / "report"
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--out", str(out), "--json",
-         "--scenarios", "Server", "--loadgen-seconds", "1", "--server-qps", "100",
-         "--models", "mnist_cnn", "--devices", "onnxruntime:cpu0", "--batches", "1", "4",
-         "--seconds", "0.2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_writes_report_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = bench("run", "--out", str(out), "--json",
+                 "--scenarios", "Server", "--loadgen-seconds", "1", "--server-qps", "100",
+                 "--models", "mnist_cnn", "--devices", "onnxruntime:cpu0", "--batches", "1", "4",
+                 "--seconds", "0.2")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
     assert [r["scenario"] for r in results["loadgen"]] == ["Server"]
@@ -33,3 +37,12 @@ def test_run_writes_report_and_json(tmp_path: Path) -> None:
     assert "## MLPerf LoadGen scenarios" in text and "## Images/s by batch size" in text
     for png in ("latency_cdf.png", "throughput.png", "efficiency.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_flags_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    done = bench("table", "--out", str(tmp_path), "--devices", "cuda:0", timeout=60)
+    assert done.returncode == 2
+    assert "--devices: device 'cuda:0': engine 'cuda' is unknown" in done.stderr
+    done = bench("loadgen", "--out", str(tmp_path), "--server-qps", "0", timeout=60)
+    assert done.returncode == 2 and "--server-qps: '0' is not a positive number" in done.stderr
+    assert not any(tmp_path.iterdir())
