@@ -33,7 +33,7 @@ from spark_jobs.client import ModelInterface, infer
 
 BATCHES = (1, 8, 32, 64, 256)
 _MAX_STAGED_BYTES = 1 << 30  # images staged per daemon slice
-SLICES = 2  # per path and point, alternating
+SLICES = 4  # per path and point, alternating
 
 
 @dataclass
@@ -144,7 +144,7 @@ def _model_rows(model: BenchModel, spec: DeviceSpec, source: PowerSource,
             point.note = f"failed: {e}"
             progress()
         return list(rows.values())
-    rate = None
+    rate = 0.0  # the best images/s so far: what a larger batch is expected to reach
     for batch in settings.batches:
         local, remote = rows["in-process", batch], rows.get(("daemon", batch))
         if rate and batch / rate > settings.max_batch_s:
@@ -170,7 +170,7 @@ def _model_rows(model: BenchModel, spec: DeviceSpec, source: PowerSource,
                             x.ndim - 1)), batch, spec.device, source, totals[1])
                     except Exception as e:  # e.g. the daemon could not load the model
                         remote.note = f"failed: {e}"
-            rate = totals[0].fill(local)
+            rate = max(rate, totals[0].fill(local))
             if remote is not None and not remote.note:
                 totals[1].fill(remote)
         for _ in paths:
