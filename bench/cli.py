@@ -27,10 +27,11 @@ from rich.console import Console
 
 from bench import ROOT
 from bench.batch_table import BATCHES, TableSettings, run_table
-from bench.loadgen_run import SCENARIOS, ScenarioSettings
+from bench.loadgen_run import SCENARIOS
 from bench.models import MNIST, NAMES, build
 from bench.progress import progress_bar
 from bench.report import write_report
+from bench.scenarios import run_loadgen
 from bench.summary import print_summary
 
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
@@ -75,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "default: start one on free ports")
     g.add_argument("--loadgen-seconds", type=_positive(float), default=10.0,
                    help="LoadGen's minimum duration per scenario (default: 10)")
-    g.add_argument("--server-qps", type=_positive(float), default=150.0, help="Server target (default 150)")
+    g.add_argument("--server-qps", type=_positive(float), default=100.0,
+                   help="Server scenario's target queries/s (default: 100)")
     g.add_argument("--server-latency-ms", type=_positive(float), default=15.0,
                    help="Server bound on the 99th percentile latency (default: 15, MLPerf's "
                         "ResNet-50 bound)")
@@ -101,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--power-model", default=TableSettings.power_model,
                    help="as `hetserve serve --power-model` (default: %(default)s)")
 
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", parents=[common, loadgen, table],
                               help="LoadGen scenarios and the batch table, one report")
@@ -121,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     results: dict = {"meta": _meta(argv)}
     if args.command in ("run", "loadgen"):
-        from bench.scenarios import run_loadgen  # needs mlperf_loadgen
-
         results["loadgen"] = run_loadgen(args, args.out / "loadgen", console)
     if args.command in ("run", "table"):
         results["batch_table"] = _table(args, console)

@@ -109,7 +109,8 @@ def batch_section(points: list[dict]) -> list[str]:
             continue
         p = max(measured, key=lambda p: p["gflops_per_watt"] or p["images_per_s"])
         lines.append(f"| {TITLES.get(model, model)} | {target} | {p['batch']} "
-                     f"| {_num(p['images_per_s'], 1)} | {watts_label(p['watts'], p['power_source'])} "
+                     f"| {_num(p['images_per_s'], 1)} "
+                     f"| {watts_label(p['watts'], p['power_source'])} "
                      f"| {_num(p['gflops'], 1)} | {_num(p['gflops_per_watt'], 3)} "
                      f"| {_num(p['joules_per_image'], 4)} |")
     return lines + [""]
