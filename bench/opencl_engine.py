@@ -1,10 +1,15 @@
 """Images/s of the OpenCL engine against onnxruntime's CPU provider, measured in the same run,
 and GFLOP/s of the engine's dominant kernels from their profiling events.
 
-    .venv/bin/python bench/opencl_engine.py [--device cpu0] [--resnet] [--seconds 2]
+    .venv/bin/python bench/opencl_engine.py [--device cpu0] [--resnet] [--int8]
+        [--architectures mobilenet_v2,densenet121] [--architecture-batches 1,8]
+        [--provider CUDAExecutionProvider] [--seconds 2]
 
-MNIST CNN at batch 1, 8, 64; with --resnet also ResNet-50 (random weights) at batch 1 and 8.
-Prints a Markdown table for docs/BENCHMARKS.md."""
+MNIST CNN at batch 1, 8, 64; with --int8 also the MNIST CNN quantized to int8 QDQ
+(tools/quantize_int8.py) on the engine's int8 kernels against onnxruntime's own int8 kernels;
+with --resnet or --architectures classifiers of tools/cnn_architectures.py (random weights) at
+batch 1 and 8. On a GPU node: --device gpu0 --provider CUDAExecutionProvider. Prints a Markdown
+table for docs/BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import cnn_architectures  # noqa: E402
+import mnist_digits  # noqa: E402
+import quantize_int8  # noqa: E402
 from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine  # noqa: E402
 
 
@@ -41,9 +48,11 @@ def images_per_s(run: Callable[[], object], batch: int, seconds: float) -> float
 
 
 def compare(name: str, path: Path, input_name: str, shape: tuple[int, ...], batches: list[int],
-            device: str, seconds: float) -> list[str]:
+            device: str, seconds: float, provider: str = "CPUExecutionProvider") -> list[str]:
     engine = OpenCLEngine(path, device)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=[provider])
+    if session.get_providers()[0] != provider:  # onnxruntime-gpu falls back silently
+        raise SystemExit(f"onnxruntime has no {provider} here: {session.get_providers()}")
     output = engine.outputs[0].name
     rows = []
     for batch in batches:
@@ -67,19 +76,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu0", help="OpenCL device, e.g. cpu0, gpu0")
     parser.add_argument("--resnet", action="store_true", help="also ResNet-50 at batch 1, 8")
+    parser.add_argument("--int8", action="store_true", help="also the int8 MNIST CNN")
+    parser.add_argument("--architectures", default="",
+                        help=f"comma-separated, of {', '.join(cnn_architectures.ARCHITECTURES)}")
+    parser.add_argument("--architecture-batches", default="1,8",
+                        help="batch sizes for the architectures")
+    parser.add_argument("--provider", default="CPUExecutionProvider",
+                        help="onnxruntime's provider for the reference")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
     args = parser.parse_args()
+    arch_batches = [int(b) for b in args.architecture_batches.split(",")]
+    names = [n for n in args.architectures.split(",") if n] + ["resnet50"] * args.resnet
     print("| model | batch | OpenCL img/s | onnxruntime img/s | ratio | OpenCL device time "
           f"per batch (on CPUs per slice of up to {CPU_SLICE}): top launches |\n"
           "|---|---|---|---|---|---|")
-    compare("MNIST CNN", ROOT / "models" / "mnist_cnn" / "1" / "model.onnx", "image",
-            (1, 28, 28), [1, 8, 64], args.device, args.seconds)
-    if args.resnet:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "resnet50.onnx"
-            onnx.save(cnn_architectures.resnet50(), str(path))
-            compare("ResNet-50", path, "image", (3, 224, 224), [1, 8], args.device,
-                    args.seconds)
+    mnist = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
+    compare("MNIST CNN", mnist, "image", (1, 28, 28), [1, 8, 64], args.device, args.seconds,
+            args.provider)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.int8:
+            calibration = mnist_digits.holdout_split()[0][:quantize_int8.CALIBRATION]
+            path = quantize_int8.quantize(mnist, Path(tmp) / "mnist_int8.onnx", "image",
+                                          calibration)
+            compare("MNIST CNN int8", path, "image", (1, 28, 28), [1, 8, 64], args.device,
+                    args.seconds, args.provider)
+        for name in names:
+            path = Path(tmp) / f"{name}.onnx"
+            onnx.save(cnn_architectures.ARCHITECTURES[name](), str(path))
+            compare(name, path, "image", (3, 224, 224), arch_batches, args.device,
+                    args.seconds, args.provider)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,28 @@
-"""Rows/s of score.py's scoring through the node-local daemon against in-process ONNX Runtime in
-a predict_batch_udf, on the same Parquet data and the same Spark local[2], in one run.
+"""Rows/s of Spark scoring through the node-local daemon against in-process ONNX Runtime inside
+Spark's Python workers, on the same Parquet data (raw float32 tensors) and the same Spark master,
+in one run.
 
-    .venv/bin/python bench/spark_scoring.py [--rows 100000] [--repeats 2]
+    .venv/bin/python bench/spark_scoring.py [--rows 100000] [--repeats 2] [--master local[2]]
 
-Both write their output as Parquet; the daemon shares the two cores with Spark. Each side runs
-once on a small slice first (JVM, Python workers, ORT sessions warm), then `--repeats` times
-alternately; the best run of each counts.
+Cold: each method as its own spark-submit, timed from start to exit (JVM, Python workers, ORT
+sessions or the daemon start all included): score.py starting its own daemon, score.py using
+the daemon already running, and in-process ONNX Runtime in mapInArrow. Warm: in one Spark
+session, each method once on a small slice first, then `--repeats` times alternately; the best
+run of each counts. Warm methods: the daemon through mapInArrow (score.py's default) and
+mapInPandas, and in-process ONNX Runtime in mapInArrow (the reference: the same Arrow decoding and
+output code, the model run in the worker) and in predict_batch_udf. Every method writes the same
+Parquet output except predict_batch_udf (label and all scores). On a GPU node give
+`--provider CUDAExecutionProvider` and `--master local[16]`: the reference then runs a CUDA
+session in every Python worker, the daemon whatever its config chooses.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,82 +37,170 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from pyspark.ml.functions import predict_batch_udf  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 import mnist_digits  # noqa: E402
 import ort_reference  # noqa: E402
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
+from spark_jobs.client import ModelInterface  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
+from spark_jobs.scoring import output_schema  # noqa: E402
 
 MODEL = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
-BATCH = 128  # the model's max_batch_size: each side infers in batches of this size
+BATCH = 128  # the model's max_batch_size: every method infers in batches of this size
+TOP_K = 5  # score.py's default
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+              "spark.sql.files.maxPartitionBytes": str(32 << 20)}
 
 
 def write_dataset(path: Path, rows: int) -> None:
+    """8 files of id, tensor (raw float32) and x (the same as array<float>, which
+    predict_batch_udf needs; a columnar read of the others never touches it)."""
     images, _ = mnist_digits.holdout_split()
-    flat = images.reshape(len(images), -1)
     for n, part in enumerate(np.array_split(np.arange(rows), 8)):
-        pd.DataFrame({"id": part, "tensor": list(flat[part % len(flat)])}).to_parquet(
-            path / f"part-{n}.parquet")
+        samples = images[part % len(images)].reshape(len(part), -1)
+        pd.DataFrame({"id": part, "tensor": [x.tobytes() for x in samples],
+                      "x": list(samples)}).to_parquet(path / f"part-{n}.parquet")
 
 
-def timed(run, out: Path) -> float:
-    start = time.perf_counter()
-    run().write.mode("overwrite").parquet(str(out))
-    return time.perf_counter() - start
+def reference_arrow(frame: DataFrame, model: ModelInterface, provider: str) -> DataFrame:
+    return frame.mapInArrow(functools.partial(
+        ort_reference.score_arrow, path=str(MODEL), model=model, batch_size=BATCH, top_k=TOP_K,
+        provider=provider), output_schema("bigint"))
 
 
-def main() -> None:
+def reference_job(args: argparse.Namespace) -> None:
+    """The cold in-process reference, run by spark-submit: mapInArrow to Parquet."""
+    spark = SparkSession.builder.appName("hetserve-bench-reference").getOrCreate()
+    try:
+        model = ModelInterface("mnist_cnn", "image", "FP32", (1, 28, 28), "logits", BATCH)
+        frame = spark.read.parquet(args.input).select("id", "tensor")
+        reference_arrow(frame, model, args.provider).write.parquet(args.output)
+    finally:
+        spark.stop()
+
+
+def cold_runs(args: argparse.Namespace, data: Path, tmp: Path, daemon: str) -> dict[str, float]:
+    """Seconds from spark-submit to its exit, per method."""
+    conf = [a for k, v in SPARK_CONF.items() for a in ("--conf", f"{k}={v}")]
+    submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", args.master, *conf]
+    score = [str(ROOT / "spark_jobs" / "score.py"), "--input", str(data)]
+    jobs = {
+        "daemon, started by the job": [*score, "--daemon", f"unix:{tmp / 'cold' / 'grpc.sock'}",
+                                       "--model-repository", str(args.models)],
+        "daemon, already running": [*score, "--daemon", daemon, "--no-start-daemon"],
+        "in-process mapInArrow": [__file__, "--reference-job", "--input", str(data),
+                                  "--provider", args.provider]}
+    seconds = {}
+    for n, (name, job) in enumerate(jobs.items()):
+        start = time.perf_counter()
+        run = subprocess.run([*submit, *job, "--output", str(tmp / f"cold-{n}")],
+                             capture_output=True, text=True, cwd=ROOT)
+        seconds[name] = time.perf_counter() - start
+        if run.returncode != 0:
+            sys.exit(f"{name}: spark-submit failed\n{run.stderr[-3000:]}")
+        print(f"cold {name}: {args.rows / seconds[name]:,.0f} rows/s "
+              f"({seconds[name]:.1f} s)", flush=True)
+    return seconds
+
+
+def warm_runs(args: argparse.Namespace, data: Path, small: Path, tmp: Path,
+              daemon: str) -> dict[str, float]:
+    """The best of `repeats` runs per method in one Spark session, in seconds."""
+    builder = SparkSession.builder.master(args.master).appName("hetserve-bench")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        model = ModelInterface.fetch(daemon, "mnist_cnn")
+        udf = predict_batch_udf(ort_reference.make_predict_fn(str(MODEL), "image", (1, 28, 28)),
+                                return_type=PREDICT_RETURN_TYPE, batch_size=BATCH,
+                                input_tensor_shapes=[[784]])
+
+        def methods(folder: Path) -> dict:
+            frame = spark.read.parquet(str(folder))
+            tensors = frame.select("id", "tensor")
+            return {
+                "daemon mapInArrow": lambda: score_dataframe(
+                    spark, tensors, "mnist_cnn", address=daemon, top_k=TOP_K),
+                "daemon mapInPandas": lambda: score_dataframe(
+                    spark, tensors, "mnist_cnn", address=daemon, top_k=TOP_K, pandas=True),
+                "in-process mapInArrow": lambda: reference_arrow(tensors, model, args.provider),
+                "in-process predict_batch_udf": lambda: frame.select(
+                    "id", udf("x").alias("p")).select("id", "p.label", "p.scores")}
+
+        def timed(run, out: Path) -> float:
+            start = time.perf_counter()
+            run().write.mode("overwrite").parquet(str(out))
+            return time.perf_counter() - start
+
+        for name, run in methods(small).items():  # warm-up
+            timed(run, tmp / "warm-up")
+        best: dict[str, float] = {}
+        for _ in range(args.repeats):
+            for n, (name, run) in enumerate(methods(data).items()):
+                seconds = timed(run, tmp / f"warm-{n}")
+                print(f"warm {name}: {args.rows / seconds:,.0f} rows/s ({seconds:.1f} s)",
+                      flush=True)
+                best[name] = min(best.get(name, seconds), seconds)
+        return best
+    finally:
+        spark.stop()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="warm runs per method")
+    parser.add_argument("--master", default="local[2]", help="Spark master (default: local[2])")
+    parser.add_argument("--provider", default="CPUExecutionProvider",
+                        help="ONNX Runtime provider of the in-process references")
+    parser.add_argument("--no-cold", action="store_true", help="skip the spark-submit runs")
+    parser.add_argument("--models", type=Path, default=ROOT / "models",
+                        help="the daemon's model repository, e.g. one whose mnist_cnn config "
+                             "asks for KIND_GPU on a GPU node (default: ./models)")
     parser.add_argument("--daemon-threads", type=int, default=0,
                         help="the daemon's ONNX Runtime intra-op threads per engine instance "
                              "(default: 0, the daemon's own choice: its instances split the "
                              "cores)")
-    args = parser.parse_args()
+    parser.add_argument("--reference-job", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def report(rows: int, cold: dict[str, float], warm: dict[str, float]) -> None:
+    """Rates and ratios to the in-process mapInArrow reference of the same run."""
+    for label, seconds in (("cold", cold), ("warm", warm)):
+        reference = seconds.get("in-process mapInArrow")
+        for name, s in seconds.items():
+            ratio = f", {reference / s:.2f}x in-process mapInArrow" if reference else ""
+            print(f"{label} best: {name} {rows / s:,.0f} rows/s{ratio}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.reference_job:
+        reference_job(args)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-bench-"))
     data, small = tmp / "data", tmp / "small"
     data.mkdir(), small.mkdir()
     write_dataset(data, args.rows)
     write_dataset(small, 2000)
-    daemon = DaemonProcess(["--models", str(ROOT / "models"), "--socket", str(tmp / "d.sock"),
+    daemon = DaemonProcess(["--models", str(args.models), "--socket", str(tmp / "d.sock"),
                             "--port", "0", "--metrics-port", "0", "--intra-op-threads",
                             str(args.daemon_threads)],
                            f"unix:{tmp / 'd.sock'}", tmp / "daemon.log")
-    spark = (SparkSession.builder.master("local[2]").appName("hetserve-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.files.maxPartitionBytes", str(32 << 20)).getOrCreate())
     try:
         daemon.wait_ready()
-        udf = predict_batch_udf(ort_reference.make_predict_fn(str(MODEL), "image", (1, 28, 28)),
-                                return_type=PREDICT_RETURN_TYPE, batch_size=BATCH,
-                                input_tensor_shapes=[[784]])
-
-        def sides(folder: Path) -> dict:
-            frame = spark.read.parquet(str(folder))
-            return {
-                "daemon": lambda: score_dataframe(spark, frame, "mnist_cnn",
-                                                  address=daemon.address, batch_size=BATCH),
-                "onnxruntime": lambda: frame.select("id", udf("tensor").alias("p"))
-                .select("id", "p.label", "p.scores")}
-
-        for name, run in sides(small).items():  # warm-up
-            timed(run, tmp / f"warm-{name}")
-        best: dict[str, float] = {}
-        for _ in range(args.repeats):
-            for name, run in sides(data).items():
-                seconds = timed(run, tmp / f"out-{name}")
-                print(f"{name}: {args.rows / seconds:,.0f} rows/s ({seconds:.1f} s)", flush=True)
-                best[name] = min(best.get(name, seconds), seconds)
-        rates = {k: args.rows / v for k, v in best.items()}
-        print(f"best: daemon {rates['daemon']:,.0f} rows/s, in-process onnxruntime "
-              f"predict_batch_udf {rates['onnxruntime']:,.0f} rows/s, ratio "
-              f"{rates['daemon'] / rates['onnxruntime']:.2f}x")
+        cold = {} if args.no_cold else cold_runs(args, data, tmp, daemon.address)
+        warm = warm_runs(args, data, small, tmp, daemon.address)
+        report(args.rows, cold, warm)
     finally:
-        spark.stop()
         daemon.stop()
+        shutil.rmtree(tmp)  # the data and outputs: hundreds of MB
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@
 #define ACT_LEAKY_RELU 2
 #define ACT_CLIP 3
 #define ACT_SIGMOID 4
+#define ACT_HARD_SIGMOID 5  // max(0, min(1, a * x + b))
+#define ACT_HARD_SWISH 6    // x * hard_sigmoid(x) with a = 1/6, b = 1/2
+#define ACT_SILU 7          // x * sigmoid(x): EfficientNet's Swish, Sigmoid and Mul in ONNX
 
 inline float activate(float x, int act, float a, float b) {
     switch (act) {
@@ -17,6 +20,9 @@ inline float activate(float x, int act, float a, float b) {
     case ACT_LEAKY_RELU: return x >= 0.0f ? x : a * x;
     case ACT_CLIP: return fmin(fmax(x, a), b);
     case ACT_SIGMOID: return 1.0f / (1.0f + exp(-x));
+    case ACT_HARD_SIGMOID: return clamp(fma(a, x, b), 0.0f, 1.0f);
+    case ACT_HARD_SWISH: return x * clamp(fma(x, 1.0f / 6.0f, 0.5f), 0.0f, 1.0f);
+    case ACT_SILU: return x / (1.0f + exp(-x));
     default: return x;
     }
 }

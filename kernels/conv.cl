@@ -1,34 +1,70 @@
 // Convolution as im2col + GEMM (gemm.cl): col[z][k][n] for z = batch * groups + group,
-// k = (channel in group, ky, kx), n = (oy, ox); zero where the window leaves the input.
+// k = (channel in group, ky, kx), n = (oy, ox); `pad` where the window leaves the input.
 // A work-item fills one row k of one z: index arithmetic once per row, not per element.
+// Two instances: fp32 (pad 0), and int8 codes (quantized.cl), where the padding is the input's
+// zero point.
+#define IM2COL(NAME, T, EXTRA_ARGS)                                                            \
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))                                   \
+void NAME(__global const T* x, __global T* col, const int c_per_group, const int h,          \
+          const int w, const int oh, const int ow, const int kh, const int kw, const int sh,  \
+          const int sw, const int ph, const int pw, const int dh, const int dw EXTRA_ARGS) {  \
+    const int k = get_global_id(0), z = get_global_id(1);                                    \
+    if (k >= c_per_group * kh * kw) return;                                                   \
+    const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);                             \
+    __global const T* plane = x + (z * c_per_group + c) * h * w;                             \
+    __global T* row = col + (z * c_per_group * kh * kw + k) * oh * ow;                       \
+    /* Output columns whose input column lies inside the row: [ox_lo, ox_hi); padding        \
+       elsewhere, and a plain strided copy between (a vectorizable one for stride 1). */      \
+    const int off = kx * dw - pw;                                                             \
+    const int ox_lo = clamp((-off + sw - 1) / sw, 0, ow);                                     \
+    const int ox_hi = clamp(off >= w ? 0 : (w - 1 - off) / sw + 1, ox_lo, ow);                \
+    for (int oy = 0; oy < oh; ++oy) {                                                         \
+        const int iy = oy * sh - ph + ky * dh;                                                \
+        __global T* out = row + oy * ow;                                                      \
+        if (iy < 0 || iy >= h) {                                                              \
+            for (int ox = 0; ox < ow; ++ox) out[ox] = PAD;                                    \
+            continue;                                                                         \
+        }                                                                                     \
+        __global const T* in = plane + iy * w + off;                                          \
+        for (int ox = 0; ox < ox_lo; ++ox) out[ox] = PAD;                                     \
+        if (sw == 1) {                                                                        \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox];                          \
+        } else {                                                                              \
+            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox * sw];                     \
+        }                                                                                     \
+        for (int ox = ox_hi; ox < ow; ++ox) out[ox] = PAD;                                    \
+    }                                                                                         \
+}
+
+#define PAD 0.0f
+IM2COL(im2col, float, )
+#undef PAD
+
+// Depthwise convolution (groups = input channels, `mult` output channels each) on GPUs and
+// FPGAs, directly: a work-item computes one output pixel of one output channel (dimension 0:
+// the pixel, so neighbours read neighbouring inputs; dimension 1: sample x output channel).
+// Through the local tiles it would be one-row GEMMs in 32- or 64-row tiles.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void im2col(__global const float* x, __global float* col, const int c_per_group, const int h,
-            const int w, const int oh, const int ow, const int kh, const int kw, const int sh,
-            const int sw, const int ph, const int pw, const int dh, const int dw) {
-    const int k = get_global_id(0), z = get_global_id(1);
-    if (k >= c_per_group * kh * kw) return;
-    const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);
-    __global const float* plane = x + (z * c_per_group + c) * h * w;
-    __global float* row = col + (z * c_per_group * kh * kw + k) * oh * ow;
-    // Output columns whose input column lies inside the row: [ox_lo, ox_hi); zeros elsewhere,
-    // and a plain strided copy between (a vectorizable memcpy for stride 1).
-    const int off = kx * dw - pw;
-    const int ox_lo = clamp((-off + sw - 1) / sw, 0, ow);
-    const int ox_hi = clamp(off >= w ? 0 : (w - 1 - off) / sw + 1, ox_lo, ow);
-    for (int oy = 0; oy < oh; ++oy) {
+void conv_depthwise(__global const float* x, __global const float* wt,
+                    __global const float* bias, __global float* out, const int c_in,
+                    const int mult, const int h, const int w, const int oh, const int ow,
+                    const int kh, const int kw, const int sh, const int sw, const int ph,
+                    const int pw, const int dh, const int dw, const int has_bias,
+                    const int act, const float a, const float b) {
+    const int p = get_global_id(0), nc = get_global_id(1);
+    if (p >= oh * ow) return;
+    const int c_out = c_in * mult, oc = nc % c_out, n = nc / c_out;
+    const int oy = p / ow, ox = p % ow;
+    __global const float* plane = x + (n * c_in + oc / mult) * h * w;
+    __global const float* k = wt + oc * kh * kw;
+    float acc = has_bias ? bias[oc] : 0.0f;
+    for (int ky = 0; ky < kh; ++ky) {
         const int iy = oy * sh - ph + ky * dh;
-        __global float* out = row + oy * ow;
-        if (iy < 0 || iy >= h) {
-            for (int ox = 0; ox < ow; ++ox) out[ox] = 0.0f;
-            continue;
+        if (iy < 0 || iy >= h) continue;
+        for (int kx = 0; kx < kw; ++kx) {
+            const int ix = ox * sw - pw + kx * dw;
+            if (ix >= 0 && ix < w) acc = fma(k[ky * kw + kx], plane[iy * w + ix], acc);
         }
-        __global const float* in = plane + iy * w + off;
-        for (int ox = 0; ox < ox_lo; ++ox) out[ox] = 0.0f;
-        if (sw == 1) {
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox];
-        } else {
-            for (int ox = ox_lo; ox < ox_hi; ++ox) out[ox] = in[ox * sw];
-        }
-        for (int ox = ox_hi; ox < ow; ++ox) out[ox] = 0.0f;
     }
+    out[nc * oh * ow + p] = activate(acc, act, a, b);
 }

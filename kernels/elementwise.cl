@@ -44,3 +44,35 @@ void copy_strided(__global const float* src, __global float* dst, const int oute
     const int o = i / inner, j = i % inner;
     dst[o * dst_stride + dst_offset + j] = src[i];
 }
+
+// A BatchNormalization that no convolution absorbs (DenseNet's BN -> ReLU -> Conv), folded at
+// load time into one scale and shift per channel: out = act(x * scale[c] + shift[c]).
+// Dimensions: the position in the channel's plane, then (sample, channel).
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void channel_affine(__global const float* x, __global const float* scale,
+                    __global const float* shift, __global float* out, const int c,
+                    const int hw, const int act, const float a, const float b) {
+    const int p = get_global_id(0), nc = get_global_id(1);
+    if (p >= hw) return;
+    const int ch = nc % c, i = nc * hw + p;
+    out[i] = activate(fma(x[i], scale[ch], shift[ch]), act, a, b);
+}
+
+// A strided view of a tensor of rank <= 6 copied out contiguously: Transpose (strides
+// permuted), Slice and Split (start offset, strides times steps). out[i0..i5] =
+// x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first. The range is
+// (d5, d4, d0 * d1 * d2 * d3): the two innermost indices come without a division.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void gather_strided(__global const float* x, __global float* out, const int total,
+                    const int d1, const int d2, const int d3, const int d4, const int d5,
+                    const int s0, const int s1, const int s2, const int s3, const int s4,
+                    const int s5, const int offset) {
+    const int i5 = get_global_id(0), i4 = get_global_id(1);
+    if (i5 >= d5) return;
+    int r = get_global_id(2);
+    const int i = (r * d4 + i4) * d5 + i5;
+    const int i3 = r % d3; r /= d3;
+    const int i2 = r % d2; r /= d2;
+    const int i1 = r % d1, i0 = r / d1;
+    out[i] = x[offset + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3 + i4 * s4 + i5 * s5];
+}

@@ -35,8 +35,20 @@ inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
     case ACT_LEAKY_RELU: return select(x * a, x, x >= (VEC)(0.0f));
     case ACT_CLIP: return fmin(fmax(x, (VEC)(a)), (VEC)(b));
     case ACT_SIGMOID: return (VEC)(1.0f) / ((VEC)(1.0f) + exp(-x));
+    case ACT_HARD_SIGMOID: return clamp(x * a + b, 0.0f, 1.0f);
+    case ACT_HARD_SWISH: return x * clamp(x * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
+    case ACT_SILU: return x / ((VEC)(1.0f) + exp(-x));
     default: return x;
     }
+}
+
+// im2col's element for row k = (channel, ky, kx) of the window whose top-left is (iy0, ix0).
+inline float implicit_col(__global const float* x, const int k, const int iy0, const int ix0,
+                          const int h, const int w, const int kh, const int kw, const int dh,
+                          const int dw) {
+    const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);
+    const int iy = iy0 + ky * dh, ix = ix0 + kx * dw;
+    return iy >= 0 && iy < h && ix >= 0 && ix < w ? x[(c * h + iy) * w + ix] : 0.0f;
 }
 
 // Stores one finished row of a tile: bias, activation, vector store.
@@ -111,10 +123,43 @@ void gemm1(GEMM_ARGS) {
 
 // The same GEMM with local-memory tiling, for GPUs and FPGAs: a work-group stages TS x TS tiles
 // of A and B in local memory and each work-item accumulates WPT rows of one column in registers
-// (zero-filled past the edges, so every work-item reaches every barrier).
+// (zero-filled past the edges, so every work-item reaches every barrier). TS and WPT come from
+// the build (launch.LocalTiling: sized from the device's work-group and local-memory limits).
+#ifndef TS
 #define TS 32
+#endif
+#ifndef WPT
 #define WPT 8
+#endif
 #define RTS (TS / WPT)
+
+// The body of gemm_local and conv_local; LOAD_B(k, n) reads B's element k, n (in range).
+#define LOCAL_TILED_GEMM(LOAD_B)                                                              \
+    __local float a_tile[TS][TS], b_tile[TS][TS];                                             \
+    float acc[WPT];                                                                           \
+    for (int t = 0; t < WPT; ++t) acc[t] = 0.0f;                                              \
+    for (int k0 = 0; k0 < K; k0 += TS) {                                                      \
+        for (int t = 0; t < WPT; ++t) {                                                       \
+            const int r = ty + t * RTS, m = m_base + r;                                       \
+            a_tile[r][tx] = (m < M && k0 + tx < K) ? A[m * lda + k0 + tx] : 0.0f;             \
+            b_tile[r][tx] = (k0 + r < K && n < N) ? LOAD_B(k0 + r, n) : 0.0f;                 \
+        }                                                                                     \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+        for (int kk = 0; kk < TS; ++kk) {                                                     \
+            const float b = b_tile[kk][tx];                                                   \
+            for (int t = 0; t < WPT; ++t) acc[t] = fma(a_tile[ty + t * RTS][kk], b, acc[t]);  \
+        }                                                                                     \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+    }                                                                                         \
+    for (int t = 0; t < WPT; ++t) {                                                           \
+        const int m = m_base + ty + t * RTS;                                                  \
+        if (m >= M || n >= N) continue;                                                       \
+        float s = acc[t];                                                                     \
+        if (bias_mode == BIAS_ROW) s += bias[g * M + m];                                      \
+        else if (bias_mode == BIAS_COL) s += bias[n];                                         \
+        C[m * ldc + n] = activate(s, act, alpha, beta);                                       \
+    }
+
 __kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
 void gemm_local(GEMM_ARGS) {
     const int tx = get_local_id(0), ty = get_local_id(1), z = get_global_id(2);
@@ -123,32 +168,31 @@ void gemm_local(GEMM_ARGS) {
     A += bi * a_batch + g * a_group;
     B += bi * b_batch + g * b_group;
     C += bi * c_batch + g * c_group;
-    __local float a_tile[TS][TS], b_tile[TS][TS];
-    float acc[WPT];
-    for (int w = 0; w < WPT; ++w) acc[w] = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += TS) {
-        for (int w = 0; w < WPT; ++w) {
-            const int r = ty + w * RTS, m = m_base + r;
-            a_tile[r][tx] = (m < M && k0 + tx < K) ? A[m * lda + k0 + tx] : 0.0f;
-            b_tile[r][tx] = (k0 + r < K && n < N) ? B[(k0 + r) * ldb + n] : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < TS; ++kk) {
-            const float b = b_tile[kk][tx];
-            for (int w = 0; w < WPT; ++w) acc[w] = fma(a_tile[ty + w * RTS][kk], b, acc[w]);
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    for (int w = 0; w < WPT; ++w) {
-        const int m = m_base + ty + w * RTS;
-        if (m >= M || n >= N) continue;
-        float s = acc[w];
-        if (bias_mode == BIAS_ROW) s += bias[g * M + m];
-        else if (bias_mode == BIAS_COL) s += bias[n];
-        C[m * ldc + n] = activate(s, act, alpha, beta);
-    }
+#define LOAD_B_MATRIX(k, n) B[(k) * ldb + (n)]
+    LOCAL_TILED_GEMM(LOAD_B_MATRIX)
 }
 
+// Convolution as an implicit GEMM (no im2col buffer): B's element (k, n) is read from the input
+// where im2col would have put it, k = (channel in group, ky, kx), n = (oy, ox), zero in the
+// padding. z = sample * groups + group; A holds each group's weights (M rows of K).
+__kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
+void conv_local(__global const float* x, __global const float* A, __global const float* bias,
+                __global float* C, const int M, const int N, const int K, const int groups,
+                const int c_per_group, const int h, const int w, const int oh, const int ow,
+                const int kh, const int kw, const int sh, const int sw, const int ph,
+                const int pw, const int dh, const int dw, const int bias_mode, const int act,
+                const float alpha, const float beta) {
+    const int tx = get_local_id(0), ty = get_local_id(1), z = get_global_id(2);
+    const int n = get_group_id(0) * TS + tx, m_base = get_group_id(1) * TS;
+    const int g = z % groups, lda = K, ldc = N;
+    A += g * M * K;
+    C += z * M * N;
+    x += z * c_per_group * h * w;
+    // This work-item's column: one output pixel, the top-left of its window.
+    const int iy0 = (n / ow) * sh - ph, ix0 = (n % ow) * sw - pw;
+#define LOAD_B_IMPLICIT(k, n) implicit_col(x, k, iy0, ix0, h, w, kh, kw, dh, dw)
+    LOCAL_TILED_GEMM(LOAD_B_IMPLICIT)
+}
 // One sample through a wide fully connected layer (M = 1, large K): too few column tiles to
 // keep the cores busy, so K is split into `splits` chunks whose partial sums a second kernel
 // adds up with the bias and activation. partial[s][n] for chunk s.

@@ -32,6 +32,26 @@ void pool2d(__global const float* x, __global float* out, const int nc, const in
     }
 }
 
+// The same where every window lies inside the input (no padding, no ceil_mode overhang, as in
+// most 2x2 and 3x3 pools): no bounds checks, and a loop PoCL runs about twice as fast.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void pool2d_valid(__global const float* x, __global float* out, const int h, const int w,
+                  const int oh, const int ow, const int kh, const int kw, const int sh,
+                  const int sw, const int dh, const int dw, const int is_max) {
+    const int p = get_global_id(0), c = get_global_id(1);
+    if (p >= oh * ow) return;
+    const int ox = p % ow, oy = p / ow;
+    __global const float* window = x + (c * h + oy * sh) * w + ox * sw;
+    float acc = is_max ? -INFINITY : 0.0f;
+    for (int ky = 0; ky < kh; ++ky) {
+        for (int kx = 0; kx < kw; ++kx) {
+            const float v = window[ky * dh * w + kx * dw];
+            acc = is_max ? fmax(acc, v) : acc + v;
+        }
+    }
+    out[c * oh * ow + p] = is_max ? acc : acc / (float)(kh * kw);
+}
+
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void global_avg_pool(__global const float* x, __global float* out, const int nc,
                      const int hw) {

@@ -2,14 +2,17 @@
 
     from spark_jobs.api import score_dataframe, score_arrow_fn, make_predict_fn
 
-    scored = score_dataframe(spark, df, "mnist_cnn")            # mapInPandas, output schema set
+    scored = score_dataframe(spark, df, "mnist_cnn")            # mapInArrow, output schema set
     scored = df.mapInArrow(score_arrow_fn(spark, "mnist_cnn"), output_schema("bigint"))
+    scored = df.mapInPandas(score_pandas_fn(spark, "mnist_cnn"), output_schema("bigint"))
     udf = predict_batch_udf(make_predict_fn("mnist_cnn"), return_type=PREDICT_RETURN_TYPE,
                             batch_size=1024, input_tensor_shapes=[[784]])
     df.withColumn("pred", udf("tensor"))
 
 `df` has `id` and `tensor` (raw bytes or an array of numbers per row), or is what
-`spark.read.format("image")` gives (`images=True`). Each executor talks to its own node's daemon.
+`spark.read.format("image")` gives (`images=True`). Each executor talks to its own node's daemon;
+a daemon reached over TCP with TLS takes `credentials=Credentials(root_certificates=CA_PEM,
+token_file=TOKEN)`, files present on every node.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -24,33 +29,41 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.arrow_scoring import score_batches
+from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
-from spark_jobs.scoring import ScoreOptions, output_schema, score_frames, softmax
+from spark_jobs.pandas_scoring import score_frames
+from spark_jobs.scoring import ScoreOptions, locate, output_schema, softmax
 
 log = logging.getLogger(__name__)
-__all__ = ["PREDICT_RETURN_TYPE", "image_columns", "make_predict_fn", "node_daemon",
-           "output_schema", "score_arrow_fn", "score_dataframe", "score_options", "score_with",
-           "stop_started_daemons"]
+__all__ = ["PREDICT_RETURN_TYPE", "Credentials", "image_columns", "make_predict_fn",
+           "node_daemon", "output_schema", "score_arrow_fn", "score_dataframe", "score_options",
+           "score_pandas_fn", "score_with", "stop_started_daemons"]
 
 PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
                                   StructField("scores", ArrayType(FloatType()))])
 
 
+OWNER_CONF = "spark.hetserve.owner"  # names the job in the daemons it starts
+
+
 def node_daemon(spark: SparkSession, address: str | None = None,
                 model_repository: str | None = None) -> NodeDaemon:
     """`address` (else the conf spark.hetserve.daemon, else each node's own setting); with a
-    model repository, nodes where none answers get a daemon started by the job."""
+    model repository, nodes where none answers get a daemon started by the job, owned by
+    spark.hetserve.owner (job_session sets it), else the Spark application id."""
     return NodeDaemon(address or spark.conf.get(ADDRESS_CONF, None), model_repository,
-                      spark.sparkContext.applicationId)
+                      spark.conf.get(OWNER_CONF, None) or spark.sparkContext.applicationId)
 
 
 def score_options(spark: SparkSession, model: str, *, address: str | None = None,
-                  model_repository: str | None = None, **options) -> ScoreOptions:
+                  model_repository: str | None = None,
+                  credentials: Credentials = NO_CREDENTIALS, **options) -> ScoreOptions:
     """Reads the model's interface through the driver's daemon; `options` are ScoreOptions'
     (batch_size, inflight, priority, top_k, keep_errors, images, retry)."""
     daemon = node_daemon(spark, address, model_repository)
-    return ScoreOptions(daemon, ModelInterface.fetch(daemon.ensure(), model), **options)
+    interface = ModelInterface.fetch(locate(daemon, credentials), model, credentials)
+    return ScoreOptions(daemon, interface, credentials=credentials, **options)
 
 
 def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int:
@@ -58,22 +71,33 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
     executor's (a task per core, twice over, to reach each); returns how many. A daemon that
     a job started also stops by itself when its executor's JVM ends."""
     daemon = node_daemon(spark, address)
-    tasks = 2 * spark.sparkContext.defaultParallelism
-    stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
-        .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
+    stopped = 0
+    if not spark.sparkContext.master.startswith("local"):  # else the driver's is the only host
+        tasks = 2 * spark.sparkContext.defaultParallelism
+        stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
+            .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
     stopped = int(daemon.stop_started()) + int(stopped)
     log.info("stopped %d daemon(s) that %s started", stopped, daemon.owner)
     return stopped
 
 
 @contextlib.contextmanager
-def job_session(app_name: str, address: str | None) -> Iterator[SparkSession]:
-    """A job's Spark session and log. On the way out it stops the daemons the job started (a
-    failure there is logged, never hiding the job's own error) and then the session."""
+def job_session(app_name: str, address: str | None,
+                model_repository: str | None = None) -> Iterator[SparkSession]:
+    """A job's Spark session and log. Given both an address and a model repository, the
+    daemon of the driver's host starts (where none answers) while Spark does, so that the job
+    waits for the slower of the two instead of both. On the way out it stops the daemons the
+    job started (a failure there is logged, never hiding the job's own error) and then the
+    session."""
     # force: pyspark may have configured the root logger already.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         force=True)
-    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    owner = f"{app_name}-{uuid.uuid4().hex[:16]}"
+    if address and model_repository:
+        # A failure here resurfaces, with its reason, when the job asks for the daemon.
+        threading.Thread(target=_quietly, args=(NodeDaemon(address, model_repository, owner)
+                                                .ensure,), daemon=True).start()
+    spark = SparkSession.builder.appName(app_name).config(OWNER_CONF, owner).getOrCreate()
     try:
         yield spark
     finally:
@@ -84,6 +108,13 @@ def job_session(app_name: str, address: str | None) -> Iterator[SparkSession]:
                           "when its executor's JVM ends")
         finally:
             spark.stop()
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except Exception as e:
+        log.info("starting the daemon early failed (%s); the job will ask again", e)
 
 
 def _stop_started(_: Iterator[int], daemon: NodeDaemon) -> Iterator[int]:
@@ -97,37 +128,40 @@ def image_columns(frame: DataFrame) -> DataFrame:
 
 
 def score_dataframe(spark: SparkSession, frame: DataFrame, model: str, *,
-                    profile: object | None = None, **options) -> DataFrame:
-    """`frame` scored with mapInPandas; `profile`, a pyspark ResourceProfile, asks for an
-    accelerator per task (stage-level scheduling, Spark 4); other options as score_options."""
-    return score_with(frame, score_options(spark, model, **options), profile)
+                    profile: object | None = None, pandas: bool = False,
+                    **options) -> DataFrame:
+    """`frame` scored with mapInArrow (mapInPandas with `pandas`); `profile`, a pyspark
+    ResourceProfile, asks for an accelerator per task (stage-level scheduling, Spark 4);
+    other options as score_options."""
+    return score_with(frame, score_options(spark, model, **options), profile, pandas)
 
 
-def score_with(frame: DataFrame, options: ScoreOptions,
-               profile: object | None = None) -> DataFrame:
+def score_with(frame: DataFrame, options: ScoreOptions, profile: object | None = None,
+               pandas: bool = False) -> DataFrame:
     """score_dataframe with the options made once (a stream's micro-batches share them)."""
     if options.images and "image" in frame.columns:
         frame = image_columns(frame)
     schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors)
-    scorer = functools.partial(score_frames, options=options)
-    return frame.mapInPandas(scorer, schema, profile=profile) if profile is not None \
-        else frame.mapInPandas(scorer, schema)
+    scorer = functools.partial(score_frames if pandas else score_batches, options=options)
+    mapper = frame.mapInPandas if pandas else frame.mapInArrow
+    return mapper(scorer, schema, profile=profile) if profile is not None \
+        else mapper(scorer, schema)
 
 
 def score_arrow_fn(spark: SparkSession, model: str, **options
                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A function for mapInArrow, with output_schema(id type) as its schema."""
-    return functools.partial(_score_batches, options=score_options(spark, model, **options))
+    return functools.partial(score_batches, options=score_options(spark, model, **options))
 
 
-def _score_batches(batches: Iterator[pa.RecordBatch], options: ScoreOptions
-                   ) -> Iterator[pa.RecordBatch]:
-    for frame in score_frames((b.to_pandas() for b in batches), options):
-        yield pa.RecordBatch.from_pandas(frame, preserve_index=False)
+def score_pandas_fn(spark: SparkSession, model: str, **options) -> Callable:
+    """A function for mapInPandas, with output_schema(id type) as its schema."""
+    return functools.partial(score_frames, options=score_options(spark, model, **options))
 
 
-def make_predict_fn(model: str, *, address: str | None = None, batch_size: int = 128,
-                    inflight: int = 2, priority: int | None = None
+def make_predict_fn(model: str, *, address: str | None = None, batch_size: int | None = None,
+                    inflight: int = 2, priority: int | None = None,
+                    credentials: Credentials = NO_CREDENTIALS
                     ) -> Callable[[], Callable[[np.ndarray], dict[str, np.ndarray]]]:
     """The `make_predict_fn` argument of pyspark.ml.functions.predict_batch_udf: on each
     executor it returns a function from a batch of flat tensors to labels and softmax scores
@@ -136,13 +170,13 @@ def make_predict_fn(model: str, *, address: str | None = None, batch_size: int =
 
     def make() -> Callable[[np.ndarray], dict[str, np.ndarray]]:
         target = resolve_address(address)
-        interface = ModelInterface.fetch(target, model)
+        interface = ModelInterface.fetch(target, model, credentials)
         level = interface.lowest_priority if priority is None else priority
 
         def predict(inputs: np.ndarray) -> dict[str, np.ndarray]:
             samples = inputs.reshape(len(inputs), *interface.input_dims)
-            scores = softmax(infer(target, interface, samples, batch_size, inflight,
-                                   level).logits)
+            scores = softmax(infer(target, interface, samples, batch_size, inflight, level,
+                                   credentials=credentials).logits)
             return {"label": scores.argmax(axis=1).astype(np.int32), "scores": scores}
 
         return predict

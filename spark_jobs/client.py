@@ -1,7 +1,8 @@
 """The executor-side client: one channel per Python worker, reused across tasks, sending
 large batches to the node-local daemon with a few requests in flight, at low priority, and
 retrying what a restarting or busy daemon answers. The tensors of a call go through one shared
-memory region where the daemon can read it, and inside the messages otherwise."""
+memory region where the daemon can read it, and inside the messages otherwise. A daemon reached
+over TCP with TLS gets the job's CA certificate and bearer token (files on every node)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,41 @@ IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
 
 @dataclass(frozen=True)
+class Credentials:
+    """TLS and a bearer token for a daemon exposed on TCP (its unix socket needs neither).
+    Paths name files present on every node; the token is read there, never shipped."""
+
+    root_certificates: str | None = None  # PEM CA the daemon's certificate chains to
+    token_file: str | None = None  # holds the daemon's --token-file token
+
+    def __bool__(self) -> bool:
+        return bool(self.root_certificates or self.token_file)
+
+    def applies_to(self, address: str) -> bool:
+        return bool(self) and not address.startswith("unix:")
+
+    def connect(self, address: str) -> tuple[grpcclient.InferenceServerClient, dict | None]:
+        """A client for `address` and the headers its calls carry. Set credentials mean TLS
+        (system CAs where no root certificate is given): a token never travels in plaintext."""
+        if not self.applies_to(address):
+            return grpcclient.InferenceServerClient(address), None
+        client = grpcclient.InferenceServerClient(address, ssl=True,
+                                                  root_certificates=self.root_certificates)
+        if self.token_file is None:
+            return client, None
+        token = Path(self.token_file).read_text().strip()
+        return client, {"authorization": f"Bearer {token}"}
+
+
+NO_CREDENTIALS = Credentials()
+
+
+class DaemonUnavailableError(RuntimeError):
+    """The daemon stopped answering and asking the node for its daemon failed too: the task
+    fails with both reasons (Spark's task retries then ask the node again)."""
+
+
+@dataclass(frozen=True)
 class ModelInterface:
     """What a job needs to know of a served model, read once on the driver."""
 
@@ -43,12 +79,14 @@ class ModelInterface:
     max_batch_size: int
     priority_levels: int = 0
     image: dict[str, str] = field(default_factory=dict)  # the IMAGE_PARAMETERS it sets
+    preferred_batch_sizes: tuple[int, ...] = ()  # dynamic_batching.preferred_batch_size
 
     @classmethod
-    def fetch(cls, address: str, model: str) -> ModelInterface:
-        client = grpcclient.InferenceServerClient(address)
+    def fetch(cls, address: str, model: str,
+              credentials: Credentials = NO_CREDENTIALS) -> ModelInterface:
+        client, headers = credentials.connect(address)
         try:
-            config = client.get_model_config(model).config
+            config = client.get_model_config(model, headers=headers).config
         finally:
             client.close()
         if config.max_batch_size < 1 or len(config.input) != 1 or not config.output:
@@ -60,7 +98,22 @@ class ModelInterface:
                  for k in IMAGE_PARAMETERS if k in config.parameters}
         return cls(model, tensor.name, tensors.wire_from_config(tensor.data_type),
                    tuple(tensor.dims), config.output[0].name, config.max_batch_size,
-                   config.dynamic_batching.priority_levels, image)
+                   config.dynamic_batching.priority_levels, image,
+                   tuple(config.dynamic_batching.preferred_batch_size))
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The batch sizes the daemon runs its engines at (it pads a batch to the next one):
+        the preferred batch sizes, else powers of two up to max_batch_size, and that."""
+        preferred = {s for s in self.preferred_batch_sizes if 0 < s <= self.max_batch_size}
+        return tuple(sorted(preferred or {2 ** i for i in range(
+            self.max_batch_size.bit_length())} | {self.max_batch_size}))
+
+    def request_batch(self, wanted: int | None = None) -> int:
+        """Samples per request: the largest bucket, or the largest not above `wanted`, so that
+        full requests fill a bucket exactly and the daemon pads none of them."""
+        fits = [b for b in self.batch_buckets if wanted is None or b <= wanted]
+        return max(fits, default=max(1, wanted or 1))
 
     @property
     def lowest_priority(self) -> int:
@@ -89,27 +142,28 @@ class RetryPolicy:
 class Inference:
     logits: np.ndarray
     model_version: str
-    devices: list[str | None]  # per sample: where it ran (None from servers that do not say)
+    devices: np.ndarray  # per sample (object): where it ran (None from servers that do not say)
 
 
-_clients: dict[str, grpcclient.InferenceServerClient] = {}  # per Python worker
+_Connection = tuple[grpcclient.InferenceServerClient, "dict | None"]
+_clients: dict[tuple[str, Credentials], _Connection] = {}  # per Python worker
 _clients_lock = threading.Lock()
 
 
-def _client(address: str) -> grpcclient.InferenceServerClient:
+def _client(address: str, credentials: Credentials = NO_CREDENTIALS) -> _Connection:
     with _clients_lock:
-        if address not in _clients:
-            _clients[address] = grpcclient.InferenceServerClient(address)
-        return _clients[address]
+        if (address, credentials) not in _clients:
+            _clients[address, credentials] = credentials.connect(address)
+        return _clients[address, credentials]
 
 
-def _forget(address: str, client: grpcclient.InferenceServerClient) -> None:
+def _forget(address: str, credentials: Credentials, connection: _Connection) -> None:
     """Drops a worker's channel after a transport failure: a fresh one connects at once, where
     the old one would wait out gRPC's reconnect backoff. Requests still on the old channel
     finish or fail there; it closes when the last of them lets go of it."""
     with _clients_lock:
-        if _clients.get(address) is client:
-            del _clients[address]
+        if _clients.get((address, credentials)) is connection:
+            del _clients[address, credentials]
 
 
 def _status(e: InferenceServerException) -> str:
@@ -117,8 +171,7 @@ def _status(e: InferenceServerException) -> str:
 
 
 @contextlib.contextmanager
-def _staged(client: grpcclient.InferenceServerClient, address: str,
-            samples: np.ndarray) -> Iterator[str | None]:
+def _staged(connection: _Connection, address: str, samples: np.ndarray) -> Iterator[str | None]:
     """The samples in a POSIX shared memory region registered with the daemon, so that each
     request names its slice instead of carrying the bytes (Triton's system shared memory). None
     where that cannot be: a daemon on another node, or one that cannot open the region (another
@@ -126,12 +179,13 @@ def _staged(client: grpcclient.InferenceServerClient, address: str,
     if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
         yield None
         return
+    client, headers = connection
     memory = shared_memory.SharedMemory(create=True, size=samples.nbytes)
     try:
         memory.buf[:samples.nbytes] = samples.reshape(-1).view(np.uint8)
         try:
             client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                 samples.nbytes)
+                                                 samples.nbytes, headers=headers)
         except InferenceServerException as e:
             log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
                      "messages", address, e.message())
@@ -141,23 +195,23 @@ def _staged(client: grpcclient.InferenceServerClient, address: str,
             yield memory.name
         finally:
             with contextlib.suppress(InferenceServerException):  # a daemon gone meanwhile
-                client.unregister_system_shared_memory(memory.name)
+                client.unregister_system_shared_memory(memory.name, headers=headers)
     finally:
         memory.close()
         memory.unlink()
 
 
 @contextlib.contextmanager
-def _beside(clients: list[grpcclient.InferenceServerClient], region: str | None,
+def _beside(connections: list[_Connection], region: str | None,
             nbytes: int) -> Iterator[str | None]:
-    """The call's region registered also with the daemon's other front-ends (one client per
-    socket); None where one of them cannot open it: the bytes then travel in the messages."""
-    registered: list[grpcclient.InferenceServerClient] = []
+    """The call's region registered also with the daemon's other front-ends (one connection
+    per socket); None where one of them cannot open it: the bytes then travel in the messages."""
+    registered: list[_Connection] = []
     usable = region
     try:
-        for client in clients if region is not None else ():
-            client.register_system_shared_memory(region, "/" + region, nbytes)
-            registered.append(client)
+        for client, headers in connections if region is not None else ():
+            client.register_system_shared_memory(region, "/" + region, nbytes, headers=headers)
+            registered.append((client, headers))
     except InferenceServerException as e:
         log.info("a front-end of the daemon cannot use shared memory (%s); sending tensors in "
                  "gRPC messages", e.message())
@@ -165,9 +219,9 @@ def _beside(clients: list[grpcclient.InferenceServerClient], region: str | None,
     try:
         yield usable
     finally:
-        for client in registered:
+        for client, headers in registered:
             with contextlib.suppress(InferenceServerException):  # a front-end gone meanwhile
-                client.unregister_system_shared_memory(region)
+                client.unregister_system_shared_memory(region, headers=headers)
 
 
 def _spread(address: str) -> list[str]:
@@ -179,13 +233,15 @@ def _spread(address: str) -> list[str]:
     return [address] + [f"unix:{path}" for path in socket_lock.worker_sockets(own)[1:]]
 
 
-def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int,
+def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int | None,
           inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
-          recover: Callable[[], str] | None = None) -> Inference:
-    """Runs `samples` (N, *dims) through the daemon in requests of at most `batch_size`.
-    `recover`, called before a retry of an UNAVAILABLE request, returns the address to use
-    then (restarting the node's daemon where the job manages it)."""
-    step = max(1, min(batch_size, model.max_batch_size))
+          recover: Callable[[], str] | None = None,
+          credentials: Credentials = NO_CREDENTIALS) -> Inference:
+    """Runs `samples` (N, *dims) through the daemon in requests of model.request_batch(
+    batch_size) samples, `inflight` at a time. `recover`, called before a retry of an
+    UNAVAILABLE request, returns the address to use then (restarting the node's daemon where
+    the job manages it); where it fails, DaemonUnavailableError says why."""
+    step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
     targets = _spread(address)
@@ -202,10 +258,11 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         outputs = [grpcclient.InferRequestedOutput(model.output_name)]
         target = targets[start // step % len(targets)]
         for attempt in range(retry.attempts):
-            client = _client(target)
+            connection = _client(target, credentials)
+            client, headers = connection
             try:
                 return client.infer(model.name, [tensor], outputs=outputs, priority=priority,
-                                    client_timeout=retry.request_timeout_s)
+                                    client_timeout=retry.request_timeout_s, headers=headers)
             except InferenceServerException as e:
                 if _status(e) not in RETRIED or attempt == retry.attempts - 1:
                     raise
@@ -216,19 +273,30 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                     # A restarted daemon knows no region of ours: bytes travel in the messages.
                     region[0] = None
                     tensor.set_data_from_numpy(chunk)
-                    _forget(target, client)
+                    _forget(target, credentials, connection)
                     if recover is not None:
-                        target = recover()
+                        target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
-    with _staged(_client(address), address, samples) as staged, \
-            _beside([_client(t) for t in targets[1:]], staged, samples.nbytes) as region[0], \
+    with _staged(_client(address, credentials), address, samples) as staged, \
+            _beside([_client(t, credentials) for t in targets[1:]], staged,
+                    samples.nbytes) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]
     replies = [r.get_response() for r in results]
-    devices = [reply.parameters["device"].string_param if "device" in reply.parameters
-               else None for reply in replies]
+    devices = np.array([reply.parameters["device"].string_param
+                        if "device" in reply.parameters else None for reply in replies], object)
     return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
                      replies[-1].model_version if replies else "",
-                     [d for d, out in zip(devices, logits) for _ in range(len(out))])
+                     np.repeat(devices, [len(out) for out in logits]))
+
+
+def _recovered(recover: Callable[[], str], address: str, failure: InferenceServerException
+               ) -> str:
+    try:
+        return recover()
+    except Exception as e:
+        raise DaemonUnavailableError(
+            f"the daemon at {address} answered {_status(failure)} ({failure.message()}), and "
+            f"asking this node for its daemon failed: {e}") from e

@@ -7,13 +7,15 @@ Spark runs a discovery script without arguments, so point
 spark.{worker,executor}.resource.fpga.discoveryScript at spark_jobs/discover-fpga.sh (or
 discover-gpu.sh), which call this module. Addresses count the devices of that kind from 0: GPUs
 as NVML numbers them when nvidia-ml-py finds a driver, else in OpenCL's order; FPGAs in OpenCL's
-order (accelerators.devices classifies them).
+order (accelerators.devices classifies them). $HETSERVE_FPGA_ADDRESSES / $HETSERVE_GPU_ADDRESSES
+(comma-separated) replace the probe: for tests, and for hosts whose devices it cannot see.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 from accelerators.devices import opencl_devices
@@ -38,6 +40,9 @@ def _nvml_gpus() -> list[str] | None:
 
 def discover(kind: str) -> dict[str, object]:
     """Spark's resource JSON for one kind of device found on this host."""
+    given = os.environ.get(f"HETSERVE_{kind.upper()}_ADDRESSES")
+    if given is not None:
+        return {"name": kind, "addresses": [a for a in given.split(",") if a]}
     if kind == "gpu":
         gpus = _nvml_gpus()
         if gpus is not None:
@@ -62,6 +67,17 @@ def task_profile(spec: str, new_executors: bool = True):  # -> ResourceProfile
     if new_executors:
         builder.require(ExecutorResourceRequests().resource(name, max(1, int(float(amount)))))
     return builder.build
+
+
+def task_resources() -> dict[str, list[str]]:
+    """The accelerators Spark gave the running task, by kind ({} outside a task, or in local
+    mode, which has no custom resources)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return {}
+    return {name: list(info.addresses) for name, info in context.resources().items()}
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs import output
 from spark_jobs.api import image_columns, job_session, score_dataframe
+from spark_jobs.client import Credentials
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
 from spark_jobs.resources import task_profile
 
@@ -41,16 +42,24 @@ def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
                              "it must exist at this path on every node (default: ./models)")
     parser.add_argument("--no-start-daemon", action="store_true",
                         help="fail where no daemon answers instead of starting one")
-    parser.add_argument("--batch-size", type=int, default=128,
-                        help="samples per request, capped by the model's max_batch_size "
-                             "(default: 128)")
+    parser.add_argument("--batch-size", type=int,
+                        help="samples per request, rounded down to one of the batch sizes the "
+                             "daemon runs the model at (default: the largest, max_batch_size "
+                             "or the largest dynamic_batching.preferred_batch_size)")
     parser.add_argument("--inflight", type=int, default=2,
-                        help="requests in flight per Spark task (default: 2)")
+                        help="requests in flight per Spark task and Arrow batch; a task "
+                             "overlaps two batches (default: 2)")
     parser.add_argument("--priority", type=int,
                         help="request priority, 1 the highest (default: the model's lowest "
                              "level, so that online traffic keeps its latency)")
     parser.add_argument("--top-k", type=int, default=5,
                         help="classes kept per row in top_labels/top_scores (default: 5)")
+    parser.add_argument("--tls-ca", metavar="PEM",
+                        help="reach a daemon's TCP port over TLS, trusting this CA certificate "
+                             "(a path on every node); a unix socket needs no TLS")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="send the bearer token in this file (a path on every node) to a "
+                             "daemon's TCP port, over TLS (the system's CAs without --tls-ca)")
 
 
 def scoring_options(args: argparse.Namespace) -> dict[str, object]:
@@ -58,7 +67,17 @@ def scoring_options(args: argparse.Namespace) -> dict[str, object]:
     return {"address": args.daemon, "batch_size": args.batch_size, "inflight": args.inflight,
             "model_repository": None if args.no_start_daemon
             else str(args.model_repository.resolve()),
-            "priority": args.priority, "top_k": args.top_k}
+            "priority": args.priority, "top_k": args.top_k,
+            # absolute: executors run elsewhere than the driver's working directory
+            "credentials": Credentials(*(str(Path(f).resolve()) if f else None
+                                         for f in (args.tls_ca, args.token_file)))}
+
+
+def daemon_repository(args: argparse.Namespace) -> str | None:
+    """The repository the job starts daemons from, None where it never does (not allowed, or a
+    daemon reached with TLS, which a job only uses)."""
+    options = scoring_options(args)
+    return None if options["credentials"] else options["model_repository"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +129,7 @@ def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> N
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with job_session("hetserve-score", args.daemon) as spark:
+    with job_session("hetserve-score", args.daemon, daemon_repository(args)) as spark:
         start = time.perf_counter()
         scored = score(spark, args)
         log.info("scoring %s through the node-local daemons", args.input)

@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs import output
 from spark_jobs.api import job_session, score_options, score_with
-from spark_jobs.score import add_scoring_arguments, scoring_options
+from spark_jobs.score import add_scoring_arguments, daemon_repository, scoring_options
 from spark_jobs.scoring import ScoreOptions
 
 log = logging.getLogger("hetserve.stream")
@@ -71,7 +71,7 @@ def start(spark: SparkSession, args: argparse.Namespace) -> StreamingQuery:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with job_session("hetserve-stream", args.daemon) as spark:
+    with job_session("hetserve-stream", args.daemon, daemon_repository(args)) as spark:
         query = start(spark, args)
         log.info("scoring requests from %s into %s", args.input, args.output)
         query.awaitTermination()

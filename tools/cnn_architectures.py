@@ -1,7 +1,12 @@
 """The classic benchmark CNNs as ONNX graphs with random weights, built with onnx.helper (no
-torch): AlexNet (the original, with LRN and grouped convolutions), GoogLeNet (Inception v1) and
-ResNet-50 (v1.5, BatchNormalization after every convolution), all at 3x224x224 with 1000
-logits. Used by the OpenCL engine's model tests and its benchmark."""
+torch): AlexNet (the original, with LRN and grouped convolutions), GoogLeNet (Inception v1),
+ResNet-50 (v1.5, BatchNormalization after every convolution), and the mobile and densely
+connected families as torchvision exports them: MobileNetV2 (depthwise convolutions, ReLU6 as
+Clip), MobileNetV3-Small (HardSwish, squeeze-excitation gated by HardSigmoid), EfficientNet-B0
+(SiLU as Sigmoid and Mul, squeeze-excitation), DenseNet-121 (Concat, BatchNormalization before
+ReLU and convolution) and ShuffleNetV2 x1.0 (Split, channel shuffle by Reshape and Transpose).
+All take 3 x size x size images (224 unless told) and give 1000 logits. Used by the OpenCL
+engine's model tests and its benchmark."""
 
 from __future__ import annotations
 
@@ -63,17 +68,56 @@ class GraphBuilder:
         return self.op("Gemm", [x, self._const(self._name("fc_w"), w),
                                 self._const(self._name("fc_b"), np.zeros(cout))], transB=1)
 
-    def model(self, out: str, name: str) -> onnx.ModelProto:
+    def const(self, value: np.ndarray, dtype=np.float32) -> str:
+        name = self._name("const")
+        self.weights.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def act(self, x: str, kind: str) -> str:
+        """relu, relu6 (Clip 0..6), hswish, hsigmoid (HardSigmoid 1/6, 1/2), sigmoid, silu
+        (Sigmoid then Mul, as exporters write it)."""
+        if kind == "relu":
+            return self.relu(x)
+        if kind == "relu6":
+            return self.op("Clip", [x, self.const(0.0), self.const(6.0)])
+        if kind == "hswish":
+            return self.op("HardSwish", [x])
+        if kind == "hsigmoid":
+            return self.op("HardSigmoid", [x], alpha=1 / 6, beta=0.5)
+        if kind == "sigmoid":
+            return self.op("Sigmoid", [x])
+        assert kind == "silu", kind
+        return self.op("Mul", [x, self.op("Sigmoid", [x])])
+
+    def conv_bn(self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1,
+                act: str | None = None) -> str:
+        """Convolution without bias, BatchNormalization, optional activation; padding k // 2."""
+        y = self.bn(self.conv(x, cin, cout, k, stride, k // 2, group, bias=False), cout)
+        return self.act(y, act) if act else y
+
+    def squeeze_excite(self, x: str, c: int, squeeze: int, inner: str, gate: str) -> str:
+        s = self.op("GlobalAveragePool", [x])
+        s = self.act(self.conv(self.act(self.conv(s, c, squeeze, 1), inner), squeeze, c, 1), gate)
+        return self.op("Mul", [x, s])
+
+    def classifier(self, x: str, c: int, hidden: int = 0, act: str = "relu") -> str:
+        x = self.op("Flatten", [self.op("GlobalAveragePool", [x])], axis=1)
+        if hidden:
+            x, c = self.act(self.fc(x, c, hidden), act), hidden
+        return self.fc(self.op("Dropout", [x]), c, 1000)
+
+    def model(self, out: str, name: str, size: int = 224, opset: int = 13) -> onnx.ModelProto:
         self.nodes[-1].output[0] = "logits"
         for node in self.nodes:  # the last node's output was renamed
             node.input[:] = ["logits" if i == out else i for i in node.input]
         graph = helper.make_graph(
             self.nodes, name,
-            [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+            [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, size, size])],
             [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1000])],
             self.weights)
         # IR version 8: readable by every onnxruntime the project supports
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                                 ir_version=8)
 
 
 def alexnet(seed: int = 0) -> onnx.ModelProto:
@@ -138,4 +182,117 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
     return g.model(g.fc(x, c, 1000), "resnet50")
 
 
-ARCHITECTURES = {"alexnet": alexnet, "googlenet": googlenet, "resnet50": resnet50}
+def _divisible(v: float, d: int = 8) -> int:
+    """torchvision's _make_divisible: channel counts rounded to multiples of 8."""
+    rounded = max(d, int(v + d / 2) // d * d)
+    return rounded + d if rounded < 0.9 * v else rounded
+
+
+def mobilenet_v2(seed: int = 0, size: int = 224) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x, c = g.conv_bn("image", 3, 32, 3, 2, act="relu6"), 32
+    for t, out, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                         (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride, hidden = s if i == 0 else 1, c * t
+            y = g.conv_bn(x, c, hidden, 1, act="relu6") if t != 1 else x
+            y = g.conv_bn(y, hidden, hidden, 3, stride, group=hidden, act="relu6")
+            y = g.conv_bn(y, hidden, out, 1)
+            x, c = (g.op("Add", [x, y]) if stride == 1 and c == out else y), out
+    x = g.conv_bn(x, c, 1280, 1, act="relu6")
+    return g.model(g.classifier(x, 1280), "mobilenet_v2", size, 17)
+
+
+def mobilenet_v3_small(seed: int = 0, size: int = 224) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x, c = g.conv_bn("image", 3, 16, 3, 2, act="hswish"), 16
+    # kernel, expanded channels, out channels, squeeze-excitation, activation, stride
+    for k, exp, out, se, act, s in (
+            (3, 16, 16, 1, "relu", 2), (3, 72, 24, 0, "relu", 2), (3, 88, 24, 0, "relu", 1),
+            (5, 96, 40, 1, "hswish", 2), (5, 240, 40, 1, "hswish", 1),
+            (5, 240, 40, 1, "hswish", 1), (5, 120, 48, 1, "hswish", 1),
+            (5, 144, 48, 1, "hswish", 1), (5, 288, 96, 1, "hswish", 2),
+            (5, 576, 96, 1, "hswish", 1), (5, 576, 96, 1, "hswish", 1)):
+        y = g.conv_bn(x, c, exp, 1, act=act) if exp != c else x
+        y = g.conv_bn(y, exp, exp, k, s, group=exp, act=act)
+        if se:
+            y = g.squeeze_excite(y, exp, _divisible(exp / 4), "relu", "hsigmoid")
+        y = g.conv_bn(y, exp, out, 1)
+        x, c = (g.op("Add", [y, x]) if s == 1 and c == out else y), out
+    x = g.conv_bn(x, c, 576, 1, act="hswish")
+    return g.model(g.classifier(x, 576, 1024, "hswish"), "mobilenet_v3_small", size, 17)
+
+
+def efficientnet_b0(seed: int = 0, size: int = 224) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x, c = g.conv_bn("image", 3, 32, 3, 2, act="silu"), 32
+    # expansion, kernel, stride, out channels, repeats
+    for t, k, s, out, n in ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2),
+                            (6, 3, 2, 80, 3), (6, 5, 1, 112, 3), (6, 5, 2, 192, 4),
+                            (6, 3, 1, 320, 1)):
+        for i in range(n):
+            stride, hidden = s if i == 0 else 1, c * t
+            y = g.conv_bn(x, c, hidden, 1, act="silu") if t != 1 else x
+            y = g.conv_bn(y, hidden, hidden, k, stride, group=hidden, act="silu")
+            y = g.squeeze_excite(y, hidden, max(1, c // 4), "silu", "sigmoid")
+            y = g.conv_bn(y, hidden, out, 1)
+            x, c = (g.op("Add", [y, x]) if stride == 1 and c == out else y), out
+    x = g.conv_bn(x, c, 1280, 1, act="silu")
+    return g.model(g.classifier(x, 1280), "efficientnet_b0", size, 17)
+
+
+def densenet121(seed: int = 0, size: int = 224) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x = g.maxpool(g.conv_bn("image", 3, 64, 7, 2, act="relu"), 3, 2, pad=1)
+    c, growth = 64, 32
+    for b, layers in enumerate((6, 12, 24, 16)):
+        features = [x]
+        for _ in range(layers):  # BN -> ReLU -> 1x1 conv -> BN -> ReLU -> 3x3 conv
+            y = g.relu(g.bn(x, c))
+            y = g.conv(g.relu(g.bn(g.conv(y, c, 4 * growth, 1, bias=False), 4 * growth)),
+                       4 * growth, growth, 3, pad=1, bias=False)
+            features.append(y)
+            c += growth
+            x = g.op("Concat", features, axis=1)
+        if b < 3:  # transition: BN -> ReLU -> 1x1 conv halving the channels -> 2x2 average
+            x = g.conv(g.relu(g.bn(x, c)), c, c // 2, 1, bias=False)
+            x, c = g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]), c // 2
+    return g.model(g.classifier(g.relu(g.bn(x, c)), c), "densenet121", size, 17)
+
+
+def _shuffle(g: GraphBuilder, x: str, c: int, size: int) -> str:
+    """Channel shuffle of two groups: (n, 2, c/2, h, w) -> swap the two channel axes -> back."""
+    r = g.op("Reshape", [x, g.const([0, 2, c // 2, size, size], np.int64)])
+    t = g.op("Transpose", [r], perm=[0, 2, 1, 3, 4])
+    return g.op("Reshape", [t, g.const([0, c, size, size], np.int64)])
+
+
+def shufflenet_v2(seed: int = 0, size: int = 224) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    x, c = g.maxpool(g.conv_bn("image", 3, 24, 3, 2, act="relu"), 3, 2, pad=1), 24
+    side = -(-size // 4)
+    for repeats, out in ((4, 116), (8, 232), (4, 464)):
+        side = -(-side // 2)
+        half = out // 2
+        left = g.conv_bn(g.conv_bn(x, c, c, 3, 2, group=c), c, half, 1, act="relu")
+        right = g.conv_bn(g.conv_bn(x, c, half, 1, act="relu"), half, half, 3, 2, group=half)
+        right = g.conv_bn(right, half, half, 1, act="relu")
+        x, c = _shuffle(g, g.op("Concat", [left, right], axis=1), out, side), out
+        for _ in range(repeats - 1):
+            name = g._name("split")
+            parts = [f"{name}_a", f"{name}_b"]
+            g.nodes.append(helper.make_node("Split", [x, g.const([half, half], np.int64)],
+                                            parts, name=name, axis=1))
+            right = g.conv_bn(g.conv_bn(parts[1], half, half, 1, act="relu"), half, half, 3,
+                              group=half)
+            right = g.conv_bn(right, half, half, 1, act="relu")
+            x = _shuffle(g, g.op("Concat", [parts[0], right], axis=1), c, side)
+    x = g.conv_bn(x, c, 1024, 1, act="relu")
+    x = g.op("ReduceMean", [x], axes=[2, 3], keepdims=0)  # torchvision's x.mean([2, 3])
+    return g.model(g.fc(x, 1024, 1000), "shufflenet_v2", size, 17)
+
+
+ARCHITECTURES = {"alexnet": alexnet, "googlenet": googlenet, "resnet50": resnet50,
+                 "mobilenet_v2": mobilenet_v2, "mobilenet_v3_small": mobilenet_v3_small,
+                 "efficientnet_b0": efficientnet_b0, "densenet121": densenet121,
+                 "shufflenet_v2": shufflenet_v2}

@@ -8,6 +8,7 @@ throughput falls fourfold once a batch's im2col buffer outgrows the cache)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,23 +18,36 @@ from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.launch import Lowered
+from accelerators.opencl.launch import LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
+from accelerators.opencl.pipeline_lowering import PIPELINED_DEFINE
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
 
 CPU_SLICE = 8
+PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
 
 
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
-                 local_tiles: bool | None = None) -> None:
-        """`local_tiles`: GEMMs through local memory; by default on GPUs and FPGAs only."""
+                 local_tiles: bool | None = None, pipelined: bool | None = None) -> None:
+        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs and
+        FPGAs only. Their tile size follows the device's limits; an FPGA binary is built with
+        the default tiles (docs/opencl.md). `pipelined`: fp32 convolutions through the
+        pipelined single work-item kernels, built with -DPIPELINED; by default when
+        $HETSERVE_OPENCL_PIPELINED is 1."""
+        self._pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None \
+            else pipelined
         self.graph: Graph = load_graph(model_path)
         self._dev: OpenCLDevice = open_device(device)
-        self._local_tiles = self._dev.kind in ("gpu", "fpga") if local_tiles is None \
-            else local_tiles
+        d = self._dev.device
+        if not (self._dev.kind in ("gpu", "fpga") if local_tiles is None else local_tiles):
+            self._tiling = None
+        elif self._dev.kind == "fpga":
+            self._tiling = LocalTiling()
+        else:
+            self._tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
         self.device = Device(self._dev.name, self._dev.kind, "opencl")
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
@@ -42,10 +56,13 @@ class OpenCLEngine:
         self._plans: dict[int, Executor] = {}
         # Raises for unsupported ops before the device is touched. Kernels differ between one
         # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
-        first = lower(self.graph, 1, self._local_tiles)
-        several = lower(self.graph, CPU_SLICE, self._local_tiles)
+        first = lower(self.graph, 1, self._tiling, self._pipelined)
+        several = lower(self.graph, CPU_SLICE, self._tiling, self._pipelined)
+        defines = [self._tiling.defines if self._tiling else "",
+                   PIPELINED_DEFINE if self._pipelined else ""]
         self.program = self._cache.program(
-            self._dev, {la.kernel for plan in (first, several) for la in plan.launches})
+            self._dev, {la.kernel for plan in (first, several) for la in plan.launches},
+            " ".join(filter(None, defines)))
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
@@ -56,13 +73,16 @@ class OpenCLEngine:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self._local_tiles)
+            lowered = lowered or lower(self.graph, batch, self._tiling, self._pipelined)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(
                         self._dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                         hostbuf=value)
-            plan = self._plans[batch] = Executor(self._dev, self.program, lowered, self._consts)
+            # FPGA binaries join the pipelined stages with channels or pipes (docs/opencl.md).
+            plan = self._plans[batch] = Executor(
+                self._dev, self.program, lowered, self._consts,
+                concurrent_stages=self._dev.kind == "fpga")
         return plan
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
@@ -70,8 +90,9 @@ class OpenCLEngine:
         step = CPU_SLICE if self.device.kind == "cpu" else batch
         if batch <= step:
             return self.plan(batch).run(inputs, outputs)
-        shapes = {o.name: o.shape[1:] for o in self.outputs}
-        results = {name: np.empty((batch, *shapes[name]), np.float32) for name in outputs}
+        sliced = self.plan(step)  # shapes from the plan: declared outputs may lack them
+        results = {name: np.empty((batch, *sliced.output_shape(name)[1:]), np.float32)
+                   for name in outputs}
         held = []  # every slice is enqueued before the one wait: no host round trip between
         for lo in range(0, batch, step):
             hi = min(lo + step, batch)

@@ -25,8 +25,15 @@ class LaunchTime:
 
 class Executor:
     def __init__(self, dev: OpenCLDevice, program: cl.Program, lowered: Lowered,
-                 consts: dict[str, cl.Buffer]) -> None:
+                 consts: dict[str, cl.Buffer], concurrent_stages: bool = False) -> None:
+        """`concurrent_stages`: the stages of a pipelined chain are joined by channels or pipes
+        and must run at the same time; otherwise each waits for the one before."""
         self._queue = dev.queue
+        self._concurrent = concurrent_stages
+        self._stage_queues = {
+            la.stage: cl.CommandQueue(dev.context, dev.device,
+                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
+            for la in lowered.launches if la.stage}
         self.buffers, self.sum_bytes = plan_buffers(lowered)
         # Kept here: a kernel's arguments do not keep their buffers alive.
         self._slots = slots = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 4))
@@ -46,6 +53,9 @@ class Executor:
             kernel.set_args(*[buffer(a) if isinstance(a, Ref) else a for a in launch.args])
             self._kernels.append((kernel, launch))
         self._events: list[cl.Event] = []
+
+    def output_shape(self, name: str) -> tuple[int, ...]:
+        return self._outputs[name][1]
 
     @property
     def peak_bytes(self) -> int:
@@ -68,10 +78,27 @@ class Executor:
             array = np.ascontiguousarray(inputs[name], np.float32)
             held.append(array)
             cl.enqueue_copy(q, buf, array, is_blocking=False)
-        self._events = [cl.enqueue_nd_range_kernel(q, k, launch.global_size, launch.local_size)
-                        for k, launch in self._kernels]
+        self._events = []
+        chain: list[cl.Event] = []  # the pipelined stages enqueued since the last main launch
+        for k, launch in self._kernels:
+            if not launch.stage:
+                # The main queue goes on once a chain before has drained.
+                self._events.append(cl.enqueue_nd_range_kernel(
+                    q, k, launch.global_size, launch.local_size, wait_for=chain or None))
+                chain = []
+                continue
+            if launch.stage == 1:  # the stages start after the work (and any chain) before them
+                chain = [cl.enqueue_marker(q, wait_for=chain or None)]
+            stage_queue = self._stage_queues[launch.stage]
+            event = cl.enqueue_nd_range_kernel(
+                stage_queue, k, launch.global_size, launch.local_size,
+                wait_for=chain[:1] if self._concurrent else chain[-1:])
+            stage_queue.flush()
+            chain.append(event)
+            self._events.append(event)
         for name, array in results.items():
-            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False)
+            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False,
+                            wait_for=chain or None)
         return held
 
     def profile(self) -> list[LaunchTime]:

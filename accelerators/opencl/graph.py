@@ -1,7 +1,9 @@
 """Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
-nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it,
-activations fused into the Conv, Gemm, MatMul or Add that feeds them. Ops the engine cannot run
-are reported at load time, naming the op and the node."""
+nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it
+(any other runs as a per-channel scale and shift), gated activations recognised (x * Sigmoid(x)
+is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm, MatMul, Add or
+BatchNormalization that feeds them. Ops the engine cannot run are reported at load time, naming
+the op and the node."""
 
 from __future__ import annotations
 
@@ -16,12 +18,18 @@ from onnx import numpy_helper
 # Ops lowered to kernels, and ops evaluated on the host when all their inputs are constant
 # (shape arithmetic) or that only rename a buffer (reshapes).
 KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "LRN",
-              "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu", "Clip", "Sigmoid",
-              "Concat", "Softmax"}
+              "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu",
+              "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Concat", "Softmax", "Transpose",
+              "Split", "ReduceMean"}
 VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
 HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
-SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS
-ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid"}
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}  # see qdq.py
+FOLDED_OPS = {"Pad"}  # into the Conv that reads it
+SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS | QDQ_OPS | FOLDED_OPS
+# "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
+ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
+# Ops an activation that follows them is fused into.
+FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization"}
 _DROPPED = {"Dropout", "Identity"}
 
 
@@ -47,9 +55,18 @@ class Graph:
     opset: int
     fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
     derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
+    int8: dict = field(default_factory=dict)  # weight name -> qdq.Int8Weight
 
     def consumers(self, name: str) -> list[Node]:
         return [n for n in self.nodes if name in n.inputs]
+
+    def producer(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if name in n.outputs), None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Every reader of `old` reads `new` instead."""
+        for n in self.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
 
 
 def load_graph(path: Path) -> Graph:
@@ -59,8 +76,7 @@ def load_graph(path: Path) -> Graph:
     nodes = []
     for i, n in enumerate(model.graph.node):
         name = n.name or f"{n.op_type}_{i}"
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED | {
-                "BatchNormalization"}:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED:
             raise UnsupportedModelError(
                 f"op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of node {name!r} is not "
                 f"supported by the OpenCL engine")
@@ -73,14 +89,14 @@ def load_graph(path: Path) -> Graph:
         inputs=[(v.name, _dims(v)) for v in model.graph.input if v.name not in consts],
         outputs=[(v.name, _dims(v)) for v in model.graph.output], nodes=nodes, consts=consts,
         opset=opset)
+    from accelerators.opencl import qdq  # it builds on this module's Graph
     _drop_passthrough(graph)
+    qdq.simplify_qdq(graph)
+    _fold_pad_into_conv(graph)
     _fold_batch_norm(graph)
+    _fuse_gates(graph)
     _fuse_activations(graph)
-    leftover = [n for n in graph.nodes if n.op == "BatchNormalization"]
-    if leftover:
-        raise UnsupportedModelError(
-            f"op 'BatchNormalization' of node {leftover[0].name!r} is supported only right "
-            f"after a Conv whose output nothing else reads")
+    qdq.fuse_quantized(graph)
     return graph
 
 
@@ -106,11 +122,6 @@ def _dims(v: onnx.ValueInfoProto) -> tuple[int, ...]:
                  for d in v.type.tensor_type.shape.dim)
 
 
-def _rename(graph: Graph, old: str, new: str) -> None:
-    for n in graph.nodes:
-        n.inputs = [new if i == old else i for i in n.inputs]
-
-
 def _drop_passthrough(graph: Graph) -> None:
     """Dropout (inference: identity; its mask output must be unused) and Identity."""
     outputs = {name for name, _ in graph.outputs}
@@ -121,9 +132,9 @@ def _drop_passthrough(graph: Graph) -> None:
         if n.outputs[0] in outputs:  # keep the graph's output name: rename the producer
             for p in graph.nodes:
                 p.outputs = [n.outputs[0] if o == n.inputs[0] else o for o in p.outputs]
-            _rename(graph, n.inputs[0], n.outputs[0])
+            graph.rename(n.inputs[0], n.outputs[0])
         else:
-            _rename(graph, n.outputs[0], n.inputs[0])
+            graph.rename(n.outputs[0], n.inputs[0])
         graph.fused[n.op] += 1
 
 
@@ -133,6 +144,34 @@ def _sole_consumer(graph: Graph, node: Node) -> Node | None:
     if len(users) != 1 or out in {name for name, _ in graph.outputs}:
         return None
     return users[0]
+
+
+def _fold_pad_into_conv(graph: Graph) -> None:
+    """A zero Pad of the spatial axes whose only reader is a Conv (tf2onnx's explicit SAME
+    padding) becomes that Conv's own padding."""
+    for pad in [n for n in graph.nodes if n.op == "Pad"]:
+        conv = _sole_consumer(graph, pad)
+        if conv is None or conv.op != "Conv" or conv.inputs[0] != pad.outputs[0] \
+                or conv.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        amounts = pad.attrs.get("pads") if graph.opset < 11 else graph.consts.get(pad.inputs[1])
+        value = pad.attrs.get("value", 0.0) if graph.opset < 11 else (
+            graph.consts.get(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else 0.0)
+        axes = pad.inputs[3] if len(pad.inputs) > 3 else ""
+        if amounts is None or value is None or np.any(value) or axes \
+                or pad.attrs.get("mode", "constant") != "constant":
+            continue
+        amounts = [int(a) for a in amounts]
+        rank = len(amounts) // 2
+        if any(amounts[:2] + amounts[rank:rank + 2]) or min(amounts) < 0:
+            continue
+        spatial = rank - 2
+        own = list(conv.attrs.get("pads", [0] * 2 * spatial))
+        conv.attrs["pads"] = [own[i] + amounts[2 + i] for i in range(spatial)] + [
+            own[spatial + i] + amounts[rank + 2 + i] for i in range(spatial)]
+        conv.inputs[0] = pad.inputs[0]
+        graph.nodes.remove(pad)
+        graph.fused["Pad+Conv"] += 1
 
 
 def _fold_batch_norm(graph: Graph) -> None:
@@ -157,8 +196,26 @@ def _fold_batch_norm(graph: Graph) -> None:
         graph.fused["BatchNormalization"] += 1
 
 
+def _fuse_gates(graph: Graph) -> None:
+    """Mul(x, Sigmoid(x)) -> Silu(x); Mul(x, HardSigmoid(x)) with alpha 1/6 and beta 1/2 (how
+    exporters spell HardSwish before opset 14) -> HardSwish(x)."""
+    for gate in [n for n in graph.nodes if n.op in ("Sigmoid", "HardSigmoid")]:
+        if gate.op == "HardSigmoid" and not (
+                abs(gate.attrs.get("alpha", 0.2) - 1 / 6) < 1e-6
+                and abs(gate.attrs.get("beta", 0.5) - 0.5) < 1e-6):
+            continue
+        mul = _sole_consumer(graph, gate)
+        if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted(
+                [gate.inputs[0], gate.outputs[0]]):
+            continue
+        graph.nodes.remove(gate)
+        op = "Silu" if gate.op == "Sigmoid" else "HardSwish"
+        mul.op, mul.inputs, mul.attrs = op, [gate.inputs[0]], {}
+        graph.fused[f"{gate.op}*x"] += 1
+
+
 def _fuse_activations(graph: Graph) -> None:
-    for node in [n for n in graph.nodes if n.op in {"Conv", "Gemm", "MatMul", "Add"}]:
+    for node in [n for n in graph.nodes if n.op in FUSING]:
         act = _sole_consumer(graph, node)
         if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
             continue

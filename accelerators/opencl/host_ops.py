@@ -43,6 +43,8 @@ def fold(node: Node, args: list[np.ndarray | None], opset: int) -> np.ndarray:
         return x.reshape(view_shape(node, x.shape, args[1:], opset))
     if op == "Relu":
         return np.maximum(x, 0)
+    if op == "Transpose":
+        return np.transpose(x, a.get("perm"))
     raise UnsupportedModelError(
         f"op {op!r} of node {node.name!r} is supported on constants only in the OpenCL engine")
 

@@ -12,10 +12,35 @@ from accelerators.opencl.graph import Node
 # Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
 WG_1D, GEMM_WG, VN = 64, 4, 16
 GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
-LOCAL_TILE, LOCAL_ROWS = 32, 4  # gemm_local's TS x TS tile, TS / WPT rows of work-items
-ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4}
+ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
+       "HardSwish": 6, "Silu": 7}  # kernels/common.cl's ACT_*
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class LocalTiling:
+    """gemm_local and conv_local (GPUs, FPGAs): ts x ts tiles of both operands in local memory,
+    work-groups of ts x ts / wpt work-items each accumulating wpt rows; built with -DTS -DWPT."""
+    ts: int = 32
+    wpt: int = 8
+
+    @property
+    def rows(self) -> int:
+        return self.ts // self.wpt
+
+    @property
+    def defines(self) -> str:
+        return f"-DTS={self.ts} -DWPT={self.wpt}"
+
+    @classmethod
+    def for_device(cls, max_work_group: int, local_mem_bytes: int) -> LocalTiling:
+        """The largest tile whose work-group the device allows and whose two tiles take at most
+        3/4 of its local memory (the rest for a second resident work-group's share)."""
+        for ts in (64, 32, 16):
+            if ts * ts // 8 <= max_work_group and 2 * ts * ts * 4 <= local_mem_bytes * 3 // 4:
+                return cls(ts, 8)
+        return cls(8, 8)
 
 
 @dataclass(frozen=True)
@@ -38,6 +63,9 @@ class Launch:
     args: list
     node: str
     flops: int = 0
+    # 0: the main queue. k > 0: the k-th stage of a chain of single work-item kernels joined by
+    # FIFOs (pipeline_lowering.py), each stage on its own queue.
+    stage: int = 0
 
 
 @dataclass
@@ -65,6 +93,8 @@ def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
     a = b = 0.0
     if act.op == "LeakyRelu":
         a = act.attrs.get("alpha", 0.01)
+    elif act.op == "HardSigmoid":
+        a, b = act.attrs.get("alpha", 0.2), act.attrs.get("beta", 0.5)
     elif act.op == "Clip":
         bounds = [consts[i] if i else None for i in act.inputs[1:3]] + [None, None]
         a = float(bounds[0]) if bounds[0] is not None else act.attrs.get("min", -3.4e38)

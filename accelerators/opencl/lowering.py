@@ -10,14 +10,18 @@ import numpy as np
 
 from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
-from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, Lowered, Ref,
+from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, LocalTiling, Lowered, Ref,
                                         activation_args, ints, round_up)
+from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
+from accelerators.opencl.pipeline_lowering import PipelineLowering
+from accelerators.opencl.quant_lowering import QuantLowering
 
 
-class Lowering(MatMulLowering):
-    def __init__(self, graph: Graph, batch: int, local_tiles: bool) -> None:
-        self.graph, self.out, self.local_tiles = graph, Lowered(), local_tiles
+class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
+    def __init__(self, graph: Graph, batch: int, tiling: LocalTiling | None,
+                 pipelined: bool) -> None:
+        self.graph, self.out, self.tiling, self.pipelined = graph, Lowered(), tiling, pipelined
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
@@ -52,14 +56,14 @@ class Lowering(MatMulLowering):
         return self.out
 
     # --- buffers
-    def _new(self, name: str, shape: tuple[int, ...]) -> Dyn:
-        self.out.storages[name] = 4 * math.prod(shape)
+    def _new(self, name: str, shape: tuple[int, ...], itemsize: int = 4) -> Dyn:
+        self.out.storages[name] = itemsize * math.prod(shape)
         return Dyn(tuple(shape), name)
 
-    def _ref(self, value: np.ndarray | Dyn, key: str) -> Ref:
+    def _ref(self, value: np.ndarray | Dyn, key: str, dtype: type = np.float32) -> Ref:
         if isinstance(value, Dyn):
             return Ref(value.storage)
-        self.out.consts.setdefault(key, np.ascontiguousarray(value, np.float32))
+        self.out.consts.setdefault(key, np.ascontiguousarray(value, dtype))
         return Ref(key)
 
     def _emit(self, node: Node, kernel: str, size: int | tuple[int, ...], args: list,
@@ -78,6 +82,12 @@ class Lowering(MatMulLowering):
         kh, kw = node.attrs["kernel_shape"]
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), (eh, ew) = window(node, (h, w), (kh, kw))
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
+        if (ph, pw) == (0, 0) and (oh - 1) * sh + (kh - 1) * dh < h \
+                and (ow - 1) * sw + (kw - 1) * dw < w:  # every window inside the input
+            self._emit(node, "pool2d_valid", (oh * ow, n * c), [
+                Ref(x.storage), Ref(out.storage), *ints(h, w, oh, ow, kh, kw, sh, sw, dh, dw,
+                                                         is_max)])
+            return
         self._emit(node, "pool2d", (oh * ow, n * c), [Ref(x.storage), Ref(out.storage), *ints(
             n * c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, eh, ew, dh, dw, is_max,
             node.attrs.get("count_include_pad", 0))])
@@ -88,13 +98,33 @@ class Lowering(MatMulLowering):
     def _averagepool(self, node: Node, args: list) -> None:
         self._pool(node, args, False)
 
+    def _pad(self, node: Node, args: list) -> None:
+        raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only a zero Pad of the "
+                                    f"spatial axes read by a Conv alone is supported")
+
+    def _mean_of_last_axes(self, node: Node, x: Dyn, first: int, keep: bool) -> None:
+        """The mean over axes first.. of x, one work-item per value kept."""
+        rank = len(x.shape)
+        shape = x.shape[:first] + ((1,) * (rank - first) if keep else ())
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        rows = math.prod(x.shape[:first])
+        self._emit(node, "global_avg_pool", rows, [Ref(x.storage), Ref(out.storage),
+                                                   *ints(rows, math.prod(x.shape[first:]))])
+
     def _globalaveragepool(self, node: Node, args: list) -> None:
-        x = args[0]
-        n, c = x.shape[:2]
-        out = self.values[node.outputs[0]] = self._new(
-            node.outputs[0], (n, c) + (1,) * (len(x.shape) - 2))
-        self._emit(node, "global_avg_pool", n * c, [Ref(x.storage), Ref(out.storage),
-                                                    *ints(n * c, math.prod(x.shape[2:]))])
+        self._mean_of_last_axes(node, args[0], 2, True)
+
+    def _reducemean(self, node: Node, args: list) -> None:
+        """Over trailing axes only: torchvision's `x.mean([2, 3])` (ShuffleNet's global pool)."""
+        x, rank = args[0], len(args[0].shape)
+        axes = node.attrs.get("axes") if len(args) < 2 or args[1] is None else args[1]
+        if axes is None or isinstance(axes, Dyn):
+            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: constant axes needed")
+        axes = sorted(int(a) % rank for a in axes)
+        if axes != list(range(rank - len(axes), rank)):
+            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: only trailing axes are "
+                                        f"supported, not {axes} of rank {rank}")
+        self._mean_of_last_axes(node, x, axes[0], bool(node.attrs.get("keepdims", 1)))
 
     def _lrn(self, node: Node, args: list) -> None:
         x, a = args[0], node.attrs
@@ -139,7 +169,22 @@ class Lowering(MatMulLowering):
             Ref(x.storage), Ref(out.storage), np.int32(math.prod(x.shape)),
             *activation_args(node, self.values)])
 
-    _relu = _leakyrelu = _clip = _sigmoid = _activation
+    _relu = _leakyrelu = _clip = _sigmoid = _hardsigmoid = _hardswish = _silu = _activation
+
+    def _batchnormalization(self, node: Node, args: list) -> None:
+        """One not folded into a convolution: a scale and shift per channel (axis 1)."""
+        x = args[0]
+        if any(isinstance(v, Dyn) for v in args[1:5]):
+            raise UnsupportedModelError(f"BatchNormalization node {node.name!r}: scale, bias, "
+                                        f"mean and variance must be constant")
+        gamma, beta, mean, var = (np.asarray(v, np.float64) for v in args[1:5])
+        scale = gamma / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        c, hw = x.shape[1], math.prod(x.shape[2:])
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        self._emit(node, "channel_affine", (hw, x.shape[0] * c), [
+            Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
+            self._ref(beta - mean * scale, f"{node.name}:shift"), Ref(out.storage),
+            *ints(c, hw), *activation_args(node, self.values)], 2 * math.prod(x.shape))
 
     def _concat(self, node: Node, args: list) -> None:
         rank = len(args[0].shape)
@@ -168,7 +213,9 @@ class Lowering(MatMulLowering):
                                                 *ints(rows, math.prod(x.shape[axis:]))])
 
 
-def lower(graph: Graph, batch: int, local_tiles: bool = False) -> Lowered:
-    """`local_tiles`: GEMMs staged through local memory (GPUs, FPGAs) instead of the register
-    tiles that suit CPUs."""
-    return Lowering(graph, batch, local_tiles).run()
+def lower(graph: Graph, batch: int, tiling: LocalTiling | None = None,
+          pipelined: bool = False) -> Lowered:
+    """`tiling`: GEMMs and convolutions staged through local memory in tiles of that size (GPUs,
+    FPGAs) instead of the register tiles that suit CPUs. `pipelined`: fp32 convolutions through
+    the pipelined kernels (kernels/pipelined.cl)."""
+    return Lowering(graph, batch, tiling, pipelined).run()

@@ -8,12 +8,11 @@ import numpy as np
 from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.host_ops import window
 from accelerators.opencl.launch import (BIAS_COL, BIAS_NONE, BIAS_ROW, GEMM_WG, GEMV_SPLIT_K,
-                                        LOCAL_ROWS, LOCAL_TILE, VN, Dyn, Launch, Ref,
-                                        activation_args, ints, round_up)
+                                        VN, Dyn, Launch, Ref, activation_args, ints, round_up)
 
 
 class MatMulLowering:
-    """Mixed into lowering.Lowering, whose graph, values, out, local_tiles, _new, _ref and
+    """Mixed into lowering.Lowering, whose graph, values, out, tiling, _new, _ref and
     _emit these methods use."""
 
     def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int,
@@ -22,10 +21,9 @@ class MatMulLowering:
         """C = act(A x B + bias) for each z; `lds` are the row strides of A, B, C; `strides`
         the per-batch and per-group offsets of A, B, C, then the number of z."""
         args = [a, b, bias or a, c, *ints(m, n, k, *lds, groups, *strides[:-1], bias_mode), *act]
-        if self.local_tiles:
-            size = (round_up(n, LOCAL_TILE), round_up(m, LOCAL_TILE) // LOCAL_TILE * LOCAL_ROWS,
-                    strides[-1])
-            self.out.launches.append(Launch("gemm_local", size, (LOCAL_TILE, LOCAL_ROWS, 1),
+        if self.tiling:
+            self.out.launches.append(Launch("gemm_local", self._tiled_size(m, n, strides[-1]),
+                                            (self.tiling.ts, self.tiling.rows, 1),
                                             args + [np.int32(0)], node.name, flops))
             return
         tm = 8 if m >= 8 else 1
@@ -35,27 +33,60 @@ class MatMulLowering:
         self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1),
                                         args + [np.int32(rows_first)], node.name, flops))
 
+    def _tiled_size(self, m: int, n: int, z: int) -> tuple[int, int, int]:
+        ts = self.tiling.ts
+        return round_up(n, ts), round_up(m, ts) // ts * self.tiling.rows, z
+
     # --- kernel ops
-    def _conv(self, node: Node, args: list) -> None:
-        x, w = args[0], args[1]
+    def _conv_geometry(self, node: Node, x: Dyn, w: np.ndarray) -> tuple[Dyn, list[int]]:
+        """The output and the im2col arguments (channels per group, h, w, oh, ow, kh, kw, sh,
+        sw, ph, pw, dh, dw)."""
         if not isinstance(w, np.ndarray) or len(w.shape) != 4 or len(x.shape) != 4:
             raise UnsupportedModelError(
                 f"node {node.name!r}: only 2-D Conv with constant weights is supported")
         n, c, h, wd = x.shape
         oc, cg, kh, kw = w.shape
-        g = node.attrs.get("group", 1)
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), _ = window(node, (h, wd), (kh, kw))
-        mg, kg, p = oc // g, cg * kh * kw, oh * ow
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, oc, oh, ow))
-        if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd):
-            col = Ref(x.storage)  # a 1x1 convolution reads its input as the GEMM's B
-        else:
-            col = Ref(self._new(f"{node.name}:col", (n * g * kg * p,)).storage)
-            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *ints(
-                cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)])
+        return out, [cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw]
+
+    def _conv(self, node: Node, args: list) -> None:
+        if "quant_in" in node.attrs:
+            self._conv_q8(node, args)
+            return
+        if self.pipelined:
+            self._conv_pipelined(node, args)
+            return
+        x, w = args[0], args[1]
+        out, geometry = self._conv_geometry(node, x, w)
+        cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
+        n, oc, g = x.shape[0], w.shape[0], node.attrs.get("group", 1)
+        mg, kg, p = oc // g, cg * kh * kw, oh * ow
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         bias = self._ref(args[2], node.inputs[2]) if len(args) > 2 and args[2] is not None \
             else None
+        if self.tiling and cg == 1 and g == x.shape[1] > 1:
+            # Depthwise on GPUs and FPGAs: one output pixel per work-item, not one-row GEMMs.
+            # (Under PoCL it measured 2-4x slower than im2col + gemm1's vector tiles.)
+            self._emit(node, "conv_depthwise", (p, n * oc), [
+                Ref(x.storage), weights, bias or weights, Ref(out.storage),
+                *ints(g, mg, *geometry[1:], bias is not None),
+                *activation_args(node, self.values)], 2 * n * oc * kg * p)
+            return
+        direct = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wd)
+        if self.tiling and not direct:  # implicit GEMM: no im2col buffer
+            self.out.launches.append(Launch(
+                "conv_local", self._tiled_size(mg, p, n * g),
+                (self.tiling.ts, self.tiling.rows, 1),
+                [Ref(x.storage), weights, bias or weights, Ref(out.storage),
+                 *ints(mg, p, kg, g, *geometry, BIAS_ROW if bias else BIAS_NONE),
+                 *activation_args(node, self.values)], node.name, 2 * n * oc * kg * p))
+            return
+        if direct:
+            col = Ref(x.storage)  # a 1x1 convolution reads its input as the GEMM's B
+        else:
+            col = Ref(self._new(f"{node.name}:col", (n * g * kg * p,)).storage)
+            self._emit(node, "im2col", (kg, n * g), [Ref(x.storage), col, *ints(*geometry)])
         self._launch_gemm(node, weights, col, bias, Ref(out.storage), mg, p, kg, (kg, p, p), g,
                           (0, mg * kg, g * kg * p, kg * p, oc * p, mg * p, n * g),
                           BIAS_ROW if bias else BIAS_NONE, activation_args(node, self.values),
@@ -84,7 +115,7 @@ class MatMulLowering:
                 raise UnsupportedModelError(
                     f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
             bias = self._ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
-        if m == 1 and k >= GEMV_SPLIT_K and not self.local_tiles:
+        if m == 1 and k >= GEMV_SPLIT_K and not self.tiling:
             self._gemv(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage), n, k)
             return
         self._launch_gemm(node, Ref(x.storage), self._ref(wt, wkey), bias, Ref(out.storage),
@@ -106,6 +137,9 @@ class MatMulLowering:
                                              *activation_args(node, self.values)])
 
     def _gemm(self, node: Node, args: list) -> None:
+        if "quant_in" in node.attrs:
+            self._gemm_q8(node, args)
+            return
         a = node.attrs
         self._gemm_node(node, args, a.get("alpha", 1.0), a.get("beta", 1.0), a.get("transB", 0))
 

@@ -55,8 +55,11 @@ class ProgramCache:
         self.options = options
         self.hits = 0  # programs loaded from the on-disk cache
 
-    def program(self, dev: OpenCLDevice, required: set[str]) -> cl.Program:
-        program = self._fpga(dev) if dev.kind == "fpga" else self._built(dev)
+    def program(self, dev: OpenCLDevice, required: set[str], defines: str = "") -> cl.Program:
+        """`defines`: build macros beside BUILD_OPTIONS (e.g. tile sizes); FPGA binaries were
+        built with theirs."""
+        program = self._fpga(dev) if dev.kind == "fpga" else self._built(
+            dev, f"{self.options} {defines}".strip())
         present = set(filter(None, program.get_info(cl.program_info.KERNEL_NAMES).split(";")))
         missing = sorted(required - present)
         if missing:
@@ -65,24 +68,24 @@ class ProgramCache:
                 f"it has {sorted(present)}")
         return program
 
-    def key(self, dev: OpenCLDevice, source: str) -> str:
+    def key(self, dev: OpenCLDevice, source: str, options: str | None = None) -> str:
         d = dev.device
-        text = "\0".join([source, self.options, d.platform.name, d.name, d.driver_version,
-                          d.version])
+        text = "\0".join([source, self.options if options is None else options,
+                          d.platform.name, d.name, d.driver_version, d.version])
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _built(self, dev: OpenCLDevice) -> cl.Program:
+    def _built(self, dev: OpenCLDevice, options: str) -> cl.Program:
         source = kernel_source()
-        path = self.cache_dir / f"{self.key(dev, source)}.bin"
+        path = self.cache_dir / f"{self.key(dev, source, options)}.bin"
         if path.exists():
             try:
                 program = cl.Program(dev.context, [dev.device], [path.read_bytes()])
-                program.build(self.options)
+                program.build(options)
                 self.hits += 1
                 return program
             except cl.Error as e:  # a truncated or foreign file: rebuild over it
                 log.warning("cached OpenCL binary %s unusable (%s); rebuilding", path, e)
-        program = cl.Program(dev.context, source).build(self.options)
+        program = cl.Program(dev.context, source).build(options)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(program.binaries[0])

@@ -66,9 +66,9 @@ def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(
     asked: set[str] = set()
 
     class Recording(ProgramCache):
-        def program(self, dev, required):
+        def program(self, dev, required, defines=""):
             asked.update(required)
-            return super().program(dev, required)
+            return super().program(dev, required, defines)
 
     x, w = np.zeros((1, 1024), np.float32), np.zeros((1024, 16), np.float32)
     model = single_op("Gemm", {"x": x}, {"w": w}, (1, 16))
@@ -96,3 +96,25 @@ def test_an_fpga_binary_lacking_kernels_is_named(tmp_path, opencl_device) -> Non
         cache.program(fpga, {"binary4d", "gemm8", "im2col"})
     with pytest.raises(FileNotFoundError, match="HETSERVE_FPGA_BINARIES"):
         ProgramCache(tmp_path / "cache", binary_dir=None).program(fpga, set())
+
+
+@pytest.mark.parametrize("limits, tile", [
+    ((1024, 48 * 1024), 64),  # NVIDIA: 1024 work-items, 48 KiB local memory
+    ((1024, 32 * 1024), 32),  # Oclgrind
+    ((256, 64 * 1024), 32),  # a 64 x 8 work-group would exceed 256
+    ((64, 4 * 1024), 16), ((16, 1024), 8)])
+def test_local_tiles_fit_the_device_limits(limits, tile) -> None:
+    from accelerators.opencl.launch import LocalTiling
+    tiling = LocalTiling.for_device(*limits)
+    assert tiling.ts == tile
+    assert tiling.ts * tiling.rows <= limits[0]
+    assert f"-DTS={tile}" in tiling.defines
+
+
+def test_tiles_are_built_for_the_device(engine_for, opencl_device) -> None:
+    dev = open_device(opencl_device).device
+    engine = engine_for(single_op("Relu", {"x": np.zeros((1, 4), np.float32)}, {}, (1, 4)),
+                        local_tiles=True)
+    from accelerators.opencl.launch import LocalTiling
+    expected = LocalTiling.for_device(dev.max_work_group_size, dev.local_mem_size)
+    assert engine._tiling == expected

@@ -49,6 +49,7 @@ CONV = [
     (1, 3, 23, 23, 16, 7, 2, (3, 3, 3, 3), 1, 1),
     (64, 1, 12, 12, 16, 5, 1, (2, 2, 2, 2), 1, 1),
     (64, 8, 9, 9, 12, 3, 2, (1, 1, 1, 1), 1, 2),
+    (2, 6, 11, 11, 12, 5, 2, (2, 1, 2, 1), 1, 6),  # depthwise, two outputs per channel
 ]
 
 
@@ -73,7 +74,13 @@ def test_conv(engine_for, case, activation, local_tiles) -> None:
         model.graph.node[0].output[0] = "conv"
         model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
         ref = np.maximum(ref, 0)
-    _check(engine_for(model, local_tiles), {"x": x}, ref, seed)
+    engine = engine_for(model, local_tiles)
+    kernels = [la.kernel for la in engine.plan(n).launches]
+    if c == g > 1 and local_tiles:  # depthwise on GPUs and FPGAs: a direct kernel
+        assert kernels == ["conv_depthwise"]
+    elif local_tiles and k > 1:  # an implicit GEMM: no im2col buffer
+        assert kernels == ["conv_local"]
+    _check(engine, {"x": x}, ref, seed)
 
 
 @pytest.mark.parametrize("m, k, n, trans_b, alpha, beta", _grid([
@@ -138,7 +145,12 @@ def test_pool(engine_for, kind, shape, k, s, pads, ceil, count_pad) -> None:
     attrs = {"count_include_pad": count_pad} if kind == "AveragePool" else {}
     model = single_op(kind, {"x": x}, {}, ref.shape, kernel_shape=[k, k], strides=[s, s],
                       pads=list(pads), ceil_mode=ceil, **attrs)
-    _check(engine_for(model), {"x": x}, ref, seed)
+    engine = engine_for(model)
+    inside = not any(pads) and (ref.shape[2] - 1) * s + k <= shape[2] \
+        and (ref.shape[3] - 1) * s + k <= shape[3]  # no window reaches past the input
+    assert [la.kernel for la in engine.plan(shape[0]).launches] == [
+        "pool2d_valid" if inside else "pool2d"]
+    _check(engine, {"x": x}, ref, seed)
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 5, 5), (64, 16, 3, 3)])

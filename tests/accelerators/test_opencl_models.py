@@ -1,6 +1,8 @@
 """Whole models on the OpenCL engine (PoCL) against onnxruntime: max relative error 1e-3 on the
-logits and the same top-1. The example MNIST CNN on real held-out digits, and AlexNet, GoogLeNet
-and ResNet-50 (the real architectures at 3x224x224, random weights) at batch 1."""
+logits and the same top-1. The example MNIST CNN on real held-out digits, and the classifiers of
+tools/cnn_architectures.py (AlexNet, GoogLeNet, ResNet-50, MobileNetV2, MobileNetV3-Small,
+EfficientNet-B0, DenseNet-121, ShuffleNetV2: the real architectures at 3x224x224, random
+weights) at batch 1."""
 
 from __future__ import annotations
 
@@ -46,7 +48,10 @@ def test_mnist_matches_onnxruntime_on_held_out_digits(opencl_device, program_cac
              session.run(None, {"image": images[:16]})[0])
 
 
-@pytest.mark.parametrize("name", ["alexnet", "googlenet", "resnet50"])
+LOCAL_TILES = {"mobilenet_v2", "shufflenet_v2", "googlenet"}
+
+
+@pytest.mark.parametrize("name", list(cnn_architectures.ARCHITECTURES))
 def test_architecture_matches_onnxruntime(engine_for, name) -> None:
     model = cnn_architectures.ARCHITECTURES[name]()
     engine = engine_for(model)
@@ -56,6 +61,11 @@ def test_architecture_matches_onnxruntime(engine_for, name) -> None:
     _compare(got, _ort(model).run(None, {"image": x})[0])
     plan = engine.plan(1)
     assert plan.peak_bytes < plan.sum_bytes  # buffers are reused
+    if name in LOCAL_TILES:  # the GPU/FPGA path: implicit-GEMM convolutions, local tiles
+        tiled = engine_for(model, local_tiles=True)
+        assert "conv_local" in {la.kernel for la in tiled.plan(1).launches}
+        _compare(tiled.run({"image": x}, ["logits"])["logits"], _ort(model).run(
+            None, {"image": x})[0])
     if name == "resnet50":
         assert engine.graph.fused["BatchNormalization"] == 53
         assert engine.graph.fused["Add+Relu"] == 16

@@ -1,5 +1,5 @@
-"""The Python API for Spark users: mapInPandas, mapInArrow and predict_batch_udf, all through a
-real daemon, agree with each other and with the labels."""
+"""The Python API for Spark users: mapInPandas, mapInArrow (score_dataframe's default) and
+predict_batch_udf, all through a real daemon, agree with each other and with the labels."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 from pyspark.ml.functions import predict_batch_udf
 
 from spark_jobs.api import (PREDICT_RETURN_TYPE, make_predict_fn, output_schema, score_arrow_fn,
-                            score_dataframe)
+                            score_dataframe, score_pandas_fn)
 from tests.spark_jobs.conftest import write_digits
 
 
@@ -18,10 +18,13 @@ def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, h
     frame = spark.read.parquet(str(write_digits(tmp_path / "d.parquet", images, labels)))
     frame = frame.select("id", "tensor").cache()
 
-    by_pandas = score_dataframe(spark, frame, "mnist_cnn", address=daemon.socket_url,
-                                top_k=3).toPandas().sort_values("id")
+    by_pandas = frame.mapInPandas(score_pandas_fn(spark, "mnist_cnn", address=daemon.socket_url,
+                                                  top_k=3),
+                                  output_schema("bigint")).toPandas().sort_values("id")
     by_arrow = frame.mapInArrow(score_arrow_fn(spark, "mnist_cnn", address=daemon.socket_url),
                                 output_schema("bigint")).toPandas().sort_values("id")
+    by_default = score_dataframe(spark, frame, "mnist_cnn", address=daemon.socket_url,
+                                 top_k=3).toPandas().sort_values("id")
     predict = predict_batch_udf(make_predict_fn("mnist_cnn", address=daemon.socket_url),
                                 return_type=PREDICT_RETURN_TYPE, batch_size=100,
                                 input_tensor_shapes=[[784]])
@@ -34,6 +37,8 @@ def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, h
     assert by_pandas["id"].tolist() == by_arrow["id"].tolist() == by_udf["id"].tolist() \
         == list(range(300))
     assert by_pandas["label"].tolist() == by_arrow["label"].tolist() == by_udf["label"].tolist()
+    for column in ("id", "label", "top_labels", "device", "model_version"):
+        assert by_default[column].map(str).tolist() == by_pandas[column].map(str).tolist()
     assert (by_udf["label"].to_numpy() == labels).mean() >= 0.9
     np.testing.assert_allclose(np.stack(by_pandas["top_scores"])[:, 0],
                                np.stack(by_udf["scores"]).max(axis=1), rtol=1e-5)

@@ -13,7 +13,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from spark_jobs import client as client_module
-from spark_jobs.client import ModelInterface, RetryPolicy, infer
+from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
+                               infer)
 from tests.conftest import MODELS, Daemon
 
 
@@ -60,10 +61,11 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     real = client_module._staged
 
     @contextlib.contextmanager
-    def watched(client, address, samples):
-        with real(client, address, samples) as region:
+    def watched(connection, address, samples):
+        with real(connection, address, samples) as region:
             registered.append(region)
             if region is not None:  # the daemon holds it while the requests run
+                client, _ = connection
                 assert region in client.get_system_shared_memory_status().regions
             yield region
     monkeypatch.setattr(client_module, "_staged", watched)
@@ -83,3 +85,26 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
 def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
     raise InferenceServerException("cannot open shared memory",
                                    status="StatusCode.INVALID_ARGUMENT")
+
+
+def test_requests_fill_the_daemons_batch_buckets():
+    powers = ModelInterface("m", "x", "FP32", (1,), "y", 100)
+    assert powers.batch_buckets == (1, 2, 4, 8, 16, 32, 64, 100)
+    assert powers.request_batch() == 100 and powers.request_batch(90) == 64
+    preferred = ModelInterface("m", "x", "FP32", (1,), "y", 128, preferred_batch_sizes=(48, 16))
+    assert preferred.batch_buckets == (16, 48) and preferred.request_batch() == 48
+    assert preferred.request_batch(8) == 8  # below every bucket: as asked, padded there
+
+
+def test_a_daemon_that_cannot_be_found_again_fails_the_call_naming_both_reasons(daemon,
+                                                                              tmp_path):
+    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
+
+    def recover() -> str:
+        raise RuntimeError("the hetserve daemon did not become ready")
+
+    with pytest.raises(DaemonUnavailableError, match=r"the daemon at unix:.*nobody.sock "
+                       r"answered StatusCode.UNAVAILABLE \(.*\), and asking this node for its "
+                       r"daemon failed: the hetserve daemon did not become ready"):
+        infer(f"unix:{tmp_path / 'nobody.sock'}", model, np.zeros((4, 1, 28, 28), np.float32),
+              None, 1, retry=RetryPolicy(attempts=5, first_delay_s=0.01), recover=recover)

@@ -33,3 +33,11 @@ def test_task_profile_asks_executors_and_tasks_for_the_accelerator():
     assert not task_profile("gpu=1", new_executors=False).executorResources
     with pytest.raises(ValueError, match="expected fpga=AMOUNT or gpu=AMOUNT"):
         task_profile("tpu=1")
+
+
+def test_addresses_from_the_environment_replace_the_probe():
+    result = subprocess.run([ROOT / "spark_jobs" / "discover-fpga.sh"], capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                                 "HETSERVE_FPGA_ADDRESSES": "card-a,card-b"})
+    assert json.loads(result.stdout) == {"name": "fpga", "addresses": ["card-a", "card-b"]}

@@ -1,0 +1,110 @@
+"""Lowering of the ops that move data without arithmetic on it (Transpose, Slice and Split of
+activations: ShuffleNet's channel shuffle and channel split) to one kernel, `gather_strided`,
+which copies a strided view of rank <= 6 into a contiguous tensor."""
+
+from __future__ import annotations
+
+import math
+
+from accelerators.opencl.graph import Node, UnsupportedModelError
+from accelerators.opencl.launch import Dyn, Ref, ints
+
+MAX_RANK = 6
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    return [math.prod(shape[i + 1:]) for i in range(len(shape))]
+
+
+def _merged(shape: tuple[int, ...], strides: list[int]) -> tuple[tuple, tuple]:
+    """The same view with fewer axes: size-1 axes dropped, and an axis merged into the next
+    when stepping over all of the next is one step of it (e.g. h and w of a channel shuffle)."""
+    dims: list[int] = []
+    steps: list[int] = []
+    for d, s in zip(shape, strides):
+        if d == 1:
+            continue
+        if dims and steps[-1] == d * s:
+            dims[-1], steps[-1] = dims[-1] * d, s
+        else:
+            dims.append(d)
+            steps.append(s)
+    return tuple(dims) or (1,), tuple(steps) or (0,)
+
+
+class LayoutLowering:
+    """Mixed into lowering.Lowering, whose values, _new and _emit these methods use."""
+
+    def _gather(self, node: Node, x: Dyn, output: str, shape: tuple[int, ...],
+                strides: list[int], offset: int) -> None:
+        """output[i] = x[offset + sum(i_k * strides_k)] over `shape`."""
+        out = self.values[output] = self._new(output, tuple(shape))
+        dims, steps = _merged(shape, strides)
+        if len(dims) > MAX_RANK:
+            raise UnsupportedModelError(
+                f"{node.op} node {node.name!r}: rank {len(dims)} > {MAX_RANK}")
+        pad = MAX_RANK - len(dims)
+        dims, steps = (1,) * pad + dims, (0,) * pad + steps
+        total = math.prod(shape)
+        self._emit(node, "gather_strided", (dims[5], dims[4], math.prod(dims[:4])), [
+            Ref(x.storage), Ref(out.storage), *ints(total, *dims[1:], *steps, offset)])
+
+    def _transpose(self, node: Node, args: list) -> None:
+        x = args[0]
+        rank = len(x.shape)
+        perm = list(node.attrs.get("perm", range(rank - 1, -1, -1)))
+        src = contiguous_strides(x.shape)
+        self._gather(node, x, node.outputs[0], tuple(x.shape[p] for p in perm),
+                     [src[p] for p in perm], 0)
+
+    def _slice_axes(self, node: Node, x: Dyn, ranges: dict[int, tuple[int, int, int]],
+                    output: str) -> None:
+        """`ranges`: axis -> (start, stop, step) as Python's slice.indices gives them."""
+        src = contiguous_strides(x.shape)
+        shape, strides, offset = list(x.shape), list(src), 0
+        for axis, (start, stop, step) in ranges.items():
+            shape[axis] = len(range(start, stop, step))
+            strides[axis] = src[axis] * step
+            offset += start * src[axis]
+        self._gather(node, x, output, tuple(shape), strides, offset)
+
+    def _slice(self, node: Node, args: list) -> None:
+        x = args[0]
+        if self.graph.opset < 10:
+            a = node.attrs
+            starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+        else:
+            if any(isinstance(v, Dyn) for v in args[1:]):
+                raise UnsupportedModelError(f"Slice node {node.name!r}: starts, ends, axes "
+                                            f"and steps must be constant")
+            starts, ends = args[1], args[2]
+            axes = args[3] if len(args) > 3 else None
+            steps = args[4] if len(args) > 4 else None
+        axes = range(len(starts)) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        rank = len(x.shape)
+        ranges = {int(ax) % rank: slice(int(s), int(e), int(st)).indices(x.shape[int(ax) % rank])
+                  for s, e, ax, st in zip(starts, ends, axes, steps)}
+        self._slice_axes(node, x, ranges, node.outputs[0])
+
+    def _split(self, node: Node, args: list) -> None:
+        x = args[0]
+        axis = node.attrs.get("axis", 0) % len(x.shape)
+        size = x.shape[axis]
+        if len(args) > 1 and args[1] is not None:
+            sizes = [int(s) for s in args[1]]
+        elif "split" in node.attrs:
+            sizes = list(node.attrs["split"])
+        else:  # equal parts, the last one smaller (opset 18's num_outputs)
+            parts = node.attrs.get("num_outputs", len(node.outputs))
+            sizes = [-(-size // parts)] * parts
+            sizes[-1] = size - sum(sizes[:-1])
+        if sum(sizes) != size or len(sizes) != len(node.outputs):
+            raise UnsupportedModelError(f"Split node {node.name!r}: parts {sizes} do not split "
+                                        f"axis {axis} of size {size} into "
+                                        f"{len(node.outputs)} outputs")
+        start = 0
+        for part, output in zip(sizes, node.outputs):
+            if output:
+                self._slice_axes(node, x, {axis: (start, start + part, 1)}, output)
+            start += part

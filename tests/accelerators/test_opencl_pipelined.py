@@ -1,0 +1,71 @@
+"""The pipelined convolution kernels (kernels/pipelined.cl, built with -DPIPELINED): three single
+work-item stages chained by FIFOs, here the global-memory FIFOs used where the device has no
+channels or pipes (PoCL, Oclgrind). Convolutions against the float64 reference of the kernel
+tests, and the MNIST example against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pyopencl as cl
+import pytest
+from onnx import helper
+
+from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine
+from accelerators.opencl.graph import UnsupportedModelError
+from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
+from tests.accelerators.test_opencl_kernels import CONV, conv_ref
+from tests.conftest import MODEL, MODELS
+
+STAGES = ["pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain"]
+
+
+@pytest.mark.parametrize("case", CONV[:4] if SMALL_GRID else CONV, ids=str)
+def test_pipelined_conv(tmp_path, opencl_device, program_cache, case) -> None:
+    n, c, h, w, oc, k, s, pads, d, g = case
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((n, c, h, w), np.float32)
+    wt = rng.standard_normal((oc, c // g, k, k), np.float32)
+    b = rng.standard_normal(oc).astype(np.float32)
+    ref = np.maximum(conv_ref(x, wt, b, (s, s), pads, (d, d), g), 0)
+    model = single_op("Conv", {"x": x}, {"w": wt, "b": b}, ref.shape, kernel_shape=[k, k],
+                      strides=[s, s], pads=list(pads), dilations=[d, d], group=g)
+    model.graph.node[0].output[0] = "conv"
+    model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
+    onnx.save(model, str(tmp_path / "conv.onnx"))
+    engine = OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache, pipelined=True)
+    assert [la.kernel for la in engine.plan(n).launches] == STAGES
+    assert all(la.global_size == (1,) for la in engine.plan(n).launches)  # single work-items
+    got = engine.run({"x": x}, ["y"])["y"]
+    assert rel_err(got, ref) <= 1e-4, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
+    # Each stage on its own queue (with channels they run at once; here each waits for the
+    # one before), none on the main queue.
+    plan = engine.plan(min(n, CPU_SLICE))  # the plan that ran last
+    queues = [e.get_info(cl.event_info.COMMAND_QUEUE) for e in plan._events]
+    assert len(set(queues)) == 3 and engine._dev.queue not in queues
+
+
+def test_pipelined_mnist_matches_onnxruntime(opencl_device, program_cache, holdout,
+                                             monkeypatch) -> None:
+    monkeypatch.setenv("HETSERVE_OPENCL_PIPELINED", "1")  # the build flag's setting
+    path = MODELS / MODEL / "1" / "model.onnx"
+    engine = OpenCLEngine(path, opencl_device, program_cache)
+    kernels = [la.kernel for la in engine.plan(4).launches]
+    assert kernels.count("pipe_conv_mac") == 2 and "im2col" not in kernels
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for images in (holdout[0][:4], holdout[0][4:8]):  # the second run reuses the plan
+        got = engine.run({"image": images}, ["logits"])["logits"]
+        ref = session.run(None, {"image": images})[0]
+        assert rel_err(got, ref) <= 1e-3
+        assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+def test_a_window_too_long_for_the_chip_is_refused(tmp_path, opencl_device,
+                                                   program_cache) -> None:
+    x = np.zeros((1, 520, 3, 3), np.float32)
+    model = single_op("Conv", {"x": x}, {"w": np.zeros((2, 520, 3, 3), np.float32)},
+                      (1, 2, 1, 1))
+    onnx.save(model, str(tmp_path / "wide.onnx"))
+    with pytest.raises(UnsupportedModelError, match="window of 4680 values exceeds"):
+        OpenCLEngine(tmp_path / "wide.onnx", opencl_device, program_cache, pipelined=True)

@@ -1,0 +1,14 @@
+"""Fixtures for the benchmark tools: LoadGen's sample library of the held-out digits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.loadgen_sut import SampleLibrary
+
+
+@pytest.fixture
+def digits(holdout: tuple[np.ndarray, np.ndarray]) -> SampleLibrary:
+    images, labels = holdout
+    return SampleLibrary("held-out digits", images, labels)

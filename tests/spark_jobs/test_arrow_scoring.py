@@ -1,0 +1,88 @@
+"""The Arrow executor path without Spark: every layout of the tensor column that Spark can hand
+over (raw bytes, large bytes, fixed-size bytes, arrays, sliced batches) is read as the same
+samples, malformed rows are named or kept as error rows, and a batch's output lines up with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_jobs.arrow_scoring import score_batches
+from spark_jobs.client import ModelInterface
+from spark_jobs.daemon import NodeDaemon
+from spark_jobs.scoring import ScoreOptions
+
+
+@pytest.fixture(scope="module")
+def options(daemon) -> ScoreOptions:
+    return ScoreOptions(NodeDaemon(daemon.socket_url, None, "test"),
+                        ModelInterface.fetch(daemon.url, "mnist_cnn"), top_k=3)
+
+
+def _layouts(images: np.ndarray) -> dict[str, pa.Array]:
+    raw = [x.tobytes() for x in images]
+    return {"binary": pa.array(raw, pa.binary()),
+            "large_binary": pa.array(raw, pa.large_binary()),
+            "fixed_size_binary": pa.array(raw, pa.binary(images[0].nbytes)),
+            "array<float>": pa.array([x.ravel() for x in images], pa.list_(pa.float32())),
+            "array<double>": pa.array([x.ravel().astype(np.float64) for x in images],
+                                      pa.list_(pa.float64()))}
+
+
+def _score(options: ScoreOptions, *batches: pa.RecordBatch) -> list[pa.RecordBatch]:
+    return list(score_batches(iter(batches), options))
+
+
+def test_every_tensor_layout_and_slice_scores_alike(options, holdout):
+    images, labels = holdout[0][:300], holdout[1][:300]
+    expected = None
+    for name, column in _layouts(images).items():
+        batch = pa.RecordBatch.from_pydict({"id": pa.array(range(300), pa.int64()),
+                                            "tensor": column})
+        out = _score(options, batch.slice(0, 130), pa.RecordBatch.from_pydict(
+            {"id": pa.array([], pa.int64()), "tensor": column.slice(0, 0)}), batch.slice(130))
+        assert [b.num_rows for b in out] == [130, 170], name  # empty batches are skipped
+        scored = pa.Table.from_batches(out)
+        assert scored.column("id").to_pylist() == list(range(300))
+        label = np.asarray(scored.column("label"))
+        assert scored.schema.field("label").type == pa.int32()
+        assert (label == labels).mean() >= 0.95, name
+        top = np.stack(scored.column("top_labels").to_numpy(zero_copy_only=False))
+        assert top.shape == (300, 3) and (top[:, 0] == label).all()
+        if expected is None:
+            expected = scored.column("top_scores").to_pylist()
+        np.testing.assert_allclose(scored.column("top_scores").to_pylist(), expected,
+                                   rtol=1e-6, err_msg=name)
+        assert set(scored.column("device").to_pylist()) == {"cpu0"}
+        assert set(scored.column("model_version").to_pylist()) == {"1"}
+
+
+def test_malformed_rows_are_named_or_kept_as_error_rows(options, holdout):
+    good = holdout[0][0].tobytes()
+    batch = pa.RecordBatch.from_pydict({
+        "id": pa.array([7, 8, 9, 10], pa.int64()),
+        "tensor": pa.array([good, good[:2800], None, good[:2801]], pa.binary())})
+    with pytest.raises(ValueError, match=r"row id 8: tensor holds 700 values, 784 expected "
+                                         r"for image \[1, 28, 28\]"):
+        _score(options, batch)
+    kept = pa.Table.from_batches(_score(ScoreOptions(
+        options.daemon, options.model, keep_errors=True), batch)).to_pydict()
+    assert kept["id"] == [7, 8, 9, 10]
+    assert kept["label"][0] == holdout[1][0] and kept["label"][1:] == [None] * 3
+    assert kept["top_labels"][1:] == kept["device"][1:] == [None] * 3
+    assert kept["error"][0] is None
+    assert "holds no tensor" in kept["error"][2] and "holds 2801 bytes" in kept["error"][3]
+    with pytest.raises(ValueError, match="column tensor is string"):
+        _score(options, pa.RecordBatch.from_pydict({"id": [1], "tensor": ["x"]}))
+
+
+def test_a_task_whose_node_has_no_daemon_and_may_not_start_one_fails_naming_it(options,
+                                                                               holdout,
+                                                                               tmp_path):
+    nobody = f"unix:{tmp_path / 'nobody.sock'}"
+    batch = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64()),
+                                        "tensor": pa.array([holdout[0][0].tobytes()])})
+    with pytest.raises(RuntimeError, match=f"no hetserve daemon answers at {nobody} and the "
+                                           "job was not allowed to start one"):
+        _score(ScoreOptions(NodeDaemon(nobody, None, "test"), options.model), batch)
