@@ -60,6 +60,11 @@ def infer(address: str, images, timeout_s: float = 60.0):
         return c.infer(MODEL, image_input(images), client_timeout=timeout_s).as_numpy("logits")
 
 
+def infer_within(address: str, images, queue_timeout_us: int):
+    with grpcclient.InferenceServerClient(address) as c:
+        return c.infer(MODEL, image_input(images), timeout=queue_timeout_us, client_timeout=60)
+
+
 def answers(address: str, images) -> bool:
     try:
         return infer(address, images).shape == (len(images), 10)
@@ -98,6 +103,33 @@ def test_two_workers_batch_together_and_answer_as_one_daemon(serve, holdout) -> 
     assert total(samples, "hetserve_requests_total", model=MODEL, code="OK") == 9
     assert total(samples, "hetserve_request_duration_seconds_count", model=MODEL) == 9
     assert total(samples, "hetserve_inferences_total", model=MODEL) == 11
+
+
+def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
+    # One sample per batch, 2 s each; the queue holds 3 samples, whichever front-end sent them.
+    daemon, control = serve(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
+                            "max_queue_size: 3 allow_timeout_override: true }", "--workers", "2",
+                            devices="faulty:cpu1")
+    control.set(delay_s=2.0)
+    image = holdout[0][:1]
+    sockets = [daemon.socket_url, f"unix:{daemon.socket}.1"]
+    with ThreadPoolExecutor(4) as pool:
+        running = pool.submit(infer, sockets[0], image)
+        time.sleep(0.5)  # taken by the device: the queue is empty again
+        queued = [pool.submit(infer, address, image) for address in sockets]
+        time.sleep(0.5)
+        late = pool.submit(infer_within, sockets[1], image, 1_000_000)  # 1 s in the queue
+        time.sleep(0.5)
+        with pytest.raises(InferenceServerException) as full:
+            infer(sockets[0], image)
+        assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "max_queue_size is 3" in full.value.message()
+        with pytest.raises(InferenceServerException) as expired:
+            late.result(timeout=60)
+        assert expired.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert all(f.result(timeout=60).shape == (1, 10) for f in [running, *queued])
+    samples = scrape(daemon.metrics_url)
+    assert total(samples, "hetserve_requests_expired_total", model=MODEL) == 1  # in the queue
 
 
 def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
