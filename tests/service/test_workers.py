@@ -16,12 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from service.server import default_workers
 from spark_jobs import client as spark_client
+from spark_jobs.daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
 from tests.service.conftest import scrape, total
 
@@ -245,3 +248,33 @@ def test_a_port_held_by_another_daemon_with_workers_is_a_clear_error(tmp_path: P
         assert infer(first.url, holdout[0][:1]).shape == (1, 10)
     finally:
         assert first.stop() == 0
+
+
+def test_tls_the_token_and_the_health_port_hold_with_workers(tmp_path: Path, holdout) -> None:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem"),
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    (tmp_path / "token").write_text("s3cret\n")
+    port, health_port, sock = free_port(), free_port(), tmp_path / "grpc.sock"
+    daemon = DaemonProcess(
+        ["--models", str(MODELS), "--port", str(port), "--socket", str(sock), "--metrics-port",
+         "0", "--health-port", str(health_port), "--workers", "2", "--tls-cert",
+         str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"), "--token-file",
+         str(tmp_path / "token")], f"unix:{sock}", tmp_path / "daemon.log")
+    try:
+        daemon.wait_ready()
+        tls = dict(ssl=True, root_certificates=str(tmp_path / "cert.pem"))
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{port}", **tls) as c:
+            reply = c.infer(MODEL, image_input(holdout[0][:1]),
+                            headers={"authorization": "Bearer s3cret"})
+            assert reply.as_numpy("logits").shape == (1, 10)
+            with pytest.raises(InferenceServerException) as refused:
+                c.infer(MODEL, image_input(holdout[0][:1]))
+            assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert daemon.stop() == 0
