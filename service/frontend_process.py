@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from service.arena import Arena
 from service.credentials import TokenFile
 from service.dataplane import DataPlane
-from service.errors import StartupError
+from service.errors import HetserveError, StartupError
 from service.grpc_front import GrpcFront
 from service.metrics import Metrics
 from service.owner_client import Catalog, OwnerClient
@@ -33,14 +33,28 @@ from service.settings import Settings
 from service.shared_memory import SharedMemoryRegions
 from service.socket_lock import worker_socket
 
+log = logging.getLogger(__name__)
+
 
 class FrontendServicer(InferenceServicer):
-    """Answers ModelStatistics with the owner's counts, which cover every front-end."""
+    """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
+    client's system shared memory region registered with every front-end."""
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
                  owner: OwnerClient) -> None:
         super().__init__(plane, metrics, regions)
         self._owner = owner
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        reply = await super().SystemSharedMemoryRegister(request, context)  # aborts if refused
+        await self._owner.share({"op": "register", "name": request.name, "key": request.key,
+                                 "offset": request.offset, "byte_size": request.byte_size})
+        return reply
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        reply = await super().SystemSharedMemoryUnregister(request, context)
+        await self._owner.share({"op": "unregister", "name": request.name})
+        return reply
 
     async def ModelStatistics(self, request, context):
         async with self._status(context):
@@ -63,7 +77,18 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
             became_ready.add(task)
             task.add_done_callback(became_ready.discard)
 
-    owner = OwnerClient(arena, on_catalog)
+    def on_share(header: dict) -> None:  # a region registered or unregistered elsewhere
+        if header["op"] == "unregister":
+            regions.unregister(header["name"])
+            return
+        try:
+            regions.register(header["name"], header["key"], header["offset"],
+                             header["byte_size"])
+        except HetserveError as e:  # e.g. the same name registered here meanwhile
+            log.warning("shared memory region %r registered at another front-end: %s",
+                        header["name"], e)
+
+    owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
     front = GrpcFront(settings, token, FrontendServicer(plane, Metrics(), regions, owner),
                       plane, reuseport=True)

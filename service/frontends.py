@@ -58,6 +58,7 @@ class Frontends:
         self._slots: list[asyncio.Task] = []
         self._started: list[asyncio.Future] = []
         self._catalog: tuple[dict, bytes] | None = None
+        self._shared: dict[str, dict] = {}  # clients' system shared memory regions, by name
         self._stopping = False
         self._env: dict[str, str] = {}
 
@@ -160,8 +161,10 @@ class Frontends:
             there.close()
             os.close(fd)
             (SHM_ROOT / key).unlink()  # both hold it now: no death can leak it
-        side = OwnerSide(self._plane, self._regions, region)
+        side = OwnerSide(self._plane, self._regions, region, self._share)
         await side.open(here)
+        for registered in self._shared.values():  # known before it listens: sent first
+            side.send(registered)
         side.send(*(self._catalog or ({"op": "loading"}, b"")))
         self._sides[index], self._processes[index] = side, process
         serving = asyncio.create_task(side.serve())
@@ -173,6 +176,21 @@ class Frontends:
             await serving  # the channel ends with the process: its requests are cancelled
             del self._sides[index], self._processes[index]
             self._regions.unregister(region)
+
+    def _share(self, origin: OwnerSide, header: dict) -> None:
+        """A client registered or unregistered a shared memory region at one front-end: every
+        other front-end does the same, and one started later learns the regions registered,
+        so that a region is the daemon's, whichever front-end a connection reaches."""
+        request_id = header.pop("id")
+        if header["op"] == "register":
+            self._shared[header["name"]] = header
+        else:
+            for name in [header["name"]] if header["name"] else list(self._shared):
+                self._shared.pop(name, None)
+        for side in self._sides.values():
+            if side is not origin:
+                side.send(header)
+        origin.send({"op": "shared", "id": request_id})  # after the others, on each channel
 
     async def _announce(self, index: int, side: OwnerSide) -> None:
         await side.listening.wait()

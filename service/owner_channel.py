@@ -3,9 +3,11 @@ frames of a JSON header and an optional binary payload. Request tensors do not t
 lie in the front-end's arena (service/arena.py) and the header names their places; outputs (a few
 logits per sample) travel in the reply's payload. Nothing from the network is unpickled.
 
-front-end -> owner: infer, cancel, stats, listening.
+front-end -> owner: infer, cancel, stats, listening, register and unregister (a client's system
+shared memory region, which the owner passes on to every other front-end).
 owner -> front-end: loading or catalog (first, then catalog once models are loaded), reply,
-error (a status name and message), stats (ModelStatisticsResponse bytes)."""
+error (a status name and message), stats (ModelStatisticsResponse bytes), shared (a region
+passed on), register and unregister (from another front-end)."""
 
 from __future__ import annotations
 
@@ -98,8 +100,10 @@ class OwnerSide:
     answer (reply or error), also when cancelled, because the front-end frees the request's
     arena block only then."""
 
-    def __init__(self, plane: DataPlane, regions: SharedMemoryRegions, region: str) -> None:
+    def __init__(self, plane: DataPlane, regions: SharedMemoryRegions, region: str,
+                 on_share: Callable[[OwnerSide, dict], None]) -> None:
         self._plane, self._regions, self._region = plane, regions, region
+        self._on_share = on_share  # a client's shared memory (un)registered at this front-end
         self._tasks: dict[int, asyncio.Task] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
         self.channel: Channel | None = None
@@ -130,6 +134,8 @@ class OwnerSide:
             self._tasks[header["id"]].cancel()
         elif op == "stats":
             self._statistics(header)
+        elif op in ("register", "unregister"):
+            self._on_share(self, header)
         elif op == "listening":
             self.listening.set()
 

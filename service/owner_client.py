@@ -28,8 +28,9 @@ from service.tensors import Tensors
 
 
 class OwnerClient:
-    def __init__(self, arena: Arena, on_catalog: Callable[[dict, bytes], None]) -> None:
-        self._arena, self._on_catalog = arena, on_catalog
+    def __init__(self, arena: Arena, on_catalog: Callable[[dict, bytes], None],
+                 on_share: Callable[[dict], None]) -> None:
+        self._arena, self._on_catalog, self._on_share = arena, on_catalog, on_share
         self._ids = itertools.count()
         # request id -> its future, and its arena block (None for a statistics request)
         self._pending: dict[int, tuple[asyncio.Future, tuple[int, int] | None]] = {}
@@ -62,6 +63,9 @@ class OwnerClient:
     def _on_frame(self, header: dict, payload: bytes) -> None:
         """Matches answers to requests; the owner's state (loading, catalog) goes elsewhere."""
         op = header["op"]
+        if op in ("register", "unregister") and "id" not in header:  # another front-end's
+            self._on_share(header)
+            return
         if op in ("loading", "catalog"):
             if not self.first.done():
                 self.first.set_result(op)
@@ -111,6 +115,13 @@ class OwnerClient:
     def _withdraw(self, request_id: int, future: asyncio.Future) -> None:
         if future.cancelled() and not self.gone.is_set():  # the client went
             self.send({"op": "cancel", "id": request_id})
+
+    async def share(self, header: dict) -> None:
+        """Passes a client's shared memory (un)registration on to every other front-end; done
+        once the owner has sent it to each of them."""
+        if self.gone.is_set():
+            raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        await self._request(header, None)[1]
 
     async def statistics(self, name: str, version: str) -> bytes:
         if self.gone.is_set():

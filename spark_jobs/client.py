@@ -201,32 +201,10 @@ def _staged(connection: _Connection, address: str, samples: np.ndarray) -> Itera
         memory.unlink()
 
 
-@contextlib.contextmanager
-def _beside(connections: list[_Connection], region: str | None,
-            nbytes: int) -> Iterator[str | None]:
-    """The call's region registered also with the daemon's other front-ends (one connection
-    per socket); None where one of them cannot open it: the bytes then travel in the messages."""
-    registered: list[_Connection] = []
-    usable = region
-    try:
-        for client, headers in connections if region is not None else ():
-            client.register_system_shared_memory(region, "/" + region, nbytes, headers=headers)
-            registered.append((client, headers))
-    except InferenceServerException as e:
-        log.info("a front-end of the daemon cannot use shared memory (%s); sending tensors in "
-                 "gRPC messages", e.message())
-        usable = None
-    try:
-        yield usable
-    finally:
-        for client, headers in registered:
-            with contextlib.suppress(InferenceServerException):  # a front-end gone meanwhile
-                client.unregister_system_shared_memory(region, headers=headers)
-
-
 def _spread(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
-    front-end processes (service/socket_lock.worker_sockets), else the address alone."""
+    front-end processes (service/socket_lock.worker_sockets), else the address alone. A region
+    registered at one of them is known to all (docs/serving.md)."""
     if not address.startswith("unix:"):
         return [address]
     own = Path(address.removeprefix("unix:").removeprefix("//"))
@@ -278,9 +256,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                         target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
-    with _staged(_client(address, credentials), address, samples) as staged, \
-            _beside([_client(t, credentials) for t in targets[1:]], staged,
-                    samples.nbytes) as region[0], \
+    with _staged(_client(address, credentials), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]

@@ -14,9 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -143,6 +145,37 @@ def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
     assert result.logits.shape == (32, 10)
     used = {address for address, _ in spark_client._clients}
     assert {daemon.socket_url, f"unix:{daemon.socket}.1"} <= used
+
+
+def test_a_client_region_registered_at_one_front_end_serves_at_every_one(serve,
+                                                                          holdout) -> None:
+    daemon, _ = serve(8, "max_queue_delay_microseconds: 1000", "--workers", "2")
+    images = np.ascontiguousarray(holdout[0][:4], np.float32)
+    memory = shared_memory.SharedMemory(create=True, size=images.nbytes)
+    sockets = [daemon.socket_url, f"unix:{daemon.socket}.1"]
+    try:
+        memory.buf[:images.nbytes] = images.reshape(-1).view(np.uint8)
+        with grpcclient.InferenceServerClient(sockets[1]) as c:
+            c.register_system_shared_memory("images", "/" + memory.name, images.nbytes)
+        for address in [daemon.url, *sockets]:  # another connection, maybe another process
+            with grpcclient.InferenceServerClient(address) as c:
+                assert "images" in c.get_system_shared_memory_status().regions
+                tensor = grpcclient.InferInput("image", list(images.shape), "FP32")
+                tensor.set_shared_memory("images", images.nbytes)
+                np.testing.assert_array_equal(
+                    c.infer(MODEL, [tensor]).as_numpy("logits"), infer(address, images))
+        os.kill(frontends(daemon.process.pid)[1], signal.SIGKILL)
+        wait_for(lambda: answers(sockets[1], images[:1]), "front-end 1 to answer again")
+        with grpcclient.InferenceServerClient(sockets[1]) as c:  # started again, it knows it
+            assert "images" in c.get_system_shared_memory_status().regions
+        with grpcclient.InferenceServerClient(sockets[0]) as c:
+            c.unregister_system_shared_memory("images")
+        for address in sockets:
+            with grpcclient.InferenceServerClient(address) as c:
+                assert not c.get_system_shared_memory_status().regions
+    finally:
+        memory.close()
+        memory.unlink()
 
 
 def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, holdout) -> None:
