@@ -128,7 +128,11 @@ class Frontends:
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
-            code = await self._run(index)
+            try:
+                code: int | str = await self._run(index)
+            except Exception as e:  # could not be started (/dev/shm full, no fork): try again
+                log.exception("front-end %d could not be started", index)
+                code = f"none ({type(e).__name__}: {e})"
             if not self._started[index].done():
                 self._started[index].set_exception(StartupError(
                     f"front-end {index} exited with code {code} before it listened (its "
@@ -157,10 +161,14 @@ class Frontends:
                 sys.executable, "-m", "service.frontend_process", str(index),
                 str(there.fileno()), str(fd), str(self._arena_size), str(os.getpid()),
                 pass_fds=(there.fileno(), fd), env=self._env)
+        except BaseException:
+            here.close()
+            self._regions.unregister(region)
+            raise
         finally:
             there.close()
             os.close(fd)
-            (SHM_ROOT / key).unlink()  # both hold it now: no death can leak it
+            (SHM_ROOT / key).unlink()  # both hold it now (or nobody): no death can leak it
         side = OwnerSide(self._plane, self._regions, region, self._share)
         await side.open(here)
         for registered in self._shared.values():  # known before it listens: sent first
