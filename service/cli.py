@@ -24,6 +24,7 @@ _SERVE_FLAGS = [
     ("--metrics-host", "metrics_host"),
     ("--metrics-port", "metrics_port"),
     ("--health-port", "health_port"),
+    ("--workers", "workers"),
     ("--max-queue-size", "max_queue_size"),
     ("--intra-op-threads", "intra_op_threads"),
     ("--shutdown-grace-s", "shutdown_grace_s"),

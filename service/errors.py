@@ -51,3 +51,7 @@ class DeviceError(HetserveError):
     """Every device that could run a batch failed."""
 
     status = grpc.StatusCode.INTERNAL
+
+
+class StartupError(Exception):
+    """The daemon cannot start as configured (a port or socket in use, a bad repository)."""

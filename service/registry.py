@@ -21,11 +21,12 @@ from accelerators.onnxruntime_options import OptionError, OrtOptions
 from service import buckets as batch_buckets, tensors
 from service.batch_buffers import BatchBuffers
 from service.batcher import DynamicBatcher
-from service.errors import ConfigError, ModelNotFoundError
+from service.errors import ConfigError
 from service.metrics import Metrics
 from service.model import ModelSpec
+from service.model_table import ModelTable
 from service.queue_policy import BatchPolicy
-from service.repository import ModelRepository, RepositoryEntry, check_model_name
+from service.repository import ModelRepository, RepositoryEntry
 from service.router import POLICIES, Router
 from service.settings import Settings
 from service.statistics import ModelStatistics
@@ -48,13 +49,12 @@ class LoadedModel:
     stats: ModelStatistics
 
 
-class ModelRegistry:
+class ModelRegistry(ModelTable[LoadedModel]):
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        super().__init__()
         self._settings = settings
         self._metrics = metrics
         self._repository = ModelRepository(settings.model_repository)
-        self._models: dict[str, dict[int, LoadedModel]] = {}
-        self.failures: dict[str, str] = {}  # model name -> why it is not served
 
     async def load_all(self) -> None:
         for name in self._repository.names():
@@ -203,23 +203,6 @@ class ModelRegistry:
         engines = [first] if threads(count) == guess else []
         return engines + [create_engine(device, path, threads(count), ort_options)
                           for _ in range(count - len(engines))]
-
-    def get(self, name: str, version: str = "") -> LoadedModel:
-        versions = self._models.get(check_model_name(name))
-        if versions is None:
-            reason = self.failures.get(name)
-            raise ModelNotFoundError(f"model_name {name!r}: " + (
-                f"failed to load: {reason}" if reason else
-                f"no such model; serving {sorted(self._models)}"))
-        if not version:
-            return versions[max(versions)]
-        if not version.isdigit() or int(version) not in versions:
-            raise ModelNotFoundError(f"model_version {version!r} of model {name!r} is not "
-                                     f"served; versions are {sorted(versions)}")
-        return versions[int(version)]
-
-    def loaded(self) -> list[LoadedModel]:
-        return [m for versions in self._models.values() for m in versions.values()]
 
     async def close(self) -> None:
         for model in self.loaded():

@@ -47,6 +47,11 @@ class Settings:
         default=0, metadata={"doc": "plaintext port on metrics_host serving only grpc.health.v1, "
                                     "for probes that send neither TLS nor a token (Kubernetes "
                                     "grpc probes); 0 disables it"})
+    workers: int = field(
+        default=0, metadata={"doc": "front-end processes doing gRPC, decoding and replies, "
+                                    "sharing the port; the devices stay in one process that "
+                                    "batches across them. 0: half the CPUs, at most 8, so 1 "
+                                    "(a single process) up to 3 CPUs"})
     max_message_bytes: int = field(
         default=64 << 20, metadata={"doc": "largest gRPC message accepted or sent"})
     max_queue_size: int = field(

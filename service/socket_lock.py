@@ -1,7 +1,8 @@
 """One daemon per unix socket: a daemon holds an exclusive lock beside its socket for its whole
 life. A second daemon then refuses to start instead of taking the socket over, and a socket
 file left by a killed daemon is known to be stale without connecting to it (a daemon between
-binding and listening refuses connections, so a connect probe would call it stale)."""
+binding and listening refuses connections, so a connect probe would call it stale). A daemon
+with several front-end processes (--workers) serves one socket per front-end beside its own."""
 
 from __future__ import annotations
 
@@ -50,3 +51,17 @@ def holder(socket: Path) -> str:
         return lock_path(socket).read_text().strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def worker_socket(socket: Path, index: int) -> Path:
+    """The socket of front-end `index` of a daemon with several: the first serves the daemon's
+    own socket (whose lock the daemon holds), the others serve `<socket>.1`, `<socket>.2`..."""
+    return socket if index == 0 else socket.with_name(f"{socket.name}.{index}")
+
+
+def worker_sockets(socket: Path) -> list[Path]:
+    """The sockets a daemon serves now: its own, and those of its other front-ends."""
+    found = [socket]
+    while (next_one := worker_socket(socket, len(found))).exists():
+        found.append(next_one)
+    return found

@@ -22,7 +22,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service import tensors
+from service import socket_lock, tensors
 
 log = logging.getLogger(__name__)
 RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
@@ -201,6 +201,16 @@ def _staged(connection: _Connection, address: str, samples: np.ndarray) -> Itera
         memory.unlink()
 
 
+def _spread(address: str) -> list[str]:
+    """The addresses a call spreads its requests over: every socket of a daemon with several
+    front-end processes (service/socket_lock.worker_sockets), else the address alone. A region
+    registered at one of them is known to all (docs/serving.md)."""
+    if not address.startswith("unix:"):
+        return [address]
+    own = Path(address.removeprefix("unix:").removeprefix("//"))
+    return [address] + [f"unix:{path}" for path in socket_lock.worker_sockets(own)[1:]]
+
+
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int | None,
           inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
           recover: Callable[[], str] | None = None,
@@ -212,7 +222,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
-    current = [address]
+    targets = _spread(address)
     region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
     def one(start: int) -> grpcclient.InferResult:
@@ -224,8 +234,9 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         else:
             tensor.set_data_from_numpy(chunk)
         outputs = [grpcclient.InferRequestedOutput(model.output_name)]
+        target = targets[start // step % len(targets)]
         for attempt in range(retry.attempts):
-            connection = _client(current[0], credentials)
+            connection = _client(target, credentials)
             client, headers = connection
             try:
                 return client.infer(model.name, [tensor], outputs=outputs, priority=priority,
@@ -233,16 +244,16 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
             except InferenceServerException as e:
                 if _status(e) not in RETRIED or attempt == retry.attempts - 1:
                     raise
-                log.warning("daemon at %s answered %s (attempt %d of %d): %s", current[0],
+                log.warning("daemon at %s answered %s (attempt %d of %d): %s", target,
                             _status(e), attempt + 1, retry.attempts, e.message())
                 time.sleep(retry.delay_s(attempt))
                 if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
                     # A restarted daemon knows no region of ours: bytes travel in the messages.
                     region[0] = None
                     tensor.set_data_from_numpy(chunk)
-                    _forget(current[0], credentials, connection)
+                    _forget(target, credentials, connection)
                     if recover is not None:
-                        current[0] = _recovered(recover, current[0], e)
+                        target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
     with _staged(_client(address, credentials), address, samples) as region[0], \

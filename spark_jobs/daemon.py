@@ -16,7 +16,6 @@ process that started it (the executor's JVM) has gone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import functools
 import json
@@ -33,12 +32,12 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from service import socket_lock
+from service.parent_death import end_with
 from service.settings import default_socket
 
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
 ADDRESS_ENV = "HETSERVE_DAEMON"
-_PR_SET_PDEATHSIG = 1  # prctl option, from <linux/prctl.h>
 
 
 def resolve_address(explicit: str | None = None) -> str:
@@ -229,18 +228,10 @@ def read_owner(owner_file: Path) -> dict | None:
         return None
 
 
-def _end_with(parent: int) -> None:
-    """Runs in the daemon's process before it starts: the kernel sends it SIGTERM (a graceful
-    drain) when its supervisor dies, even by SIGKILL, which leaves no chance to stop it."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the supervisor died before the request took effect
-        os._exit(1)
-
-
 def supervise(watch_pid: int, serve_args: list[str]) -> int:
     """Runs one daemon until it exits, SIGTERM arrives, or `watch_pid` has gone."""
     daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args],
-                              preexec_fn=functools.partial(_end_with, os.getpid()))
+                              preexec_fn=functools.partial(end_with, os.getpid()))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     while daemon.poll() is None and not stopping:

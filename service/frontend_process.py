@@ -1,0 +1,137 @@
+"""One front-end process of a daemon with several (started by service/frontends.py):
+
+    python -m service.frontend_process INDEX CHANNEL_FD ARENA_FD ARENA_BYTES OWNER_PID
+
+It serves gRPC on the daemon's port (SO_REUSEPORT) and on its own unix socket, decodes,
+validates and answers requests, and hands each to the device owner (service/owner_client.py).
+Its settings come from the owner as HETSERVE_* variables. It ends with the owner: SIGTERM from
+the kernel (PR_SET_PDEATHSIG) or the channel closing, whichever comes first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+
+from tritonclient.grpc import service_pb2 as pb
+
+from service.arena import Arena
+from service.credentials import TokenFile
+from service.dataplane import DataPlane
+from service.errors import HetserveError, StartupError
+from service.grpc_front import GrpcFront
+from service.metrics import Metrics
+from service.owner_client import Catalog, OwnerClient
+from service.parent_death import end_with
+from service.servicer import InferenceServicer
+from service.settings import Settings
+from service.shared_memory import SharedMemoryRegions
+from service.socket_lock import worker_socket
+
+log = logging.getLogger(__name__)
+
+
+class FrontendServicer(InferenceServicer):
+    """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
+    client's system shared memory region registered with every front-end."""
+
+    def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
+                 owner: OwnerClient) -> None:
+        super().__init__(plane, metrics, regions)
+        self._owner = owner
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        reply = await super().SystemSharedMemoryRegister(request, context)  # aborts if refused
+        await self._owner.share({"op": "register", "name": request.name, "key": request.key,
+                                 "offset": request.offset, "byte_size": request.byte_size})
+        return reply
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        reply = await super().SystemSharedMemoryUnregister(request, context)
+        await self._owner.share({"op": "unregister", "name": request.name})
+        return reply
+
+    async def ModelStatistics(self, request, context):
+        async with self._status(context):
+            return pb.ModelStatisticsResponse.FromString(
+                await self._owner.statistics(request.name, request.version))
+
+
+async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
+    catalog = Catalog()
+    plane = DataPlane(catalog)
+    regions = SharedMemoryRegions()
+    serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
+    became_ready: set[asyncio.Task] = set()
+
+    def on_catalog(header: dict, payload: bytes) -> None:
+        catalog.update(owner, header, payload)
+        plane.ready = True
+        if serving:
+            task = asyncio.create_task(front.serving())
+            became_ready.add(task)
+            task.add_done_callback(became_ready.discard)
+
+    def on_share(header: dict) -> None:  # a region registered or unregistered elsewhere
+        if header["op"] == "unregister":
+            regions.unregister(header["name"])
+            return
+        try:
+            regions.register(header["name"], header["key"], header["offset"],
+                             header["byte_size"])
+        except HetserveError as e:  # e.g. the same name registered here meanwhile
+            log.warning("shared memory region %r registered at another front-end: %s",
+                        header["name"], e)
+
+    owner = OwnerClient(arena, on_catalog, on_share)
+    token = TokenFile(settings.token_file) if settings.token_file else None
+    front = GrpcFront(settings, token, FrontendServicer(plane, Metrics(), regions, owner),
+                      plane, reuseport=True)
+    await owner.open(socket.socket(fileno=channel_fd))
+    reading = asyncio.create_task(owner.run())
+    # Models loaded already (a front-end started again): ready before the first connection.
+    await owner.first
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.callback(regions.close)
+        await front.start(cleanup)
+        if plane.ready:
+            await front.serving()
+        serving.append(True)
+        owner.send({"op": "listening"})
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await asyncio.wait([asyncio.create_task(stop.wait()), reading],
+                           return_when=asyncio.FIRST_COMPLETED)
+        await front.drain(settings.shutdown_grace_s)
+        reading.cancel()
+
+
+def main(argv: list[str]) -> int:
+    index, channel_fd, arena_fd, arena_bytes, owner_pid = map(int, argv)
+    end_with(owner_pid)
+    settings = Settings.from_env()
+    if settings.unix_socket:
+        settings = dataclasses.replace(settings,
+                                       unix_socket=worker_socket(settings.unix_socket, index))
+    logging.basicConfig(level=settings.log_level.upper(), format=(
+        f"%(asctime)s %(levelname)s front-end {index} %(name)s: %(message)s"))
+    arena = Arena(arena_fd, arena_bytes)
+    os.close(arena_fd)
+    try:
+        asyncio.run(_serve(settings, channel_fd, arena))
+    except StartupError as e:
+        print(f"hetserve front-end {index}: {e}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as `hetserve serve` does
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
