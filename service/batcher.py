@@ -84,6 +84,12 @@ class DynamicBatcher:
 
     async def submit(self, inputs: Tensors, size: int,
                      options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
+        return await self.enqueue(inputs, size, options)
+
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+        """`submit` without waiting: queues the request now (QueueFullError refuses it) and
+        returns its answer's future; cancelling the future takes the request out of the queue."""
         level = self.policy.level(options.priority)
         limit = self.policy.levels[level].max_queue_size
         if self._queued[level] + size > limit:
@@ -105,7 +111,7 @@ class DynamicBatcher:
         self._queued[level] += size
         if self.queued() >= self._wanted:
             self._arrived.set()
-        return await pending.future
+        return pending.future
 
     async def close(self) -> None:
         self._task.cancel()
