@@ -100,8 +100,9 @@ class DynamicBatcher:
         timeout_s = self.policy.timeout_s(level, options.timeout_us)
         reject = self.policy.levels[level].reject_on_timeout
         queue_until = now + timeout_s if timeout_s else None
-        expires = min((t for t in (options.deadline, queue_until if reject else None)
-                       if t is not None), default=None)
+        expires = options.deadline  # the sooner of it and a REJECT queue timeout
+        if reject and queue_until is not None and (expires is None or queue_until < expires):
+            expires = queue_until
         pending = _Pending(inputs, size, level, self._loop.create_future(), now, expires,
                            None if reject else queue_until)
         if expires is not None:
