@@ -94,7 +94,7 @@ class DeviceWorker:
             loop, done, inputs, outputs, size = batch
             try:
                 result, error = self._timed_run(inputs, outputs, size), None
-            except Exception as e:
+            except BaseException as e:  # handed to the batch's caller, as an executor does
                 result, error = None, e
             try:
                 loop.call_soon_threadsafe(_settle, done, result, error)
@@ -161,7 +161,7 @@ class DeviceWorker:
 
 
 def _settle(done: asyncio.Future, result: dict[str, np.ndarray] | None,
-            error: Exception | None) -> None:
+            error: BaseException | None) -> None:
     if done.done():  # the batch's caller is gone (the batcher closing)
         return
     if error is not None:
