@@ -1,5 +1,6 @@
 """The benchmark's ceiling: a bare grpc.aio server speaking the same protocol with the same
-stubs as the daemon, answering ModelInfer and ModelStreamInfer with a fixed reply and no model.
+stubs as the daemon, answering ModelInfer and ModelStreamInfer with a fixed reply and no model,
+and the example model's metadata and config, which Triton's perf_analyzer reads before it runs.
 
     python bench/echo_server.py PORT
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2, service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
+
+CONFIG = Path(__file__).resolve().parent.parent / "models" / "mnist_cnn" / "config.pbtxt"
 
 
 class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -20,6 +25,12 @@ class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self) -> None:
         self._logits = np.zeros((1, 10), np.float32).tobytes()
+        self._config = text_format.Parse(CONFIG.read_text(), model_config_pb2.ModelConfig())
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        self._metadata = pb.ModelMetadataResponse(
+            name=self._config.name, versions=["1"], platform=self._config.platform,
+            inputs=[tensor(name="image", datatype="FP32", shape=[-1, 1, 28, 28])],
+            outputs=[tensor(name="logits", datatype="FP32", shape=[-1, 10])])
 
     def _reply(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         reply = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
@@ -30,6 +41,15 @@ class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="echo", version="1")
+
+    async def ModelMetadata(self, request, context):
+        return self._metadata
+
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(config=self._config)
 
     async def ModelInfer(self, request, context):
         return self._reply(request)

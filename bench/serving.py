@@ -1,25 +1,29 @@
-"""Serving benchmark: batch-1 MNIST requests from an async gRPC client, closed loop at several
-concurrencies, an open-loop Poisson rate sweep, and a streaming client, against
+"""Serving benchmark: batch-1 MNIST requests, closed loop at several concurrencies, an open-loop
+Poisson rate sweep, and streaming, against
   echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
   daemon    `hetserve serve` on the example model (dynamic batching on),
   unbatched the same daemon and model with dynamic_batching removed,
   nocompute the daemon with an engine that computes nothing (bench/null_engine.py): the serving
             core's own cost, as when the model runs on an accelerator instead of these cores,
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
-Every target is driven by the same client in the same run; figures are ratios to echo. Besides
-req/s and latency, each load point reports the server's and the client's CPU time per answered
-request, and the table ends with the bound that the model's own CPU time puts on the daemon.
+Every target is driven by the same client in the same run; figures are ratios to echo. The
+client is --clients processes (bench/load_client.py: each its own event loop and channel; a
+load point's concurrency, rate or stream window is split among them and their raw latencies
+merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
+latency, each load point reports the server's CPU time per answered request (from /proc: the
+server process and its children), the server cores it kept busy and the req/s per server core,
+and the client's CPU per request; the table ends with the bound that the model's own CPU time
+puts on the daemon. Where Triton's perf_analyzer is installed (on PATH or PERF_ANALYZER), it
+drives every target at the same concurrencies too (a C++ client); otherwise a note says so.
 
-    .venv/bin/python bench/serving.py [--seconds 3] [--json out.json]
+    .venv/bin/python bench/serving.py [--seconds 3] [--clients N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -27,99 +31,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
+
+import perf_analyzer
+from load_client import MODEL, ClientPool, infer_request  # noqa: F401  (request_path.py's too)
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "mnist_cnn"
-
-
-# --- the client -------------------------------------------------------------------------------
-
-def infer_request(image: np.ndarray) -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=MODEL)
-    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
-    request.raw_input_contents.append(np.ascontiguousarray(image, np.float32).tobytes())
-    return request
-
-
-def _summary(latencies: list[float], errors: Counter, seconds: float) -> dict:
-    ms = np.array(latencies) * 1e3 if latencies else np.array([np.nan])
-    return {"rps": len(latencies) / seconds, "requests": len(latencies), "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "errors": dict(errors)}
-
-
-async def closed_loop(stub, request, concurrency: int, seconds: float) -> dict:
-    latencies: list[float] = []
-    errors: Counter = Counter()
-    end = time.perf_counter() + seconds
-
-    async def worker():
-        while (start := time.perf_counter()) < end:
-            try:
-                await stub.ModelInfer(request)
-                latencies.append(time.perf_counter() - start)
-            except grpc.aio.AioRpcError as e:
-                errors[e.code().name] += 1
-    started = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return _summary(latencies, errors, time.perf_counter() - started)
-
-
-async def open_loop(stub, request, rate: float, seconds: float) -> dict:
-    """Poisson arrivals at `rate` per second, whatever the replies do."""
-    latencies: list[float] = []
-    errors: Counter = Counter()
-    rng = random.Random(0)
-
-    async def one(start: float):
-        try:
-            await stub.ModelInfer(request)
-            latencies.append(time.perf_counter() - start)
-        except grpc.aio.AioRpcError as e:
-            errors[e.code().name] += 1
-    calls = []
-    started = time.perf_counter()
-    due = started
-    while due < started + seconds:
-        due += rng.expovariate(rate)
-        await asyncio.sleep(max(due - time.perf_counter(), 0))
-        calls.append(asyncio.create_task(one(due)))
-    await asyncio.gather(*calls)
-    return _summary(latencies, errors, time.perf_counter() - started) | {"offered": rate}
-
-
-async def streaming(stub, image: np.ndarray, window: int, seconds: float) -> dict:
-    """One bidirectional stream keeping `window` requests in flight."""
-    sent: dict[str, float] = {}
-    latencies: list[float] = []
-    errors: Counter = Counter()
-    slots = asyncio.Semaphore(window)
-    end = time.perf_counter() + seconds
-    requests = [infer_request(image) for _ in range(window)]
-
-    async def produce():
-        i = 0
-        while time.perf_counter() < end:
-            await slots.acquire()
-            request = requests[i % window]
-            request.id = str(i)
-            sent[request.id] = time.perf_counter()
-            yield request
-            i += 1
-    started = time.perf_counter()
-    async for reply in stub.ModelStreamInfer(produce()):
-        if reply.error_message:
-            errors[reply.error_message.split(":")[0]] += 1
-        else:
-            latencies.append(time.perf_counter() - sent.pop(reply.infer_response.id))
-        slots.release()
-    return _summary(latencies, errors, time.perf_counter() - started) | {"window": window}
 
 
 # --- running it -------------------------------------------------------------------------------
@@ -143,77 +63,96 @@ def model_repository(folder: Path, batching: bool = True, devices: str = "") -> 
     return folder
 
 
-def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
+def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
+    """The command line of one target's server: the one place to add a server option to."""
     if kind == "echo":
-        args = [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
-    else:
-        models = {"daemon": lambda: ROOT / "models",
-                  "unbatched": lambda: model_repository(tmp / kind, batching=False),
-                  "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
-        args = [sys.executable, "-m", "service", "serve", "--models", str(models),
-                "--port", str(port), "--socket", "", "--metrics-port", "0",
-                "--intra-op-threads", str(threads), "--log-level", "WARNING"]
-        if kind == "nocompute":
-            args += ["--engine-modules", "null_engine"]
+        return [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
+    models = {"daemon": lambda: ROOT / "models",
+              "unbatched": lambda: model_repository(tmp / kind, batching=False),
+              "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
+    args = [sys.executable, "-m", "service", "serve", "--models", str(models),
+            "--port", str(port), "--socket", "", "--metrics-port", "0",
+            "--intra-op-threads", str(threads), "--log-level", "WARNING"]
+    if kind == "nocompute":
+        args += ["--engine-modules", "null_engine"]
+    return args
+
+
+def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)])}
-    return subprocess.Popen(args, cwd=ROOT, env=env)
+    return subprocess.Popen(server_command(kind, port, tmp, threads), cwd=ROOT, env=env)
 
 
-async def _wait_ready(stub) -> None:
-    for _ in range(600):
+def process_tree_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) of a process and all its descendants: the live ones' own, and
+    the children they have reaped (counted in cutime/cstime), from /proc."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
+    for path in proc.glob("[0-9]*/stat"):
         try:
-            if (await stub.ServerReady(pb.ServerReadyRequest(), timeout=1)).ready:
-                return
-        except grpc.aio.AioRpcError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError("server did not become ready")
+            fields = path.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        stats[int(path.parent.name)] = (int(fields[1]), sum(map(int, fields[11:15])))
+    tree, todo = set(), [pid]
+    while todo:
+        tree.add(current := todo.pop())
+        todo += [child for child, (parent, _) in stats.items() if parent == current]
+    return sum(stats[p][1] for p in tree if p in stats) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds a process has used (user + system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _metered(pid: int, run) -> dict:
-    """A load point, with the server's and this client's CPU time per answered request: unlike
-    throughput on a shared machine, they do not depend on how much CPU each side was given."""
-    server, client = _cpu_s(pid), time.process_time()
-    result = await run
+def metered(pid: int, run: Callable[[], dict]) -> dict:
+    """A load point, with the server's and the clients' CPU time per answered request: unlike
+    throughput on a shared machine, they do not depend on how much CPU each side was given. The
+    server's cores busy and req/s per server core say how far its processes scale."""
+    server, wall = process_tree_cpu_s(pid), time.monotonic()
+    result = run()
+    server, wall = process_tree_cpu_s(pid) - server, time.monotonic() - wall
     answered = max(result["requests"], 1)
-    return result | {"server_cpu_us": 1e6 * (_cpu_s(pid) - server) / answered,
-                     "client_cpu_us": 1e6 * (time.process_time() - client) / answered}
+    client_s = result.pop("client_cpu_s", 0.0)
+    return result | {"server_cpu_us": 1e6 * server / answered,
+                     "client_cpu_us": 1e6 * client_s / answered,
+                     "server_cores": server / wall,
+                     "rps_per_server_core": result["requests"] / server if server else 0.0}
 
 
-async def bench_targets(ports: dict[str, int], pids: dict[str, int], args: argparse.Namespace,
-                        image: np.ndarray) -> dict:
+def bench_targets(pool: ClientPool, pids: dict[str, int], args: argparse.Namespace) -> dict:
     """Every load point runs on each target in turn, so that drift on a shared machine hits
     all targets alike."""
-    channels = {t: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for t, p in ports.items()}
-    try:
-        stubs = {t: service_pb2_grpc.GRPCInferenceServiceStub(c) for t, c in channels.items()}
-        request = infer_request(image)
-        for stub in stubs.values():
-            await _wait_ready(stub)
-            await closed_loop(stub, request, 16, 1.0)  # warm-up
-        results: dict = {t: {"closed": [], "poisson": []} for t in stubs}
-        for c in args.concurrency:
-            for t, stub in stubs.items():
-                results[t]["closed"].append(await _metered(
-                    pids[t], closed_loop(stub, request, c, args.seconds)))
-        for rate in args.rates:
-            for t, stub in stubs.items():
-                results[t]["poisson"].append(await _metered(
-                    pids[t], open_loop(stub, request, rate, args.seconds)))
-        if args.stream_window:
-            for t, stub in stubs.items():
-                results[t]["stream"] = await _metered(
-                    pids[t], streaming(stub, image, args.stream_window, args.seconds))
-        return results
-    finally:
-        for channel in channels.values():
-            await channel.close()
+    pool.wait_ready()
+    for target in pids:
+        pool.run(target, "closed", 16, 1.0)  # warm-up
+    results: dict = {t: {"closed": [], "poisson": []} for t in pids}
+    for c in args.concurrency:
+        for t, pid in pids.items():
+            results[t]["closed"].append(metered(
+                pid, lambda: pool.run(t, "closed", c, args.seconds)))
+    for rate in args.rates:
+        for t, pid in pids.items():
+            results[t]["poisson"].append(metered(
+                pid, lambda: pool.run(t, "poisson", rate, args.seconds)) | {"offered": rate})
+    if args.stream_window:
+        for t, pid in pids.items():
+            results[t]["stream"] = metered(
+                pid, lambda: pool.run(t, "stream", args.stream_window, args.seconds)) | {
+                "window": args.stream_window}
+    return results
+
+
+def bench_perf_analyzer(binary: str, ports: dict[str, int], pids: dict[str, int],
+                        args: argparse.Namespace) -> dict:
+    """perf_analyzer at each concurrency (and streaming at the stream window), target by target
+    at each point like the Python client."""
+    loads = [(c, False) for c in args.concurrency]
+    loads += [(args.stream_window, True)] if args.stream_window else []
+    results: dict = {t: [] for t in ports}
+    for load, stream in loads:
+        for t, port in ports.items():
+            def run() -> dict:  # answered requests: its rate over the whole run
+                started = time.monotonic()
+                r = perf_analyzer.run(binary, f"127.0.0.1:{port}", load, args.seconds, stream)
+                return r | {"requests": round(r["rps"] * (time.monotonic() - started))}
+            results[t].append(metered(pids[t], run) | {"load": load, "stream": stream})
+    return results
 
 
 def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
@@ -237,9 +176,10 @@ def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
 def _table(results: dict) -> str:
     echo = results["echo"]
     lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | server CPU µs/req | x echo "
-             "| client CPU µs/req | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| server cores | req/s per server core | client CPU µs/req | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for target, runs in results.items():
-        if target in ("args", "onnxruntime"):
+        if target in ("args", "onnxruntime", "perf_analyzer"):
             continue
         rows = [(f"concurrency {c}", r, e) for c, r, e in
                 zip(results["args"]["concurrency"], runs["closed"], echo["closed"], strict=True)]
@@ -249,11 +189,8 @@ def _table(results: dict) -> str:
             rows.append((f"stream, window {runs['stream']['window']}", runs["stream"],
                          echo["stream"]))
         for load, r, e in rows:
-            lines.append(f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
-                         f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_us']:.0f} | "
-                         f"{r['server_cpu_us'] / e['server_cpu_us']:.2f} | "
-                         f"{r['client_cpu_us']:.0f} | "
-                         + (", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
+            lines.append(_row(target, load, r, e) + f" {r['client_cpu_us']:.0f} | " + (
+                ", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
     ceiling = results["onnxruntime"]
     model_us = 1e6 / ceiling["batch_16_img_per_s"]
     lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
@@ -269,8 +206,32 @@ def _table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _row(target: str, load: str, r: dict, e: dict) -> str:
+    """A row's columns up to req/s per server core (each ratio to echo's same load point)."""
+    return (f"| {target} | {load} | {r['rps']:.0f} | {r['rps'] / e['rps']:.2f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_us']:.0f} | "
+            f"{r['server_cpu_us'] / e['server_cpu_us']:.2f} | {r['server_cores']:.2f} | "
+            f"{r['rps_per_server_core']:.0f} |")
+
+
+def _perf_analyzer_table(results: dict) -> str:
+    if "perf_analyzer" not in results:
+        return "\n\nperf_analyzer: " + results["args"]["perf_analyzer_note"]
+    runs = results["perf_analyzer"]
+    lines = ["\n\nTriton's perf_analyzer, same run (server CPU from /proc over each whole run):\n",
+             "| target | load | req/s | x echo | p50 ms | p99 ms | server CPU µs/req | x echo "
+             "| server cores | req/s per server core |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for target, points in runs.items():
+        for r, e in zip(points, runs["echo"], strict=True):
+            load = f"{'stream, window' if r['stream'] else 'concurrency'} {r['load']}"
+            lines.append(_row(target, load, r, e))
+    return "\n".join(lines)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 16, 64])
     parser.add_argument("--rates", type=float, nargs="*", default=[500, 1000, 2000, 3000],
@@ -279,27 +240,43 @@ def main() -> None:
                         help="requests in flight on the streaming run; 0 skips it")
     parser.add_argument("--targets", nargs="+",
                         default=["echo", "daemon", "nocompute", "unbatched"])
+    parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 1) // 4),
+                        help="client processes sharing each load point (default: a quarter "
+                             "of the cores, at least 1)")
+    parser.add_argument("--perf-analyzer", default=perf_analyzer.find(), metavar="PATH",
+                        help="Triton's perf_analyzer binary (default: $PERF_ANALYZER, else "
+                             "perf_analyzer on PATH); '' skips it")
     parser.add_argument("--intra-op-threads", type=int, default=0,
                         help="the daemons' ONNX Runtime threads per engine instance (default: "
                              "0, the daemon's choice), and the in-process reference's (0: 1)")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
+    if "echo" not in args.targets:
+        parser.error("--targets: echo is the reference every figure is a ratio to")
     sys.path.insert(0, str(ROOT / "tools"))
     import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
-    results: dict = {"args": {**vars(args), "json": str(args.json)}}
+    note = "" if args.perf_analyzer else ("not installed (on PATH or PERF_ANALYZER); skipped. "
+                                          "docs/serving.md says how to get it")
+    results: dict = {"args": {**vars(args), "json": str(args.json), "perf_analyzer_note": note}}
     results["onnxruntime"] = model_ceiling(image, args.intra_op_threads or 1, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         ports = {target: _free_port() for target in args.targets}
         processes = {t: _start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()}
+        pids = {t: p.pid for t, p in processes.items()}
+        pool = ClientPool(args.clients, {t: f"127.0.0.1:{p}" for t, p in ports.items()}, image)
         try:
-            results |= asyncio.run(bench_targets(
-                ports, {t: p.pid for t, p in processes.items()}, args, image))
+            results |= bench_targets(pool, pids, args)
+            if args.perf_analyzer:
+                results["perf_analyzer"] = bench_perf_analyzer(args.perf_analyzer, ports, pids,
+                                                               args)
         finally:
+            pool.close()
             for process in processes.values():
                 process.terminate()
                 process.wait(30)
-    print(_table(results))
+    print(f"{args.clients} client process(es)\n" + _table(results)
+          + _perf_analyzer_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

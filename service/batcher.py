@@ -84,6 +84,12 @@ class DynamicBatcher:
 
     async def submit(self, inputs: Tensors, size: int,
                      options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
+        return await self.enqueue(inputs, size, options)
+
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+        """`submit` without waiting: queues the request now (QueueFullError refuses it) and
+        returns its answer's future; cancelling the future takes the request out of the queue."""
         level = self.policy.level(options.priority)
         limit = self.policy.levels[level].max_queue_size
         if self._queued[level] + size > limit:
@@ -94,8 +100,9 @@ class DynamicBatcher:
         timeout_s = self.policy.timeout_s(level, options.timeout_us)
         reject = self.policy.levels[level].reject_on_timeout
         queue_until = now + timeout_s if timeout_s else None
-        expires = min((t for t in (options.deadline, queue_until if reject else None)
-                       if t is not None), default=None)
+        expires = options.deadline  # the sooner of it and a REJECT queue timeout
+        if reject and queue_until is not None and (expires is None or queue_until < expires):
+            expires = queue_until
         pending = _Pending(inputs, size, level, self._loop.create_future(), now, expires,
                            None if reject else queue_until)
         if expires is not None:
@@ -105,7 +112,7 @@ class DynamicBatcher:
         self._queued[level] += size
         if self.queued() >= self._wanted:
             self._arrived.set()
-        return await pending.future
+        return pending.future
 
     async def close(self) -> None:
         self._task.cancel()

@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2
 from service import tensors
 from service.batcher import Answer
 from service.errors import InvalidInputError
-from service.queue_policy import RequestOptions
+from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.shared_memory import SharedMemoryRegions
 from service.tensors import Tensors
 
@@ -38,14 +38,16 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
     """Each input from shared memory, raw bytes (one entry per input not in shared memory, in
     order) or typed contents."""
     raw = request.raw_input_contents
-    in_memory = [_shared_memory(t.parameters, f"input {t.name!r}") for t in request.inputs]
-    expected_raw = sum(place is None for place in in_memory)
+    inputs = list(request.inputs)
+    in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
+                 for t in inputs]
+    expected_raw = in_memory.count(None)
     if raw and len(raw) != expected_raw:
         raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
                                 f"{expected_raw} expected (one per input not in shared memory)")
     raw_entries = iter(raw)
     arrays: Tensors = {}
-    for t, place in zip(request.inputs, in_memory):
+    for t, place in zip(inputs, in_memory):
         if t.name in arrays:
             raise InvalidInputError(f"inputs: input {t.name!r} appears twice")
         dtype = tensors.numpy_dtype(t.datatype)
@@ -53,16 +55,17 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
             raise InvalidInputError(f"input {t.name!r}: datatype {t.datatype!r} received, "
                                     f"expected one of {tensors.wire_names()}")
         shape = tuple(t.shape)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, "
                                     "expected non-negative dimensions")
-        if math.prod(max(d, 1) for d in shape) * dtype.itemsize > _MAX_TENSOR_BYTES:
+        count = math.prod(shape)
+        # A zero dimension makes any shape empty: bound the others too.
+        if (count or math.prod(max(d, 1) for d in shape)) * dtype.itemsize > _MAX_TENSOR_BYTES:
             raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, expected "
                                     f"dimensions that describe at most {_MAX_TENSOR_BYTES} bytes")
-        count = math.prod(shape)
         if place is not None or raw:
             where = "its shared memory" if place is not None else "raw_input_contents"
-            if t.contents.ListFields():
+            if t.HasField("contents") and t.contents.ListFields():
                 raise InvalidInputError(f"input {t.name!r}: both contents and {where} "
                                         "received; send the tensor in one of them")
             data = regions.view(*place, field=f"input {t.name!r}") if place is not None \
@@ -72,7 +75,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
                 raise InvalidInputError(
                     f"input {t.name!r}: {where} holds {len(data)} bytes, {expected} expected "
                     f"for {t.datatype} {list(shape)}")
-            arrays[t.name] = np.frombuffer(data, dtype).reshape(shape)
+            arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view, no copy
         else:
             values = getattr(t.contents, tensors.CONTENTS_FIELD.get(t.datatype, ""), ())
             if len(values) != count:
@@ -97,13 +100,14 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
     response = service_pb2.ModelInferResponse(
         model_name=model_name, model_version=str(version), id=request.id)
     response.parameters["device"].string_param = answer.device
-    wanted = {o.name: o.parameters for o in request.outputs}
+    wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     for name, array in answer.outputs.items():
         tensor = response.outputs.add(name=name, datatype=tensors.wire_dtype(array.dtype),
                                       shape=array.shape)
-        place = _shared_memory(wanted.get(name, {}), f"output {name!r}")
+        parameters = wanted.get(name)
+        place = _shared_memory(parameters, "output", name) if parameters else None
         if place is None:
-            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            response.raw_output_contents.append(array.tobytes())  # C order, whatever its layout
             continue
         region, offset, byte_size = place
         if array.nbytes > byte_size:
@@ -112,16 +116,18 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
         view = regions.view(region, offset, array.nbytes, field=f"output {name!r}")
         np.frombuffer(view, array.dtype).reshape(array.shape)[...] = array
         for key in _SHM_KEYS:
-            if key in wanted[name]:
-                tensor.parameters[key].CopyFrom(wanted[name][key])
+            if key in parameters:
+                tensor.parameters[key].CopyFrom(parameters[key])
         response.raw_output_contents.append(b"")
     return response
 
 
-def _shared_memory(parameters, field: str) -> tuple[str, int, int] | None:
-    """(region, offset, byte_size) of a tensor placed in shared memory, else None."""
+def _shared_memory(parameters, side: str, name: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of a tensor (`side` "input" or "output") placed in shared
+    memory, else None."""
     if "shared_memory_region" not in parameters:
         return None
+    field = f"{side} {name!r}"
     size = _natural(parameters, "shared_memory_byte_size", f"{field}: ")
     if size is None:
         raise InvalidInputError(f"{field}: parameters['shared_memory_byte_size'] is missing; "
@@ -147,8 +153,10 @@ def _natural(parameters, key: str, prefix: str) -> int | None:
 def request_options(request: service_pb2.ModelInferRequest,
                     time_remaining_s: float | None) -> RequestOptions:
     """Priority and queue timeout (µs) as tritonclient sends them, and the gRPC deadline."""
-    priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
     # grpc reports no deadline as None or as a practically infinite time
     deadline = time.monotonic() + time_remaining_s \
         if time_remaining_s is not None and time_remaining_s < 1e7 else None
+    if not request.parameters and deadline is None:
+        return DEFAULT_OPTIONS
+    priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
     return RequestOptions(priority=priority or 0, timeout_us=timeout or 0, deadline=deadline)

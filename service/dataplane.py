@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
-
 
 from service.batcher import Answer
 from service.errors import HetserveError, ModelUnavailableError
 from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.registry import LoadedModel, ModelRegistry
+from service.statistics import ModelStatistics
 from service.tensors import Tensors
-
 
 
 @dataclass(frozen=True)
@@ -45,24 +45,42 @@ class DataPlane:
 
     async def infer(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
                     options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
+        names, answer = self.submit(model, inputs, requested_outputs, options)
+        return select(await answer, names)
+
+    def submit(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
+               options: RequestOptions = DEFAULT_OPTIONS
+               ) -> tuple[list[str], asyncio.Future[Answer]]:
+        """`infer` without waiting: validates and queues the request now (raising what refuses
+        it) and returns the names of the outputs to reply with and the future of the batch's
+        answer (`select` picks them from it). Cancelling the future withdraws the request."""
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic()
-        self._in_flight += 1
-        self._idle.clear()
         try:
             size = model.spec.validate(inputs)
             names = model.spec.check_outputs(requested_outputs)
-            answer = await model.batcher.submit(inputs, size, options)
-        except BaseException:  # errors and cancellations (a client gone) alike
+            answer = model.batcher.enqueue(inputs, size, options)
+        except BaseException:
             model.stats.fail.add(time.monotonic() - start)
             raise
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
-        model.stats.success.add(time.monotonic() - start)
-        return Answer({name: answer.outputs[name] for name in names}, answer.device)
+        self._in_flight += 1
+        self._idle.clear()
+        answer.add_done_callback(functools.partial(self._answered, model.stats, start))
+        return names, answer
+
+    def _answered(self, stats: ModelStatistics, start: float, answer: asyncio.Future) -> None:
+        """Counts a queued request once it is answered, failed or cancelled (a client gone)."""
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
+        failed = answer.cancelled() or answer.exception() is not None
+        (stats.fail if failed else stats.success).add(time.monotonic() - start)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests queued or running."""
+        return self._in_flight
 
     async def drain(self, grace_s: float) -> bool:
         """Refuses new requests and waits for those in flight; false if the grace ran out."""
@@ -83,3 +101,10 @@ class DataPlane:
         states += [ModelState(name, "", "UNAVAILABLE", reason)
                    for name, reason in self.registry.failures.items()]
         return sorted(states, key=lambda s: (s.name, s.version))
+
+
+def select(answer: Answer, names: list[str]) -> Answer:
+    """The answer with only the outputs named, in that order."""
+    if names == list(answer.outputs):
+        return answer  # the common case: every output, in the model's order
+    return Answer({name: answer.outputs[name] for name in names}, answer.device)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from importlib.metadata import version as package_version
 
 import grpc
@@ -16,13 +18,26 @@ from prometheus_client import Counter, Histogram
 from tritonclient.grpc import service_pb2
 
 from service import codec
-from service.dataplane import DataPlane
+from service.batcher import Answer
+from service.dataplane import DataPlane, select
 from service.errors import HetserveError
 from service.metrics import Metrics
+from service.registry import LoadedModel
 from service.shared_memory import SharedMemoryRegions, check_local
 
 log = logging.getLogger(__name__)
 pb = service_pb2
+
+
+@dataclass(slots=True)
+class _Call:
+    """A request queued on the data plane, until its reply is encoded."""
+
+    request: pb.ModelInferRequest
+    model: LoadedModel
+    names: list[str]  # outputs to reply with
+    answer: asyncio.Future[Answer]
+    start: float  # time.perf_counter() at receipt
 
 
 class InferenceServicer:
@@ -115,35 +130,38 @@ class InferenceServicer:
             await context.abort(e.status, str(e))
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests of one stream run concurrently (so that they batch together); each reply
-        or error goes back as soon as it is ready, carrying the request's id. Messages arrive
-        as bytes: one that does not parse gets its own error reply and the stream goes on."""
+        """Requests of one stream are queued as they arrive (so that they batch together) and
+        each reply or error goes back as soon as it is ready, carrying the request's id: a
+        callback on each request's answer puts its reply on the stream, no task per request.
+        Messages arrive as bytes: one that does not parse gets its own error reply and the
+        stream goes on. A stream that ends early (the client gone) withdraws what it queued."""
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        running: set[asyncio.Task] = set()
+        waiting: set[asyncio.Future] = set()
 
-        async def one(data: bytes) -> None:
-            request = pb.ModelInferRequest()
+        def answered(call: _Call, answer: asyncio.Future) -> None:
+            waiting.discard(answer)
+            if answer.cancelled():  # withdrawn: the stream is gone
+                return
             try:
-                request = codec.parse_message(pb.ModelInferRequest, data)
-                reply = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, context.time_remaining()))
-            except Exception as e:  # every request of a stream gets an answer, even a bug's
-                if not isinstance(e, HetserveError):
-                    log.exception("stream request %r failed", request.id)
-                status = e.status if isinstance(e, HetserveError) else grpc.StatusCode.INTERNAL
-                reply = pb.ModelStreamInferResponse(
-                    error_message=f"{status.name}: {e}", infer_response=pb.ModelInferResponse(
-                        model_name=request.model_name, id=request.id))
+                reply = pb.ModelStreamInferResponse(infer_response=self._finish(call))
+            except Exception as e:
+                reply = self._error_reply(call.request, e)
             replies.put_nowait(reply)
 
         async def read() -> None:
             try:
                 async for data in request_iterator:
-                    task = asyncio.create_task(one(data))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                while running:
-                    await asyncio.gather(*running)
+                    request = pb.ModelInferRequest()
+                    try:
+                        request = codec.parse_message(pb.ModelInferRequest, data)
+                        call = self._submit(request, context.time_remaining())
+                    except Exception as e:
+                        replies.put_nowait(self._error_reply(request, e))
+                        continue
+                    waiting.add(call.answer)
+                    call.answer.add_done_callback(functools.partial(answered, call))
+                if waiting:
+                    await asyncio.wait(waiting)  # their callbacks have queued their replies
             finally:  # the writer below ends however reading ended
                 replies.put_nowait(None)
 
@@ -154,32 +172,63 @@ class InferenceServicer:
             await reader  # raises what reading the stream raised
         finally:
             reader.cancel()
-            for task in list(running):
-                task.cancel()
+            for answer in list(waiting):
+                answer.cancel()
+
+    @staticmethod
+    def _error_reply(request: pb.ModelInferRequest,
+                     error: Exception) -> pb.ModelStreamInferResponse:
+        """Every request of a stream gets an answer, even a bug's."""
+        if not isinstance(error, HetserveError):
+            log.error("stream request %r failed", request.id, exc_info=error)
+        status = error.status if isinstance(error, HetserveError) else grpc.StatusCode.INTERNAL
+        return pb.ModelStreamInferResponse(
+            error_message=f"{status.name}: {error}", infer_response=pb.ModelInferResponse(
+                model_name=request.model_name, id=request.id))
 
     async def _infer(self, request: pb.ModelInferRequest,
                      time_remaining_s: float | None) -> pb.ModelInferResponse:
+        call = self._submit(request, time_remaining_s)
+        try:
+            await call.answer  # a cancelled caller cancels it, which withdraws the request
+        except HetserveError:
+            pass  # _finish counts it and raises it
+        return self._finish(call)
+
+    def _submit(self, request: pb.ModelInferRequest,
+                time_remaining_s: float | None) -> _Call:
+        """Decodes, validates and queues a request; raises (and counts) what refuses it."""
         start = time.perf_counter()
-        model_label = ""  # only served names become label values: clients cannot grow the set
+        model = None
         try:
             model = self._plane.model(request.model_name, request.model_version)
-            model_label = model.spec.name
-            answer = await self._plane.infer(
+            names, answer = self._plane.submit(
                 model, codec.decode_inputs(request, self._regions),
                 [o.name for o in request.outputs],
                 codec.request_options(request, time_remaining_s))
-            # Inside: an output that does not fit its shared memory region fails the request.
-            response = codec.encode_response(request, model.spec.name, model.spec.version,
-                                             answer, self._regions)
         except HetserveError as e:
-            self._count(model_label, e.status)
+            # only served names become label values: clients cannot grow the set
+            self._count(model.spec.name if model else "", e.status)
             raise
-        self._count(model_label, grpc.StatusCode.OK)
-        duration = self._durations.get(model_label)
+        return _Call(request, model, names, answer, start)
+
+    def _finish(self, call: _Call) -> pb.ModelInferResponse:
+        """The reply to a request whose answer is done; raises (and counts) its error."""
+        spec = call.model.spec
+        try:
+            # Inside: an output that does not fit its shared memory region fails the request.
+            response = codec.encode_response(call.request, spec.name, spec.version,
+                                             select(call.answer.result(), call.names),
+                                             self._regions)
+        except HetserveError as e:
+            self._count(spec.name, e.status)
+            raise
+        self._count(spec.name, grpc.StatusCode.OK)
+        duration = self._durations.get(spec.name)
         if duration is None:
-            duration = self._durations[model_label] = \
-                self._metrics.request_duration.labels(model_label)
-        duration.observe(time.perf_counter() - start)
+            duration = self._durations[spec.name] = \
+                self._metrics.request_duration.labels(spec.name)
+        duration.observe(time.perf_counter() - call.start)
         return response
 
     def _count(self, model: str, code: grpc.StatusCode) -> None:
