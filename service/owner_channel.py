@@ -12,6 +12,7 @@ passed on), register and unregister (from another front-end)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
@@ -21,7 +22,8 @@ from collections.abc import Callable
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from service.dataplane import DataPlane
+from service.batcher import Answer
+from service.dataplane import DataPlane, select
 from service.errors import HetserveError
 from service.queue_policy import RequestOptions
 from service.shared_memory import SharedMemoryRegions
@@ -104,7 +106,7 @@ class OwnerSide:
                  on_share: Callable[[OwnerSide, dict], None]) -> None:
         self._plane, self._regions, self._region = plane, regions, region
         self._on_share = on_share  # a client's shared memory (un)registered at this front-end
-        self._tasks: dict[int, asyncio.Task] = {}
+        self._answers: dict[int, asyncio.Future[Answer]] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
         self.channel: Channel | None = None
 
@@ -115,23 +117,20 @@ class OwnerSide:
         self.channel = await Channel.open(sock, self._on_frame)
 
     async def serve(self) -> None:
-        """Until the front-end goes; its requests still running are then cancelled."""
+        """Until the front-end goes; its requests still queued or running are then withdrawn."""
         try:
             await self.channel.closed.wait()
         finally:
-            for task in list(self._tasks.values()):
-                task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            for answer in list(self._answers.values()):
+                answer.cancel()
             self.channel.close()
 
     def _on_frame(self, header: dict, _: bytes) -> None:
         op = header["op"]
         if op == "infer":
-            task = asyncio.create_task(self._infer(header))
-            self._tasks[header["id"]] = task
-            task.add_done_callback(lambda _, i=header["id"]: self._tasks.pop(i, None))
-        elif op == "cancel" and header["id"] in self._tasks:
-            self._tasks[header["id"]].cancel()
+            self._infer(header)
+        elif op == "cancel" and header["id"] in self._answers:
+            self._answers[header["id"]].cancel()
         elif op == "stats":
             self._statistics(header)
         elif op in ("register", "unregister"):
@@ -139,26 +138,40 @@ class OwnerSide:
         elif op == "listening":
             self.listening.set()
 
-    async def _infer(self, h: dict) -> None:
+    def _infer(self, h: dict) -> None:
+        """Queues the request now; `_reply` answers it when its batch is done (no task per
+        request)."""
         try:
             model = self._plane.model(h["model"], h["version"])
             inputs = {name: np.frombuffer(self._regions.view(
                 self._region, offset, nbytes, f"input {name!r}"), dtype).reshape(shape)
                 for name, dtype, shape, offset, nbytes in h["inputs"]}
-            answer = await self._plane.infer(
+            names, answer = self._plane.submit(
                 model, inputs, [], RequestOptions(h["priority"], h["timeout_us"], h["deadline"]))
         except HetserveError as e:
             self._error(h["id"], e.status.name, str(e))
-        except asyncio.CancelledError:  # the client went away, or the owner stops
-            self._error(h["id"], "CANCELLED", "the request was cancelled")
         except Exception as e:  # a bug: the request still gets its answer
             log.exception("request %d from a front-end failed", h["id"])
             self._error(h["id"], "INTERNAL", f"{type(e).__name__}: {e}")
         else:
-            arrays = [np.ascontiguousarray(a) for a in answer.outputs.values()]
-            self.send({"op": "reply", "id": h["id"], "device": answer.device,
+            self._answers[h["id"]] = answer
+            answer.add_done_callback(functools.partial(self._reply, h["id"], names))
+
+    def _reply(self, request_id: int, names: list[str], answer: asyncio.Future[Answer]) -> None:
+        del self._answers[request_id]
+        if answer.cancelled():  # the client went away, or the owner stops
+            self._error(request_id, "CANCELLED", "the request was cancelled")
+        elif isinstance(e := answer.exception(), HetserveError):
+            self._error(request_id, e.status.name, str(e))
+        elif e is not None:
+            log.error("request %d from a front-end failed", request_id, exc_info=e)
+            self._error(request_id, "INTERNAL", f"{type(e).__name__}: {e}")
+        else:
+            result = select(answer.result(), names)
+            arrays = [np.ascontiguousarray(a) for a in result.outputs.values()]
+            self.send({"op": "reply", "id": request_id, "device": result.device,
                        "outputs": [[n, a.dtype.str, a.shape, a.nbytes]
-                                   for n, a in zip(answer.outputs, arrays)]},
+                                   for n, a in zip(result.outputs, arrays)]},
                       b"".join(a.tobytes() for a in arrays))
 
     def _statistics(self, h: dict) -> None:
