@@ -210,11 +210,21 @@ class NodeDaemon:
                 return False
             os.kill(owner["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while socket_lock.is_held(socket) and time.monotonic() < deadline:
+            # The lock frees as the daemon's serving ends; the job ends once the process has.
+            while ((socket_lock.is_held(socket) or _running(owner["daemon"]))
+                   and time.monotonic() < deadline):
                 time.sleep(0.1)
             record.unlink()
         log.info("stopped the daemon %s started at %s", self.owner, address)
         return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def read_owner(owner_file: Path) -> dict | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,14 @@ from spark_jobs.daemon import DaemonProcess
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 MODEL = "mnist_cnn"
+
+
+def self_signed(cert: Path, key: Path, name: str = "localhost") -> None:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
 
 
 def free_port() -> int:

@@ -6,8 +6,10 @@ checked along with the kernels."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
+from onnx import helper
 
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
 
@@ -53,15 +55,9 @@ CONV = [
 ]
 
 
-# GEMMs with register tiles (CPUs) and through local memory (GPUs, FPGAs).
-TILES = pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
-
-
-@pytest.mark.parametrize("case", _grid(CONV, 4), ids=str)
-@pytest.mark.parametrize("activation", ["none", "Relu"])
-@TILES
-def test_conv(engine_for, case, activation, local_tiles) -> None:
-    from onnx import helper
+def conv_model(case: tuple, relu: bool) -> tuple[np.ndarray, onnx.ModelProto, np.ndarray, int]:
+    """A CONV case's input, its one-Conv model (+ Relu, which is fused into the same launch),
+    the float64 reference and the random seed."""
     n, c, h, w, oc, k, s, pads, d, g = case
     rng, seed = fresh_rng()
     x = rng.standard_normal((n, c, h, w), np.float32)
@@ -70,10 +66,23 @@ def test_conv(engine_for, case, activation, local_tiles) -> None:
     ref = conv_ref(x, wt, b, (s, s), pads, (d, d), g)
     model = single_op("Conv", {"x": x}, {"w": wt, "b": b}, ref.shape, kernel_shape=[k, k],
                       strides=[s, s], pads=list(pads), dilations=[d, d], group=g)
-    if activation == "Relu":  # a Conv followed by Relu is fused into one launch
+    if relu:
         model.graph.node[0].output[0] = "conv"
         model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
         ref = np.maximum(ref, 0)
+    return x, model, ref, seed
+
+
+# GEMMs with register tiles (CPUs) and through local memory (GPUs, FPGAs).
+TILES = pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+
+
+@pytest.mark.parametrize("case", _grid(CONV, 4), ids=str)
+@pytest.mark.parametrize("activation", ["none", "Relu"])
+@TILES
+def test_conv(engine_for, case, activation, local_tiles) -> None:
+    n, c, _, _, _, k, _, _, _, g = case
+    x, model, ref, seed = conv_model(case, relu=activation == "Relu")
     engine = engine_for(model, local_tiles)
     kernels = [la.kernel for la in engine.plan(n).launches]
     if c == g > 1 and local_tiles:  # depthwise on GPUs and FPGAs: a direct kernel
@@ -205,7 +214,6 @@ def test_activation(engine_for, op, attrs, ref, shape) -> None:
 
 
 def test_clip_and_fused_add_relu(engine_for) -> None:
-    from onnx import helper
     rng, seed = fresh_rng()
     x = rng.standard_normal((2, 9), np.float32)
     lo, hi = np.array(-0.5, np.float32), np.array(0.25, np.float32)

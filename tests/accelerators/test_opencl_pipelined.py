@@ -10,12 +10,11 @@ import onnx
 import onnxruntime as ort
 import pyopencl as cl
 import pytest
-from onnx import helper
 
 from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine
 from accelerators.opencl.graph import UnsupportedModelError
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
-from tests.accelerators.test_opencl_kernels import CONV, conv_ref
+from tests.accelerators.conftest import SMALL_GRID, rel_err, single_op
+from tests.accelerators.test_opencl_kernels import CONV, conv_model
 from tests.conftest import MODEL, MODELS
 
 STAGES = ["pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain"]
@@ -23,16 +22,8 @@ STAGES = ["pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain"]
 
 @pytest.mark.parametrize("case", CONV[:4] if SMALL_GRID else CONV, ids=str)
 def test_pipelined_conv(tmp_path, opencl_device, program_cache, case) -> None:
-    n, c, h, w, oc, k, s, pads, d, g = case
-    rng, seed = fresh_rng()
-    x = rng.standard_normal((n, c, h, w), np.float32)
-    wt = rng.standard_normal((oc, c // g, k, k), np.float32)
-    b = rng.standard_normal(oc).astype(np.float32)
-    ref = np.maximum(conv_ref(x, wt, b, (s, s), pads, (d, d), g), 0)
-    model = single_op("Conv", {"x": x}, {"w": wt, "b": b}, ref.shape, kernel_shape=[k, k],
-                      strides=[s, s], pads=list(pads), dilations=[d, d], group=g)
-    model.graph.node[0].output[0] = "conv"
-    model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
+    n = case[0]
+    x, model, ref, seed = conv_model(case, relu=True)
     onnx.save(model, str(tmp_path / "conv.onnx"))
     engine = OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache, pipelined=True)
     assert [la.kernel for la in engine.plan(n).launches] == STAGES

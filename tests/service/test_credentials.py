@@ -15,15 +15,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from spark_jobs.daemon import DaemonProcess
-from tests.conftest import MODELS, ROOT, free_port
+from tests.conftest import MODELS, ROOT, free_port, self_signed
 
 
 def make_pair(folder: Path, name: str) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and its key."""
     cert, key = folder / f"{name}.crt", folder / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    self_signed(cert, key, name)
     return cert, key
 
 

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.auth import ExposureError, check_exposure
 from spark_jobs.daemon import DaemonProcess
-from tests.conftest import MODEL, MODELS, ROOT, free_port, image_input
+from tests.conftest import MODEL, MODELS, ROOT, free_port, image_input, self_signed
 
 TOKEN = "s3cret-token"
 
@@ -24,11 +24,7 @@ TOKEN = "s3cret-token"
 @pytest.fixture(scope="module")
 def tls_daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(tmp / "key.pem"), "-out", str(tmp / "cert.pem"),
-                    "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True)
+    self_signed(tmp / "cert.pem", tmp / "key.pem")
     (tmp / "token").write_text(TOKEN + "\n")
     port, sock = free_port(), tmp / "grpc.sock"
     daemon = DaemonProcess(

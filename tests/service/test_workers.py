@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from service.server import default_workers
 from spark_jobs import client as spark_client
 from spark_jobs.daemon import DaemonProcess
-from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
+from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input, self_signed
 from tests.service.conftest import scrape, total
 
 
@@ -284,10 +284,7 @@ def test_a_port_held_by_another_daemon_with_workers_is_a_clear_error(tmp_path: P
 
 
 def test_tls_the_token_and_the_health_port_hold_with_workers(tmp_path: Path, holdout) -> None:
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem"),
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    self_signed(tmp_path / "cert.pem", tmp_path / "key.pem")
     (tmp_path / "token").write_text("s3cret\n")
     port, health_port, sock = free_port(), free_port(), tmp_path / "grpc.sock"
     daemon = DaemonProcess(

@@ -3,7 +3,6 @@ with --host, --tls-cert, --tls-key and --token-file, and a real local Spark job.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 
 from spark_jobs.daemon import DaemonProcess
 from spark_jobs.score import parse_args, score, write
-from tests.conftest import MODELS, free_port
+from tests.conftest import MODELS, free_port, self_signed
 from tests.spark_jobs.conftest import write_digits
 
 
@@ -20,11 +19,7 @@ from tests.spark_jobs.conftest import write_digits
 def tls_daemon(tmp_path_factory) -> tuple[str, Path, Path]:
     """The daemon's TCP address, the CA (its own self-signed certificate) and the token file."""
     tmp = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(tmp / "key.pem"), "-out", str(tmp / "cert.pem"),
-                    "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True)
+    self_signed(tmp / "cert.pem", tmp / "key.pem")
     (tmp / "token").write_text("spark-token-0123\n")
     port = free_port()
     daemon = DaemonProcess(
