@@ -16,9 +16,7 @@ GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import shutil
 import socket
 import sys
@@ -30,6 +28,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+from load_client import ClientPool  # noqa: E402  (this folder)
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
@@ -71,44 +72,19 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
 
 # --- the client processes ---------------------------------------------------------------------
 
-def _client(url: str, model: str, concurrency: int, seconds: float, start_at: float) -> list:
-    """One process: `concurrency` closed loops of batch-1 requests; latencies in seconds."""
-    import grpc
-    from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc
-
+def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
+    """Batch-1 closed loops from `clients` processes (bench/load_client.py)."""
     inp, dims, _, _ = SHAPES[model]
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])
     request.raw_input_contents.append(np.random.default_rng(0).random(
         (1, *dims), np.float32).tobytes())
-
-    async def main() -> list[float]:
-        options = [("grpc.max_receive_message_length", 64 << 20)]
-        async with grpc.aio.insecure_channel(url, options=options) as channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            latencies: list[float] = []
-            end = time.perf_counter() + seconds
-
-            async def loop():
-                while (start := time.perf_counter()) < end:
-                    await stub.ModelInfer(request)
-                    latencies.append(time.perf_counter() - start)
-            await asyncio.gather(*(loop() for _ in range(concurrency)))
-            return latencies
-    return asyncio.run(main())
-
-
-def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
-    processes = min(clients, concurrency)
-    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    start_at = time.time() + 3.0  # every process has imported and connected by then
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        parts = pool.starmap(_client, [(url, model, n, seconds, start_at) for n in shares])
-    ms = np.concatenate(parts) * 1e3
-    return {"rps": len(ms) / seconds, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99))}
+    pool = ClientPool(min(clients, concurrency), {"daemon": url}, request)
+    try:
+        pool.wait_ready()
+        return pool.run("daemon", "closed", concurrency, seconds)
+    finally:
+        pool.close()
 
 
 def _sum(snapshot, name: str, model: str) -> float:

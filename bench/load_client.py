@@ -91,13 +91,14 @@ async def open_loop(stub, request, rate: float, seconds: float, start_at: float,
     return part.result()
 
 
-async def streaming(stub, image: np.ndarray, window: int, seconds: float,
+async def streaming(stub, request: pb.ModelInferRequest, window: int, seconds: float,
                     start_at: float) -> dict:
     """One bidirectional stream keeping `window` requests in flight."""
     part = _Part(start_at)
     sent: dict[str, float] = {}
     slots = asyncio.Semaphore(window)
-    requests = [infer_request(image) for _ in range(window)]
+    requests = [pb.ModelInferRequest.FromString(request.SerializeToString())
+                for _ in range(window)]
     await part.begin()
     end = time.perf_counter() + seconds
 
@@ -153,13 +154,15 @@ class ClientPool:
     """`processes` spawned client processes (gRPC objects must not cross a fork), each holding a
     channel to every target; `run` drives one load point from all of them."""
 
-    def __init__(self, processes: int, addresses: dict[str, str], image: np.ndarray) -> None:
+    def __init__(self, processes: int, addresses: dict[str, str],
+                 request: pb.ModelInferRequest) -> None:
         context = multiprocessing.get_context("spawn")
         self._pipes = []
         self._processes = []
         for _ in range(processes):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_main, args=(theirs, addresses, image),
+            process = context.Process(target=_client_main,
+                                      args=(theirs, addresses, request.SerializeToString()),
                                       daemon=True)
             process.start()
             self._pipes.append(ours)
@@ -201,19 +204,18 @@ class ClientPool:
                 process.kill()
 
 
-def _client_main(pipe, addresses: dict[str, str], image: np.ndarray) -> None:
-    asyncio.run(_serve_jobs(pipe, addresses, image))
+def _client_main(pipe, addresses: dict[str, str], request: bytes) -> None:
+    asyncio.run(_serve_jobs(pipe, addresses, pb.ModelInferRequest.FromString(request)))
 
 
-async def _serve_jobs(pipe, addresses: dict[str, str], image: np.ndarray) -> None:
+async def _serve_jobs(pipe, addresses: dict[str, str], request: pb.ModelInferRequest) -> None:
     loop = asyncio.get_running_loop()
     channels = {t: grpc.aio.insecure_channel(a) for t, a in addresses.items()}
     stubs = {t: service_pb2_grpc.GRPCInferenceServiceStub(c) for t, c in channels.items()}
-    request = infer_request(image)
     try:
         while (job := await loop.run_in_executor(None, pipe.recv)) is not None:
             try:
-                pipe.send(await _job(job, stubs, request, image))
+                pipe.send(await _job(job, stubs, request))
             except Exception as e:  # the parent raises it
                 pipe.send(RuntimeError(f"client process: {type(e).__name__}: {e}"))
     finally:
@@ -221,7 +223,7 @@ async def _serve_jobs(pipe, addresses: dict[str, str], image: np.ndarray) -> Non
             await channel.close()
 
 
-async def _job(job: dict, stubs: dict, request, image: np.ndarray) -> dict | None:
+async def _job(job: dict, stubs: dict, request: pb.ModelInferRequest) -> dict | None:
     if job["kind"] == "ready":
         for stub in stubs.values():
             await wait_ready(stub)
@@ -233,7 +235,7 @@ async def _job(job: dict, stubs: dict, request, image: np.ndarray) -> dict | Non
     if not load:  # this process's share of the callers is none
         return None
     if job["kind"] == "stream":
-        return await streaming(stub, image, load, seconds, start_at)
+        return await streaming(stub, request, load, seconds, start_at)
     return await closed_loop(stub, request, load, seconds, start_at)
 
 

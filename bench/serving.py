@@ -264,7 +264,8 @@ def main() -> None:
         ports = {target: _free_port() for target in args.targets}
         processes = {t: _start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()}
         pids = {t: p.pid for t, p in processes.items()}
-        pool = ClientPool(args.clients, {t: f"127.0.0.1:{p}" for t, p in ports.items()}, image)
+        pool = ClientPool(args.clients, {t: f"127.0.0.1:{p}" for t, p in ports.items()},
+                          infer_request(image))
         try:
             results |= bench_targets(pool, pids, args)
             if args.perf_analyzer:

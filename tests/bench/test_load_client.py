@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from load_client import ClientPool, merge, shares, summary
+from load_client import ClientPool, infer_request, merge, shares, summary
 from tests.conftest import ROOT, free_port
 
 
@@ -59,7 +59,7 @@ def test_a_point_without_answers_has_no_rate_and_no_percentiles() -> None:
 def test_client_processes_drive_a_real_echo_server(holdout) -> None:
     port = free_port()
     echo = subprocess.Popen([sys.executable, str(ROOT / "bench" / "echo_server.py"), str(port)])
-    pool = ClientPool(3, {"echo": f"127.0.0.1:{port}"}, holdout[0][:1])
+    pool = ClientPool(3, {"echo": f"127.0.0.1:{port}"}, infer_request(holdout[0][:1]))
     try:
         pool.wait_ready()
         closed = pool.run("echo", "closed", 4, 0.5)  # one process gets no caller
