@@ -13,7 +13,6 @@ batch) as a fraction of a batch's compute time.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import tempfile
 import time
@@ -32,15 +31,11 @@ from accelerators.power.meter import DeviceMeter  # noqa: E402
 from accelerators.power.model import ModelEstimate  # noqa: E402
 from service.top import Snapshot, fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
+from local_daemon import free_port  # noqa: E402  (this folder)
 
 MODEL = "mnist_cnn"
 ONNX = ROOT / "models" / MODEL / "1" / "model.onnx"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(run, seconds: float) -> list[float]:

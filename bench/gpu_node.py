@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 from load_client import ClientPool  # noqa: E402  (this folder)
+from local_daemon import free_port  # noqa: E402  (this folder)
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
@@ -41,11 +41,6 @@ MAX_BATCH = 64
 SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
           "resnet50": ("image", (3, 224, 224), "logits", 1000)}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:

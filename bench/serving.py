@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,16 +37,12 @@ import numpy as np
 
 import perf_analyzer
 from load_client import MODEL, ClientPool, infer_request  # noqa: F401  (request_path.py's too)
+from local_daemon import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- running it -------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_repository(folder: Path, batching: bool = True, devices: str = "") -> Path:
@@ -261,7 +256,7 @@ def main() -> None:
     results: dict = {"args": {**vars(args), "json": str(args.json), "perf_analyzer_note": note}}
     results["onnxruntime"] = model_ceiling(image, args.intra_op_threads or 1, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
-        ports = {target: _free_port() for target in args.targets}
+        ports = {target: free_port() for target in args.targets}
         processes = {t: _start(t, p, Path(tmp), args.intra_op_threads) for t, p in ports.items()}
         pids = {t: p.pid for t, p in processes.items()}
         pool = ClientPool(args.clients, {t: f"127.0.0.1:{p}" for t, p in ports.items()},
