@@ -4,6 +4,37 @@
 #ifndef WG_1D
 #define WG_1D 64
 #endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+// How tensors are stored. Built with -DHALF_STORAGE (an fp16 model, on any device): every
+// tensor and weight is a 16-bit half in memory, halving the traffic, and is converted to float
+// on load and rounded to nearest even on store by vload_half/vstore_half, which are core OpenCL
+// (no cl_khr_fp16 needed). Arithmetic stays float, except in the local-memory tiles with
+// -DHALF_COMPUTE (devices that announce cl_khr_fp16; gemm.cl). Kernels that only move values
+// copy them as BITS of the same width. DATA pointers are read with LOAD_DATA and written with
+// STORE_DATA.
+#ifdef HALF_COMPUTE
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#ifndef HALF_STORAGE
+#define HALF_STORAGE
+#endif
+#endif
+#ifdef HALF_STORAGE
+#define DATA half
+#define BITS ushort
+#define LOAD_DATA(p, i) vload_half((i), (p))
+#define STORE_DATA(v, p, i) vstore_half_rte((v), (i), (p))
+#define VLOAD_DATA(n, p) CAT(vload_half, n)(0, (p))
+#define VSTORE_DATA(n, v, p) CAT(CAT(vstore_half, n), _rte)((v), 0, (p))
+#else
+#define DATA float
+#define BITS float
+#define LOAD_DATA(p, i) ((p)[i])
+#define STORE_DATA(v, p, i) ((p)[i] = (v))
+#define VLOAD_DATA(n, p) CAT(vload, n)(0, (p))
+#define VSTORE_DATA(n, v, p) CAT(vstore, n)((v), 0, (p))
+#endif
 
 #define ACT_NONE 0
 #define ACT_RELU 1

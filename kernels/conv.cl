@@ -1,8 +1,8 @@
 // Convolution as im2col + GEMM (gemm.cl): col[z][k][n] for z = batch * groups + group,
 // k = (channel in group, ky, kx), n = (oy, ox); `pad` where the window leaves the input.
 // A work-item fills one row k of one z: index arithmetic once per row, not per element.
-// Two instances: fp32 (pad 0), and int8 codes (quantized.cl), where the padding is the input's
-// zero point.
+// Two instances: tensors of floats or halves, copied as their bits (pad 0 is the same in both),
+// and int8 codes (quantized.cl), where the padding is the input's zero point.
 #define IM2COL(NAME, T, EXTRA_ARGS)                                                            \
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))                                   \
 void NAME(__global const T* x, __global T* col, const int c_per_group, const int h,          \
@@ -36,8 +36,8 @@ void NAME(__global const T* x, __global T* col, const int c_per_group, const int
     }                                                                                         \
 }
 
-#define PAD 0.0f
-IM2COL(im2col, float, )
+#define PAD 0
+IM2COL(im2col, BITS, )
 #undef PAD
 
 // Depthwise convolution (groups = input channels, `mult` output channels each) on GPUs and
@@ -45,8 +45,8 @@ IM2COL(im2col, float, )
 // the pixel, so neighbours read neighbouring inputs; dimension 1: sample x output channel).
 // Through the local tiles it would be one-row GEMMs in 32- or 64-row tiles.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void conv_depthwise(__global const float* x, __global const float* wt,
-                    __global const float* bias, __global float* out, const int c_in,
+void conv_depthwise(__global const DATA* x, __global const DATA* wt,
+                    __global const DATA* bias, __global DATA* out, const int c_in,
                     const int mult, const int h, const int w, const int oh, const int ow,
                     const int kh, const int kw, const int sh, const int sw, const int ph,
                     const int pw, const int dh, const int dw, const int has_bias,
@@ -55,16 +55,17 @@ void conv_depthwise(__global const float* x, __global const float* wt,
     if (p >= oh * ow) return;
     const int c_out = c_in * mult, oc = nc % c_out, n = nc / c_out;
     const int oy = p / ow, ox = p % ow;
-    __global const float* plane = x + (n * c_in + oc / mult) * h * w;
-    __global const float* k = wt + oc * kh * kw;
-    float acc = has_bias ? bias[oc] : 0.0f;
+    __global const DATA* plane = x + (n * c_in + oc / mult) * h * w;
+    __global const DATA* k = wt + oc * kh * kw;
+    float acc = has_bias ? LOAD_DATA(bias, oc) : 0.0f;
     for (int ky = 0; ky < kh; ++ky) {
         const int iy = oy * sh - ph + ky * dh;
         if (iy < 0 || iy >= h) continue;
         for (int kx = 0; kx < kw; ++kx) {
             const int ix = ox * sw - pw + kx * dw;
-            if (ix >= 0 && ix < w) acc = fma(k[ky * kw + kx], plane[iy * w + ix], acc);
+            if (ix >= 0 && ix < w)
+                acc = fma(LOAD_DATA(k, ky * kw + kx), LOAD_DATA(plane, iy * w + ix), acc);
         }
     }
-    out[nc * oh * ow + p] = activate(acc, act, a, b);
+    STORE_DATA(activate(acc, act, a, b), out, nc * oh * ow + p);
 }

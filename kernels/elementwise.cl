@@ -7,7 +7,7 @@
 #define OP_DIV 3
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void binary4d(__global const float* x, __global const float* y, __global float* out,
+void binary4d(__global const DATA* x, __global const DATA* y, __global DATA* out,
               const int d1, const int d2, const int d3,
               const int xs0, const int xs1, const int xs2, const int xs3,
               const int ys0, const int ys1, const int ys2, const int ys3,
@@ -16,8 +16,8 @@ void binary4d(__global const float* x, __global const float* y, __global float* 
     if (inner >= d2 * d3) return;
     const int i3 = inner % d3, i2 = inner / d3, i1 = outer % d1, i0 = outer / d1;
     const int i = outer * d2 * d3 + inner;
-    const float u = x[i0 * xs0 + i1 * xs1 + i2 * xs2 + i3 * xs3];
-    const float v = y[i0 * ys0 + i1 * ys1 + i2 * ys2 + i3 * ys3];
+    const float u = LOAD_DATA(x, i0 * xs0 + i1 * xs1 + i2 * xs2 + i3 * xs3);
+    const float v = LOAD_DATA(y, i0 * ys0 + i1 * ys1 + i2 * ys2 + i3 * ys3);
     float r;
     switch (op) {
     case OP_ADD: r = u + v; break;
@@ -25,19 +25,19 @@ void binary4d(__global const float* x, __global const float* y, __global float* 
     case OP_MUL: r = u * v; break;
     default: r = u / v; break;
     }
-    out[i] = activate(r, act, a, b);
+    STORE_DATA(activate(r, act, a, b), out, i);
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void activation(__global const float* x, __global float* out, const int total,
+void activation(__global const DATA* x, __global DATA* out, const int total,
                 const int act, const float a, const float b) {
     const int i = get_global_id(0);
-    if (i < total) out[i] = activate(x[i], act, a, b);
+    if (i < total) STORE_DATA(activate(LOAD_DATA(x, i), act, a, b), out, i);
 }
 
-// Copies `outer` blocks of `inner` floats into a wider tensor: Concat along any axis.
+// Copies `outer` blocks of `inner` values into a wider tensor: Concat along any axis.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void copy_strided(__global const float* src, __global float* dst, const int outer,
+void copy_strided(__global const BITS* src, __global BITS* dst, const int outer,
                   const int inner, const int dst_stride, const int dst_offset) {
     const int i = get_global_id(0);
     if (i >= outer * inner) return;
@@ -49,13 +49,14 @@ void copy_strided(__global const float* src, __global float* dst, const int oute
 // load time into one scale and shift per channel: out = act(x * scale[c] + shift[c]).
 // Dimensions: the position in the channel's plane, then (sample, channel).
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void channel_affine(__global const float* x, __global const float* scale,
-                    __global const float* shift, __global float* out, const int c,
+void channel_affine(__global const DATA* x, __global const DATA* scale,
+                    __global const DATA* shift, __global DATA* out, const int c,
                     const int hw, const int act, const float a, const float b) {
     const int p = get_global_id(0), nc = get_global_id(1);
     if (p >= hw) return;
     const int ch = nc % c, i = nc * hw + p;
-    out[i] = activate(fma(x[i], scale[ch], shift[ch]), act, a, b);
+    const float v = fma(LOAD_DATA(x, i), LOAD_DATA(scale, ch), LOAD_DATA(shift, ch));
+    STORE_DATA(activate(v, act, a, b), out, i);
 }
 
 // A strided view of a tensor of rank <= 6 copied out contiguously: Transpose (strides
@@ -63,7 +64,7 @@ void channel_affine(__global const float* x, __global const float* scale,
 // x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first. The range is
 // (d5, d4, d0 * d1 * d2 * d3): the two innermost indices come without a division.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void gather_strided(__global const float* x, __global float* out, const int total,
+void gather_strided(__global const BITS* x, __global BITS* out, const int total,
                     const int d1, const int d2, const int d3, const int d4, const int d5,
                     const int s0, const int s1, const int s2, const int s3, const int s4,
                     const int s5, const int offset) {

@@ -8,8 +8,6 @@
 #ifndef VN
 #define VN 16
 #endif
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
 #define VEC CAT(float, VN)
 #define VLOAD CAT(vload, VN)
 #define VSTORE CAT(vstore, VN)
@@ -22,8 +20,8 @@
 #define BIAS_COL 2
 
 #define GEMM_ARGS                                                                              \
-    __global const float *A, __global const float *B, __global const float *bias,             \
-        __global float *C, const int M, const int N, const int K, const int lda,              \
+    __global const DATA *A, __global const DATA *B, __global const DATA *bias,                \
+        __global DATA *C, const int M, const int N, const int K, const int lda,               \
         const int ldb, const int ldc, const int groups, const int a_batch, const int a_group, \
         const int b_batch, const int b_group, const int c_batch, const int c_group,           \
         const int bias_mode, const int act, const float alpha, const float beta,           \
@@ -42,38 +40,51 @@ inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
     }
 }
 
+// The local tiles' type (gemm_local, conv_local). With -DHALF_COMPUTE (an fp16 model on a
+// device with cl_khr_fp16) they hold halves, taking half the local memory, and each tile's
+// products are summed in half arithmetic; the tiles' sums are added in float, so a long dot
+// product (MNIST's 9216) keeps about float's accuracy. Otherwise float throughout.
+#ifdef HALF_COMPUTE
+#define MAC_T half
+#define LOAD_MAC(p, i) ((p)[i])
+#else
+#define MAC_T float
+#define LOAD_MAC(p, i) LOAD_DATA(p, i)
+#endif
+
 // im2col's element for row k = (channel, ky, kx) of the window whose top-left is (iy0, ix0).
-inline float implicit_col(__global const float* x, const int k, const int iy0, const int ix0,
+inline MAC_T implicit_col(__global const DATA* x, const int k, const int iy0, const int ix0,
                           const int h, const int w, const int kh, const int kw, const int dh,
                           const int dw) {
     const int kx = k % kw, ky = (k / kw) % kh, c = k / (kw * kh);
     const int iy = iy0 + ky * dh, ix = ix0 + kx * dw;
-    return iy >= 0 && iy < h && ix >= 0 && ix < w ? x[(c * h + iy) * w + ix] : 0.0f;
+    return iy >= 0 && iy < h && ix >= 0 && ix < w ? LOAD_MAC(x, (c * h + iy) * w + ix) : 0;
 }
 
 // Stores one finished row of a tile: bias, activation, vector store.
-inline void store_row(VEC r, __global float* C, __global const float* bias, const int g,
+inline void store_row(VEC r, __global DATA* C, __global const DATA* bias, const int g,
                       const int M, const int m, const int n0, const int ldc,
                       const int bias_mode, const int act, const float alpha, const float beta) {
     if (m >= M) return;
-    if (bias_mode == BIAS_ROW) r += (VEC)(bias[g * M + m]);
-    else if (bias_mode == BIAS_COL) r += VLOAD(0, bias + n0);
-    VSTORE(activate_vec(r, act, alpha, beta), 0, C + m * ldc + n0);
+    if (bias_mode == BIAS_ROW) r += (VEC)(LOAD_DATA(bias, g * M + m));
+    else if (bias_mode == BIAS_COL) r += VLOAD_DATA(VN, bias + n0);
+    VSTORE_DATA(VN, activate_vec(r, act, alpha, beta), C + m * ldc + n0);
 }
 
 // The last, partial column tile, one scalar at a time.
-inline void gemm_edge(__global const float* A, __global const float* B,
-                      __global const float* bias, __global float* C, const int M, const int N,
+inline void gemm_edge(__global const DATA* A, __global const DATA* B,
+                      __global const DATA* bias, __global DATA* C, const int M, const int N,
                       const int K, const int lda, const int ldb, const int ldc, const int g,
                       const int m0, const int tm, const int n0, const int bias_mode,
                       const int act, const float alpha, const float beta) {
     for (int m = m0; m < min(m0 + tm, M); ++m) {
         for (int n = n0; n < N; ++n) {
             float s = 0.0f;
-            for (int k = 0; k < K; ++k) s = fma(A[m * lda + k], B[k * ldb + n], s);
-            if (bias_mode == BIAS_ROW) s += bias[g * M + m];
-            else if (bias_mode == BIAS_COL) s += bias[n];
-            C[m * ldc + n] = activate(s, act, alpha, beta);
+            for (int k = 0; k < K; ++k)
+                s = fma(LOAD_DATA(A, m * lda + k), LOAD_DATA(B, k * ldb + n), s);
+            if (bias_mode == BIAS_ROW) s += LOAD_DATA(bias, g * M + m);
+            else if (bias_mode == BIAS_COL) s += LOAD_DATA(bias, n);
+            STORE_DATA(activate(s, act, alpha, beta), C, m * ldc + n);
         }
     }
 }
@@ -93,8 +104,8 @@ inline void gemm_edge(__global const float* A, __global const float* B,
     }
 
 // Rows past M repeat the last row (never stored), so the tile stays branch-free.
-#define ROW(t) __global const float* a##t = A + min(m0 + t, M - 1) * lda; VEC c##t = (VEC)(0.0f);
-#define FMA(t) c##t = fma((VEC)(a##t[k]), b, c##t);
+#define ROW(t) __global const DATA* a##t = A + min(m0 + t, M - 1) * lda; VEC c##t = (VEC)(0.0f);
+#define FMA(t) c##t = fma((VEC)(LOAD_DATA(a##t, k)), b, c##t);
 #define STORE(t) store_row(c##t, C, bias, g, M, m0 + t, n0, ldc, bias_mode, act, alpha, beta);
 
 // Eight rows per work-item: convolutions and batched fully connected layers.
@@ -103,7 +114,7 @@ void gemm8(GEMM_ARGS) {
     GEMM_PROLOGUE(8)
     ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
     for (int k = 0; k < K; ++k) {
-        const VEC b = VLOAD(0, B + k * ldb + n0);
+        const VEC b = VLOAD_DATA(VN, B + k * ldb + n0);
         FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7)
     }
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
@@ -115,7 +126,7 @@ void gemm1(GEMM_ARGS) {
     GEMM_PROLOGUE(1)
     ROW(0)
     for (int k = 0; k < K; ++k) {
-        const VEC b = VLOAD(0, B + k * ldb + n0);
+        const VEC b = VLOAD_DATA(VN, B + k * ldb + n0);
         FMA(0)
     }
     STORE(0)
@@ -135,29 +146,32 @@ void gemm1(GEMM_ARGS) {
 
 // The body of gemm_local and conv_local; LOAD_B(k, n) reads B's element k, n (in range).
 #define LOCAL_TILED_GEMM(LOAD_B)                                                              \
-    __local float a_tile[TS][TS], b_tile[TS][TS];                                             \
+    __local MAC_T a_tile[TS][TS], b_tile[TS][TS];                                             \
     float acc[WPT];                                                                           \
     for (int t = 0; t < WPT; ++t) acc[t] = 0.0f;                                              \
     for (int k0 = 0; k0 < K; k0 += TS) {                                                      \
         for (int t = 0; t < WPT; ++t) {                                                       \
             const int r = ty + t * RTS, m = m_base + r;                                       \
-            a_tile[r][tx] = (m < M && k0 + tx < K) ? A[m * lda + k0 + tx] : 0.0f;             \
-            b_tile[r][tx] = (k0 + r < K && n < N) ? LOAD_B(k0 + r, n) : 0.0f;                 \
+            a_tile[r][tx] = (m < M && k0 + tx < K) ? LOAD_MAC(A, m * lda + k0 + tx) : 0;      \
+            b_tile[r][tx] = (k0 + r < K && n < N) ? LOAD_B(k0 + r, n) : 0;                    \
         }                                                                                     \
         barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+        MAC_T part[WPT];                                                                      \
+        for (int t = 0; t < WPT; ++t) part[t] = 0;                                            \
         for (int kk = 0; kk < TS; ++kk) {                                                     \
-            const float b = b_tile[kk][tx];                                                   \
-            for (int t = 0; t < WPT; ++t) acc[t] = fma(a_tile[ty + t * RTS][kk], b, acc[t]);  \
+            const MAC_T b = b_tile[kk][tx];                                                   \
+            for (int t = 0; t < WPT; ++t) part[t] = fma(a_tile[ty + t * RTS][kk], b, part[t]); \
         }                                                                                     \
+        for (int t = 0; t < WPT; ++t) acc[t] += part[t];                                      \
         barrier(CLK_LOCAL_MEM_FENCE);                                                         \
     }                                                                                         \
     for (int t = 0; t < WPT; ++t) {                                                           \
         const int m = m_base + ty + t * RTS;                                                  \
         if (m >= M || n >= N) continue;                                                       \
         float s = acc[t];                                                                     \
-        if (bias_mode == BIAS_ROW) s += bias[g * M + m];                                      \
-        else if (bias_mode == BIAS_COL) s += bias[n];                                         \
-        C[m * ldc + n] = activate(s, act, alpha, beta);                                       \
+        if (bias_mode == BIAS_ROW) s += LOAD_DATA(bias, g * M + m);                           \
+        else if (bias_mode == BIAS_COL) s += LOAD_DATA(bias, n);                              \
+        STORE_DATA(activate(s, act, alpha, beta), C, m * ldc + n);                            \
     }
 
 __kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
@@ -168,7 +182,7 @@ void gemm_local(GEMM_ARGS) {
     A += bi * a_batch + g * a_group;
     B += bi * b_batch + g * b_group;
     C += bi * c_batch + g * c_group;
-#define LOAD_B_MATRIX(k, n) B[(k) * ldb + (n)]
+#define LOAD_B_MATRIX(k, n) LOAD_MAC(B, (k) * ldb + (n))
     LOCAL_TILED_GEMM(LOAD_B_MATRIX)
 }
 
@@ -176,8 +190,8 @@ void gemm_local(GEMM_ARGS) {
 // where im2col would have put it, k = (channel in group, ky, kx), n = (oy, ox), zero in the
 // padding. z = sample * groups + group; A holds each group's weights (M rows of K).
 __kernel __attribute__((reqd_work_group_size(TS, RTS, 1)))
-void conv_local(__global const float* x, __global const float* A, __global const float* bias,
-                __global float* C, const int M, const int N, const int K, const int groups,
+void conv_local(__global const DATA* x, __global const DATA* A, __global const DATA* bias,
+                __global DATA* C, const int M, const int N, const int K, const int groups,
                 const int c_per_group, const int h, const int w, const int oh, const int ow,
                 const int kh, const int kw, const int sh, const int sw, const int ph,
                 const int pw, const int dh, const int dw, const int bias_mode, const int act,
@@ -197,7 +211,7 @@ void conv_local(__global const float* x, __global const float* A, __global const
 // keep the cores busy, so K is split into `splits` chunks whose partial sums a second kernel
 // adds up with the bias and activation. partial[s][n] for chunk s.
 __kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
-void gemv_partial(__global const float* a, __global const float* B, __global float* partial,
+void gemv_partial(__global const DATA* a, __global const DATA* B, __global DATA* partial,
                   const int N, const int K, const int ldb, const int chunk) {
     const int n0 = get_global_id(0) * VN, s = get_global_id(1);
     if (n0 >= N) return;
@@ -205,24 +219,25 @@ void gemv_partial(__global const float* a, __global const float* B, __global flo
     if (n0 + VN <= N) {
         VEC acc = (VEC)(0.0f);
         for (int k = s * chunk; k < k_end; ++k)
-            acc = fma((VEC)(a[k]), VLOAD(0, B + k * ldb + n0), acc);
-        VSTORE(acc, 0, partial + s * N + n0);
+            acc = fma((VEC)(LOAD_DATA(a, k)), VLOAD_DATA(VN, B + k * ldb + n0), acc);
+        VSTORE_DATA(VN, acc, partial + s * N + n0);
         return;
     }
     for (int n = n0; n < N; ++n) {
         float acc = 0.0f;
-        for (int k = s * chunk; k < k_end; ++k) acc = fma(a[k], B[k * ldb + n], acc);
-        partial[s * N + n] = acc;
+        for (int k = s * chunk; k < k_end; ++k)
+            acc = fma(LOAD_DATA(a, k), LOAD_DATA(B, k * ldb + n), acc);
+        STORE_DATA(acc, partial, s * N + n);
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void gemv_reduce(__global const float* partial, __global const float* bias,
-                 __global float* out, const int N, const int splits, const int has_bias,
+void gemv_reduce(__global const DATA* partial, __global const DATA* bias,
+                 __global DATA* out, const int N, const int splits, const int has_bias,
                  const int act, const float alpha, const float beta) {
     const int n = get_global_id(0);
     if (n >= N) return;
-    float s = has_bias ? bias[n] : 0.0f;
-    for (int i = 0; i < splits; ++i) s += partial[i * N + n];
-    out[n] = activate(s, act, alpha, beta);
+    float s = has_bias ? LOAD_DATA(bias, n) : 0.0f;
+    for (int i = 0; i < splits; ++i) s += LOAD_DATA(partial, i * N + n);
+    STORE_DATA(activate(s, act, alpha, beta), out, n);
 }

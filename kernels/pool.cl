@@ -3,14 +3,14 @@
 // toward a max; for averages `count_pad` says whether padded cells count (ONNX
 // count_include_pad); (ph, pw) pad the start of each axis, (eh, ew) its end.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void pool2d(__global const float* x, __global float* out, const int nc, const int h,
+void pool2d(__global const DATA* x, __global DATA* out, const int nc, const int h,
             const int w, const int oh, const int ow, const int kh, const int kw,
             const int sh, const int sw, const int ph, const int pw, const int eh, const int ew,
             const int dh, const int dw, const int is_max, const int count_pad) {
     const int p = get_global_id(0), c = get_global_id(1);
     if (p >= oh * ow) return;
     const int ox = p % ow, oy = p / ow;
-    __global const float* plane = x + c * h * w;
+    __global const DATA* plane = x + c * h * w;
     {
         float acc = is_max ? -INFINITY : 0.0f;
         int count = 0;
@@ -23,69 +23,70 @@ void pool2d(__global const float* x, __global float* out, const int nc, const in
                     if (count_pad && iy < h + eh && ix < w + ew) ++count;
                     continue;
                 }
-                const float v = plane[iy * w + ix];
+                const float v = LOAD_DATA(plane, iy * w + ix);
                 acc = is_max ? fmax(acc, v) : acc + v;
                 ++count;
             }
         }
-        out[c * oh * ow + p] = is_max ? acc : acc / (float)count;
+        STORE_DATA(is_max ? acc : acc / (float)count, out, c * oh * ow + p);
     }
 }
 
 // The same where every window lies inside the input (no padding, no ceil_mode overhang, as in
 // most 2x2 and 3x3 pools): no bounds checks, and a loop PoCL runs about twice as fast.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void pool2d_valid(__global const float* x, __global float* out, const int h, const int w,
+void pool2d_valid(__global const DATA* x, __global DATA* out, const int h, const int w,
                   const int oh, const int ow, const int kh, const int kw, const int sh,
                   const int sw, const int dh, const int dw, const int is_max) {
     const int p = get_global_id(0), c = get_global_id(1);
     if (p >= oh * ow) return;
     const int ox = p % ow, oy = p / ow;
-    __global const float* window = x + (c * h + oy * sh) * w + ox * sw;
+    __global const DATA* window = x + (c * h + oy * sh) * w + ox * sw;
     float acc = is_max ? -INFINITY : 0.0f;
     for (int ky = 0; ky < kh; ++ky) {
         for (int kx = 0; kx < kw; ++kx) {
-            const float v = window[ky * dh * w + kx * dw];
+            const float v = LOAD_DATA(window, ky * dh * w + kx * dw);
             acc = is_max ? fmax(acc, v) : acc + v;
         }
     }
-    out[c * oh * ow + p] = is_max ? acc : acc / (float)(kh * kw);
+    STORE_DATA(is_max ? acc : acc / (float)(kh * kw), out, c * oh * ow + p);
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void global_avg_pool(__global const float* x, __global float* out, const int nc,
+void global_avg_pool(__global const DATA* x, __global DATA* out, const int nc,
                      const int hw) {
     const int i = get_global_id(0);
     if (i >= nc) return;
-    __global const float* plane = x + i * hw;
+    __global const DATA* plane = x + i * hw;
     float acc = 0.0f;
-    for (int j = 0; j < hw; ++j) acc += plane[j];
-    out[i] = acc / (float)hw;
+    for (int j = 0; j < hw; ++j) acc += LOAD_DATA(plane, j);
+    STORE_DATA(acc / (float)hw, out, i);
 }
 
 // Local response normalization across channels (ONNX LRN); dimensions: pixel, channel, batch.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void lrn(__global const float* x, __global float* out, const int c, const int hw,
+void lrn(__global const DATA* x, __global DATA* out, const int c, const int hw,
          const int size, const float alpha, const float beta, const float bias) {
     const int p = get_global_id(0), ch = get_global_id(1), b = get_global_id(2);
     if (p >= hw) return;
     const int lo = max(0, ch - (size - 1) / 2), hi = min(c - 1, ch + size / 2);
-    __global const float* base = x + b * c * hw + p;
+    __global const DATA* base = x + b * c * hw + p;
     float sq = 0.0f;
-    for (int j = lo; j <= hi; ++j) sq = fma(base[j * hw], base[j * hw], sq);
-    out[(b * c + ch) * hw + p] = base[ch * hw] * exp(-beta * log(bias + alpha / (float)size * sq));
+    for (int j = lo; j <= hi; ++j) sq = fma(LOAD_DATA(base, j * hw), LOAD_DATA(base, j * hw), sq);
+    STORE_DATA(LOAD_DATA(base, ch * hw) * exp(-beta * log(bias + alpha / (float)size * sq)), out,
+          (b * c + ch) * hw + p);
 }
 
 // Softmax over the last axis: one work-item per row.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void softmax_rows(__global const float* x, __global float* out, const int rows,
+void softmax_rows(__global const DATA* x, __global DATA* out, const int rows,
                   const int cols) {
     const int r = get_global_id(0);
     if (r >= rows) return;
-    __global const float* row = x + r * cols;
+    __global const DATA* row = x + r * cols;
     float m = -INFINITY;
-    for (int j = 0; j < cols; ++j) m = fmax(m, row[j]);
+    for (int j = 0; j < cols; ++j) m = fmax(m, LOAD_DATA(row, j));
     float s = 0.0f;
-    for (int j = 0; j < cols; ++j) s += exp(row[j] - m);
-    for (int j = 0; j < cols; ++j) out[r * cols + j] = exp(row[j] - m) / s;
+    for (int j = 0; j < cols; ++j) s += exp(LOAD_DATA(row, j) - m);
+    for (int j = 0; j < cols; ++j) STORE_DATA(exp(LOAD_DATA(row, j) - m) / s, out, r * cols + j);
 }

@@ -18,36 +18,50 @@ from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
 from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.launch import LocalTiling, Lowered
+from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.launch import Build, LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
-from accelerators.opencl.pipeline_lowering import PIPELINED_DEFINE
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
 
 CPU_SLICE = 8
 PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
+PRECISIONS = ("fp32", "fp16")
 
 
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
-                 local_tiles: bool | None = None, pipelined: bool | None = None) -> None:
+                 local_tiles: bool | None = None, pipelined: bool | None = None,
+                 precision: str = "fp32") -> None:
         """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs and
         FPGAs only. Their tile size follows the device's limits; an FPGA binary is built with
         the default tiles (docs/opencl.md). `pipelined`: fp32 convolutions through the
         pipelined single work-item kernels, built with -DPIPELINED; by default when
-        $HETSERVE_OPENCL_PIPELINED is 1."""
-        self._pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None \
-            else pipelined
+        $HETSERVE_OPENCL_PIPELINED is 1. `precision` "fp16": tensors and weights stored as
+        halves on the device (any device), the local tiles computed in half where the device
+        has cl_khr_fp16; inputs and outputs stay FP32."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r} is unknown; expected one of "
+                             f"{list(PRECISIONS)}")
+        pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None else pipelined
         self.graph: Graph = load_graph(model_path)
+        half = precision == "fp16"
+        if half and (pipelined or any(n.op == "FakeQuant" or "quant_in" in n.attrs
+                                      for n in self.graph.nodes)):
+            raise UnsupportedModelError(
+                f"precision fp16 applies to float models on the non-pipelined kernels; "
+                f"{model_path} is {'pipelined' if pipelined else 'an int8 model'}")
         self._dev: OpenCLDevice = open_device(device)
         d = self._dev.device
         if not (self._dev.kind in ("gpu", "fpga") if local_tiles is None else local_tiles):
-            self._tiling = None
+            tiling = None
         elif self._dev.kind == "fpga":
-            self._tiling = LocalTiling()
+            tiling = LocalTiling()
         else:
-            self._tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
+            tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
+        self.build = Build(Build.register_width(self._dev.kind, d.native_vector_width_float),
+                           tiling, pipelined, half, half and "cl_khr_fp16" in d.extensions)
         self.device = Device(self._dev.name, self._dev.kind, "opencl")
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
@@ -56,24 +70,23 @@ class OpenCLEngine:
         self._plans: dict[int, Executor] = {}
         # Raises for unsupported ops before the device is touched. Kernels differ between one
         # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
-        first = lower(self.graph, 1, self._tiling, self._pipelined)
-        several = lower(self.graph, CPU_SLICE, self._tiling, self._pipelined)
-        defines = [self._tiling.defines if self._tiling else "",
-                   PIPELINED_DEFINE if self._pipelined else ""]
+        first = lower(self.graph, 1, self.build)
+        several = lower(self.graph, CPU_SLICE, self.build)
         self.program = self._cache.program(
             self._dev, {la.kernel for plan in (first, several) for la in plan.launches},
-            " ".join(filter(None, defines)))
+            self.build.defines)
         plan = self.plan(1, first)
-        log.info("OpenCL engine for %s on %s (%s): %d launches; fused %s; batch-1 buffers "
+        log.info("OpenCL engine for %s on %s (%s, %s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
-                 self._dev.description, len(first.launches), dict(self.graph.fused),
+                 self._dev.description, self.build.defines, len(first.launches),
+                 dict(self.graph.fused),
                  plan.peak_bytes / 2**20, plan.sum_bytes / 2**20)
 
     def plan(self, batch: int, lowered: Lowered | None = None) -> Executor:
         """The launch plan for `batch` samples, compiled once and cached."""
         plan = self._plans.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self._tiling, self._pipelined)
+            lowered = lowered or lower(self.graph, batch, self.build)
             for key, value in lowered.consts.items():
                 if key not in self._consts:
                     self._consts[key] = cl.Buffer(
@@ -91,7 +104,7 @@ class OpenCLEngine:
         if batch <= step:
             return self.plan(batch).run(inputs, outputs)
         sliced = self.plan(step)  # shapes from the plan: declared outputs may lack them
-        results = {name: np.empty((batch, *sliced.output_shape(name)[1:]), np.float32)
+        results = {name: np.empty((batch, *sliced.output_shape(name)[1:]), self.build.dtype)
                    for name in outputs}
         held = []  # every slice is enqueued before the one wait: no host round trip between
         for lo in range(0, batch, step):
@@ -100,4 +113,4 @@ class OpenCLEngine:
                 {k: v[lo:hi] for k, v in inputs.items()},
                 {k: v[lo:hi] for k, v in results.items()})
         self._dev.queue.finish()
-        return results
+        return {name: r.astype(np.float32, copy=False) for name, r in results.items()}

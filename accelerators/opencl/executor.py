@@ -43,6 +43,7 @@ class Executor:
             slot = self.buffers.slot_of.get(ref.name)
             return slots[slot] if slot is not None else consts[ref.name]
 
+        self._dtype = lowered.dtype  # of the input and output buffers
         self._inputs = {name: buffer(Ref(d.storage)) for name, d in lowered.inputs.items()}
         self._outputs = {name: (buffer(Ref(d.storage)), d.shape)
                          for name, d in lowered.outputs.items()}
@@ -62,20 +63,21 @@ class Executor:
         return self.buffers.peak_bytes
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        results = {name: np.empty(self._outputs[name][1], np.float32) for name in outputs}
+        results = {name: np.empty(self._outputs[name][1], self._dtype) for name in outputs}
         held = self.enqueue(inputs, results)
         self._queue.finish()
         del held
-        return results
+        return {name: r.astype(np.float32, copy=False) for name, r in results.items()}
 
     def enqueue(self, inputs: dict[str, np.ndarray],
                 results: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Enqueues one run, reading outputs into `results` (contiguous float32 arrays); they
-        are filled once the queue finishes. Returns the host arrays that must live until then."""
+        """Enqueues one run, reading outputs into `results` (contiguous arrays of the buffers'
+        type: float32, or float16 for fp16 models, whose inputs are converted here); they are
+        filled once the queue finishes. Returns the host arrays that must live until then."""
         q = self._queue
         held = []
         for name, buf in self._inputs.items():
-            array = np.ascontiguousarray(inputs[name], np.float32)
+            array = np.ascontiguousarray(inputs[name], self._dtype)
             held.append(array)
             cl.enqueue_copy(q, buf, array, is_blocking=False)
         self._events = []

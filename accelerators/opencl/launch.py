@@ -9,7 +9,8 @@ import numpy as np
 
 from accelerators.opencl.graph import Node
 
-# Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
+# Work-group sizes (program_cache.BUILD_OPTIONS passes them to the kernels) and the default
+# vector width of the register tiles (Build.vn).
 WG_1D, GEMM_WG, VN = 64, 4, 16
 GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
@@ -44,6 +45,36 @@ class LocalTiling:
 
 
 @dataclass(frozen=True)
+class Build:
+    """The choices a device's program is built with (its -D macros), which the lowering sizes
+    its launches and buffers by."""
+    vn: int = VN  # columns of a register tile: one vector (CPUs: the native width)
+    tiling: LocalTiling | None = None  # local-memory tiles (GPUs, FPGAs)
+    pipelined: bool = False  # fp32 convolutions through kernels/pipelined.cl
+    half: bool = False  # fp16 models: tensors and weights stored as halves
+    half_compute: bool = False  # the local tiles in half arithmetic (cl_khr_fp16)
+
+    @property
+    def dtype(self) -> type:
+        """What the device buffers of tensors and float weights hold."""
+        return np.float16 if self.half else np.float32
+
+    @property
+    def defines(self) -> str:
+        flags = [f"-DVN={self.vn}", self.tiling.defines if self.tiling else "",
+                 "-DPIPELINED" if self.pipelined else "", "-DHALF_STORAGE" if self.half else "",
+                 "-DHALF_COMPUTE" if self.half_compute else ""]
+        return " ".join(filter(None, flags))
+
+    @staticmethod
+    def register_width(kind: str, native_float_width: int) -> int:
+        """On CPUs one native vector (AVX2: 8, AVX-512: 16), so that a gemm8 tile's eight
+        accumulators stay in registers: with 16 columns on AVX2 they take all sixteen ymm
+        registers and spill (measured on PoCL, which targets AVX2 here). VN elsewhere."""
+        return min(max(native_float_width, 4), 16) if kind == "cpu" else VN
+
+
+@dataclass(frozen=True)
 class Ref:
     """A device buffer: a planned buffer (`storage`) or an uploaded constant."""
     name: str
@@ -72,9 +103,10 @@ class Launch:
 class Lowered:
     launches: list[Launch] = field(default_factory=list)
     storages: dict[str, int] = field(default_factory=dict)  # name -> bytes
-    consts: dict[str, np.ndarray] = field(default_factory=dict)  # device constants, float32
+    consts: dict[str, np.ndarray] = field(default_factory=dict)  # device constants
     inputs: dict[str, Dyn] = field(default_factory=dict)
     outputs: dict[str, Dyn] = field(default_factory=dict)
+    dtype: type = np.float32  # of the input and output buffers (Build.dtype)
 
 
 def round_up(n: int, multiple: int) -> int:

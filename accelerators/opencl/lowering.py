@@ -10,7 +10,7 @@ import numpy as np
 
 from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
-from accelerators.opencl.launch import (BINARY, WG_1D, Dyn, Launch, LocalTiling, Lowered, Ref,
+from accelerators.opencl.launch import (BINARY, WG_1D, Build, Dyn, Launch, Lowered, Ref,
                                         activation_args, ints, round_up)
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
@@ -19,9 +19,9 @@ from accelerators.opencl.quant_lowering import QuantLowering
 
 
 class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
-    def __init__(self, graph: Graph, batch: int, tiling: LocalTiling | None,
-                 pipelined: bool) -> None:
-        self.graph, self.out, self.tiling, self.pipelined = graph, Lowered(), tiling, pipelined
+    def __init__(self, graph: Graph, batch: int, build: Build) -> None:
+        self.graph, self.out, self.build = graph, Lowered(dtype=build.dtype), build
+        self.tiling, self.pipelined = build.tiling, build.pipelined
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
@@ -56,14 +56,17 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
         return self.out
 
     # --- buffers
-    def _new(self, name: str, shape: tuple[int, ...], itemsize: int = 4) -> Dyn:
-        self.out.storages[name] = itemsize * math.prod(shape)
+    def _new(self, name: str, shape: tuple[int, ...], itemsize: int | None = None) -> Dyn:
+        """A tensor of `itemsize` bytes per value; by default the build's (fp32 or fp16)."""
+        size = itemsize or np.dtype(self.build.dtype).itemsize
+        self.out.storages[name] = size * math.prod(shape)
         return Dyn(tuple(shape), name)
 
-    def _ref(self, value: np.ndarray | Dyn, key: str, dtype: type = np.float32) -> Ref:
+    def _ref(self, value: np.ndarray | Dyn, key: str, dtype: type | None = None) -> Ref:
+        """A device constant, by default of the build's float type."""
         if isinstance(value, Dyn):
             return Ref(value.storage)
-        self.out.consts.setdefault(key, np.ascontiguousarray(value, dtype))
+        self.out.consts.setdefault(key, np.ascontiguousarray(value, dtype or self.build.dtype))
         return Ref(key)
 
     def _emit(self, node: Node, kernel: str, size: int | tuple[int, ...], args: list,
@@ -213,9 +216,9 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
                                                 *ints(rows, math.prod(x.shape[axis:]))])
 
 
-def lower(graph: Graph, batch: int, tiling: LocalTiling | None = None,
-          pipelined: bool = False) -> Lowered:
-    """`tiling`: GEMMs and convolutions staged through local memory in tiles of that size (GPUs,
-    FPGAs) instead of the register tiles that suit CPUs. `pipelined`: fp32 convolutions through
-    the pipelined kernels (kernels/pipelined.cl)."""
-    return Lowering(graph, batch, tiling, pipelined).run()
+def lower(graph: Graph, batch: int, build: Build = Build()) -> Lowered:
+    """`build.tiling`: GEMMs and convolutions staged through local memory in tiles of that size
+    (GPUs, FPGAs) instead of the register tiles that suit CPUs. `build.pipelined`: fp32
+    convolutions through the pipelined kernels (kernels/pipelined.cl). `build.half`: tensors
+    and float weights stored as fp16."""
+    return Lowering(graph, batch, build).run()

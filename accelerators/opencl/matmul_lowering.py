@@ -8,11 +8,11 @@ import numpy as np
 from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.host_ops import window
 from accelerators.opencl.launch import (BIAS_COL, BIAS_NONE, BIAS_ROW, GEMM_WG, GEMV_SPLIT_K,
-                                        VN, Dyn, Launch, Ref, activation_args, ints, round_up)
+                                        Dyn, Launch, Ref, activation_args, ints, round_up)
 
 
 class MatMulLowering:
-    """Mixed into lowering.Lowering, whose graph, values, out, tiling, _new, _ref and
+    """Mixed into lowering.Lowering, whose graph, values, out, build, tiling, _new, _ref and
     _emit these methods use."""
 
     def _launch_gemm(self, node: Node, a: Ref, b: Ref, bias: Ref | None, c: Ref, m: int,
@@ -28,7 +28,8 @@ class MatMulLowering:
             return
         tm = 8 if m >= 8 else 1
         rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
-        tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
+        vn = self.build.vn
+        tiles = (-(-m // tm), -(-n // vn)) if rows_first else (-(-n // vn), -(-m // tm))
         size = (round_up(tiles[0], GEMM_WG), tiles[1], strides[-1])
         self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1),
                                         args + [np.int32(rows_first)], node.name, flops))
@@ -130,7 +131,7 @@ class MatMulLowering:
         splits = -(-k // chunk)
         partial = Ref(self._new(f"{node.name}:partial", (splits, n)).storage)
         self.out.launches.append(Launch(
-            "gemv_partial", (round_up(-(-n // VN), GEMM_WG), splits), (GEMM_WG, 1), [
+            "gemv_partial", (round_up(-(-n // self.build.vn), GEMM_WG), splits), (GEMM_WG, 1), [
                 x, w, partial, *ints(n, k, n, chunk)], node.name, 2 * n * k))
         self._emit(node, "gemv_reduce", n, [partial, bias or w, out,
                                              *ints(n, splits, bias is not None),

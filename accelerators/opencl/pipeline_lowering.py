@@ -12,7 +12,6 @@ from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.launch import Launch, Ref, activation_args, ints
 
 PIPE_MAX_K = 4608  # kernels/pipelined.cl: the longest window kept on chip
-PIPELINED_DEFINE = "-DPIPELINED"
 STAGES = ("pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain")  # Launch.stage 1, 2, 3
 
 

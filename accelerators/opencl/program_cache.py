@@ -14,11 +14,11 @@ from pathlib import Path
 import pyopencl as cl
 
 from accelerators.opencl.device import OpenCLDevice
-from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
+from accelerators.opencl.launch import GEMM_WG, WG_1D
 
 log = logging.getLogger(__name__)
 
-BUILD_OPTIONS = f"-DWG_1D={WG_1D} -DGEMM_WG={GEMM_WG} -DVN={VN}"
+BUILD_OPTIONS = f"-DWG_1D={WG_1D} -DGEMM_WG={GEMM_WG}"
 FPGA_BINARY_SUFFIXES = (".aocx", ".xclbin")
 CACHE_DIR_ENV = "HETSERVE_OPENCL_CACHE_DIR"
 FPGA_BINARIES_ENV = "HETSERVE_FPGA_BINARIES"
@@ -56,7 +56,7 @@ class ProgramCache:
         self.hits = 0  # programs loaded from the on-disk cache
 
     def program(self, dev: OpenCLDevice, required: set[str], defines: str = "") -> cl.Program:
-        """`defines`: build macros beside BUILD_OPTIONS (e.g. tile sizes); FPGA binaries were
+        """`defines`: build macros beside BUILD_OPTIONS (launch.Build's); FPGA binaries were
         built with theirs."""
         program = self._fpga(dev) if dev.kind == "fpga" else self._built(
             dev, f"{self.options} {defines}".strip())

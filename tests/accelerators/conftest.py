@@ -31,10 +31,11 @@ def program_cache(tmp_path_factory: pytest.TempPathFactory) -> ProgramCache:
 @pytest.fixture
 def engine_for(tmp_path: Path, opencl_device: str, program_cache: ProgramCache):
     """Saves an ONNX model and loads it into an OpenCL engine on the device under test."""
-    def load(model: onnx.ModelProto, local_tiles: bool | None = None) -> OpenCLEngine:
+    def load(model: onnx.ModelProto, local_tiles: bool | None = None,
+             precision: str = "fp32") -> OpenCLEngine:
         path = tmp_path / f"model{len(list(tmp_path.iterdir()))}.onnx"
         onnx.save(model, str(path))
-        return OpenCLEngine(path, opencl_device, program_cache, local_tiles)
+        return OpenCLEngine(path, opencl_device, program_cache, local_tiles, precision=precision)
     return load
 
 

@@ -117,4 +117,4 @@ def test_tiles_are_built_for_the_device(engine_for, opencl_device) -> None:
                         local_tiles=True)
     from accelerators.opencl.launch import LocalTiling
     expected = LocalTiling.for_device(dev.max_work_group_size, dev.local_mem_size)
-    assert engine._tiling == expected
+    assert engine.build.tiling == expected

@@ -1,0 +1,168 @@
+"""fp16 models (the `precision` parameter, as ONNX Runtime's engine reads it) on the OpenCL
+engine: tensors and weights stored as halves on any device (vload_half/vstore_half are core
+OpenCL), inputs and outputs FP32. Compared with onnxruntime's FP32 results:
+- one op at a time, relative error (largest error over largest magnitude) at most 5e-3: the
+  input, the weights and the output are each rounded to half (unit roundoff 2^-11 = 4.9e-4) and
+  sums are float, so a result errs by a few units of roundoff of the largest values; 10 units
+  leave margin for the longest dot products here (K = 2500);
+- the MNIST example, whose logits pass through five rounded tensors: within onnxruntime_options'
+  fp16 tolerance (5e-2, what the ONNX Runtime engine's fp16 tests allow), the same accuracy on
+  the held-out digits within one point.
+The half-arithmetic path (-DHALF_COMPUTE, chosen where the device announces cl_khr_fp16) runs
+only on such a device; neither PoCL nor Oclgrind here announces it, so the test skips there, and
+the same source is checked to compile for a target that has it (clang's spir64)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from accelerators.engines import DeviceSpec, create_engine
+from accelerators.onnxruntime_options import TOLERANCE, OrtOptions
+from accelerators.opencl.engine import OpenCLEngine
+from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.launch import Build
+from accelerators.opencl.program_cache import BUILD_OPTIONS, kernel_source
+from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
+from tests.accelerators.test_opencl_kernels import CONV, conv_model
+from tests.conftest import MODEL, MODELS
+
+OP_TOL = 5e-3
+MNIST = MODELS / MODEL / "1" / "model.onnx"
+
+
+def _fp32_reference(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["y"], inputs)[0].astype(np.float64)
+
+
+def _check_fp16(engine_for, model, inputs: dict[str, np.ndarray], seed: int,
+                local_tiles: bool | None = None) -> OpenCLEngine:
+    engine = engine_for(model, local_tiles, precision="fp16")
+    assert engine.build.half
+    got = engine.run(inputs, ["y"])["y"]
+    ref = _fp32_reference(model, inputs)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert rel_err(got, ref) <= OP_TOL, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
+    return engine
+
+
+@pytest.mark.parametrize("case", CONV[:2] if SMALL_GRID else CONV[:6] + CONV[9:], ids=str)
+@pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+def test_conv(engine_for, case, local_tiles) -> None:
+    x, model, _, seed = conv_model(case, relu=True)
+    _check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 2500, 37), (8, 300, 130)] if not SMALL_GRID
+                         else [(1, 1100, 20), (3, 30, 17)])
+@pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+def test_gemm(engine_for, m, k, n, local_tiles) -> None:
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((m, k), np.float32)
+    w, b = rng.standard_normal((n, k), np.float32), rng.standard_normal(n).astype(np.float32)
+    model = single_op("Gemm", {"x": x}, {"w": w, "b": b}, (m, n), transB=1)
+    _check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
+
+
+# (op, input shapes, constant inputs, attributes): every other kernel the fp16 build changes.
+OTHERS = [
+    ("MaxPool", [(2, 3, 9, 9)], {}, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("AveragePool", [(1, 4, 7, 7)], {}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("GlobalAveragePool", [(2, 5, 4, 4)], {}, {}),
+    ("LRN", [(1, 6, 3, 3)], {}, {"size": 3}),
+    ("Add", [(2, 3, 4, 5), (3, 1, 1)], {}, {}),
+    ("Mul", [(4, 6)], {"c": (6,)}, {}),
+    ("HardSwish", [(3, 7)], {}, {}),
+    ("Softmax", [(4, 10)], {}, {"axis": -1}),
+    ("Concat", [(1, 2, 3, 3), (1, 3, 3, 3)], {}, {"axis": 1}),
+    ("Transpose", [(2, 3, 4)], {}, {"perm": [2, 0, 1]}),
+    ("BatchNormalization", [(2, 3, 4, 4)], {"scale": (3,), "bias": (3,), "mean": (3,),
+                                           "var": (3,)}, {}),
+]
+
+
+OTHER_CASES = OTHERS[:4] if SMALL_GRID else OTHERS
+
+
+@pytest.mark.parametrize("op, shapes, consts, attrs", OTHER_CASES, ids=[o[0] for o in OTHER_CASES])
+def test_other_ops(engine_for, op, shapes, consts, attrs) -> None:
+    rng, seed = fresh_rng()
+    inputs = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    values = {k: (rng.random(s) + 0.5).astype(np.float32) for k, s in consts.items()}
+    out = _fp32_reference(single_op(op, inputs, values, (1,), **attrs), inputs).shape
+    _check_fp16(engine_for, single_op(op, inputs, values, out, **attrs), inputs, seed)
+
+
+def test_tensors_take_half_the_device_memory(opencl_device, program_cache) -> None:
+    fp32 = OpenCLEngine(MNIST, opencl_device, program_cache)
+    fp16 = OpenCLEngine(MNIST, opencl_device, program_cache, precision="fp16")
+    assert fp16.plan(8).peak_bytes * 2 == fp32.plan(8).peak_bytes
+    assert [la.kernel for la in fp16.plan(8).launches] == \
+        [la.kernel for la in fp32.plan(8).launches]
+
+
+@pytest.mark.skipif(SMALL_GRID, reason="the whole model is too slow under Oclgrind")
+@pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+def test_mnist_keeps_its_accuracy(opencl_device, program_cache, holdout, local_tiles) -> None:
+    images, labels = holdout
+    engine = OpenCLEngine(MNIST, opencl_device, program_cache, local_tiles, precision="fp16")
+    got = np.concatenate([engine.run({"image": images[i:i + 100]}, ["logits"])["logits"]
+                          for i in range(0, 1000, 100)])
+    ref = ort.InferenceSession(str(MNIST), providers=["CPUExecutionProvider"]).run(
+        ["logits"], {"image": images})[0]
+    assert rel_err(got, ref) <= TOLERANCE["fp16"]
+    assert (got.argmax(1) == labels).mean() >= (ref.argmax(1) == labels).mean() - 0.01
+
+
+def test_the_precision_option_of_a_model_config_selects_half_storage(opencl_device) -> None:
+    spec = DeviceSpec("opencl", opencl_device)
+    assert create_engine(spec, MNIST, ort_options=OrtOptions(fp16=True)).build.half
+    assert not create_engine(spec, MNIST, ort_options=OrtOptions()).build.half
+
+
+def test_fp16_is_refused_where_the_kernels_have_no_half_storage(opencl_device,
+                                                                program_cache) -> None:
+    with pytest.raises(UnsupportedModelError, match="precision fp16 .* pipelined"):
+        OpenCLEngine(MNIST, opencl_device, program_cache, pipelined=True, precision="fp16")
+    with pytest.raises(ValueError, match="precision 'bf16' is unknown"):
+        OpenCLEngine(MNIST, opencl_device, program_cache, precision="bf16")
+
+
+def test_half_arithmetic_where_the_device_has_cl_khr_fp16(opencl_device, program_cache,
+                                                          holdout) -> None:
+    engine = OpenCLEngine(MNIST, opencl_device, program_cache, local_tiles=True,
+                          precision="fp16")
+    device = engine.program.devices[0]
+    if "cl_khr_fp16" not in device.extensions:
+        assert not engine.build.half_compute  # the macro follows the device
+        pytest.skip(f"{device.name.strip()} does not announce cl_khr_fp16: half storage only")
+    assert "-DHALF_COMPUTE" in engine.build.defines
+    images, labels = holdout
+    got = engine.run({"image": images}, ["logits"])["logits"]
+    ref = ort.InferenceSession(str(MNIST), providers=["CPUExecutionProvider"]).run(
+        ["logits"], {"image": images})[0]
+    assert rel_err(got, ref) <= TOLERANCE["fp16"]
+    assert (got.argmax(1) == labels).mean() >= (ref.argmax(1) == labels).mean() - 0.01
+
+
+@pytest.mark.parametrize("defines", ["-DHALF_STORAGE", "-DHALF_STORAGE -DHALF_COMPUTE"])
+def test_the_half_kernels_compile_for_a_target_with_cl_khr_fp16(tmp_path, defines) -> None:
+    """clang's spir64 target has cl_khr_fp16, which no device here announces."""
+    clang = shutil.which("clang") or shutil.which("clang-15")
+    if clang is None:
+        pytest.skip("no clang to compile OpenCL C for spir64")
+    source = tmp_path / "hetserve.cl"
+    source.write_text(kernel_source())
+    build = Build(tiling=None)
+    result = subprocess.run(
+        [clang, "-cl-std=CL1.2", "-Xclang", "-finclude-default-header", "-target", "spir64",
+         "-fsyntax-only", "-Werror", *BUILD_OPTIONS.split(), *build.defines.split(),
+         "-DTS=32", "-DWPT=8", *defines.split(), str(source)],
+        capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
