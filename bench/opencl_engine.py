@@ -1,12 +1,14 @@
 """Images/s of the OpenCL engine against onnxruntime's CPU provider, measured in the same run,
 and GFLOP/s of the engine's dominant kernels from their profiling events.
 
-    .venv/bin/python bench/opencl_engine.py [--device cpu0] [--resnet] [--int8]
+    .venv/bin/python bench/opencl_engine.py [--device cpu0] [--resnet] [--int8] [--fp16]
         [--architectures mobilenet_v2,densenet121] [--architecture-batches 1,8]
         [--provider CUDAExecutionProvider] [--seconds 2]
 
 MNIST CNN at batch 1, 8, 64; with --int8 also the MNIST CNN quantized to int8 QDQ
 (tools/quantize_int8.py) on the engine's int8 kernels against onnxruntime's own int8 kernels;
+with --fp16 also the MNIST CNN in the engine's fp16 precision (half storage) against
+onnxruntime's FP32;
 with --resnet or --architectures classifiers of tools/cnn_architectures.py (random weights) at
 batch 1 and 8. On a GPU node: --device gpu0 --provider CUDAExecutionProvider. Prints a Markdown
 table for docs/BENCHMARKS.md."""
@@ -48,8 +50,9 @@ def images_per_s(run: Callable[[], object], batch: int, seconds: float) -> float
 
 
 def compare(name: str, path: Path, input_name: str, shape: tuple[int, ...], batches: list[int],
-            device: str, seconds: float, provider: str = "CPUExecutionProvider") -> list[str]:
-    engine = OpenCLEngine(path, device)
+            device: str, seconds: float, provider: str = "CPUExecutionProvider",
+            precision: str = "fp32") -> list[str]:
+    engine = OpenCLEngine(path, device, precision=precision)
     session = ort.InferenceSession(str(path), providers=[provider])
     if session.get_providers()[0] != provider:  # onnxruntime-gpu falls back silently
         raise SystemExit(f"onnxruntime has no {provider} here: {session.get_providers()}")
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu0", help="OpenCL device, e.g. cpu0, gpu0")
     parser.add_argument("--resnet", action="store_true", help="also ResNet-50 at batch 1, 8")
     parser.add_argument("--int8", action="store_true", help="also the int8 MNIST CNN")
+    parser.add_argument("--fp16", action="store_true", help="also the MNIST CNN in fp16")
     parser.add_argument("--architectures", default="",
                         help=f"comma-separated, of {', '.join(cnn_architectures.ARCHITECTURES)}")
     parser.add_argument("--architecture-batches", default="1,8",
@@ -93,6 +97,9 @@ def main() -> None:
     mnist = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
     compare("MNIST CNN", mnist, "image", (1, 28, 28), [1, 8, 64], args.device, args.seconds,
             args.provider)
+    if args.fp16:
+        compare("MNIST CNN fp16", mnist, "image", (1, 28, 28), [1, 8, 64], args.device,
+                args.seconds, args.provider, "fp16")
     with tempfile.TemporaryDirectory() as tmp:
         if args.int8:
             calibration = mnist_digits.holdout_split()[0][:quantize_int8.CALIBRATION]
