@@ -1,7 +1,8 @@
 // GEMM for fully connected layers and convolutions: C = act(A x B + bias), row-major, batched
 // over z = batch * groups + group with a stride per batch and per group for each operand.
 // A work-item owns a TM x VN register tile: VN contiguous columns of B loaded as one vector per
-// k (PoCL maps float16 onto AVX-512 registers), each of the TM rows of A broadcast into it.
+// k (two ymm registers with AVX2, one zmm with AVX-512), each of the TM rows of A broadcast
+// into it.
 // Dimension 0 of the range walks the tiles along whichever operand is larger (`rows_first`:
 // row tiles, when B is the larger), so the work-items running together share that operand's
 // slice in cache and it is read from memory about once.
@@ -108,16 +109,29 @@ inline void gemm_edge(__global const DATA* A, __global const DATA* B,
 #define FMA(t) c##t = fma((VEC)(LOAD_DATA(a##t, k)), b, c##t);
 #define STORE(t) store_row(c##t, C, bias, g, M, m0 + t, n0, ldc, bias_mode, act, alpha, beta);
 
-// Eight rows per work-item: convolutions and batched fully connected layers.
+// TM rows per work-item (a build macro, launch.Build.rows): convolutions and batched fully
+// connected layers. The TM x VN accumulators must stay in registers with room for B's vector
+// and the broadcast: 6 x 16 on AVX2 (12 of its 16 ymm registers, the shape of BLAS kernels
+// for AVX2), 8 x 16 with AVX-512's 32 registers.
+#ifndef TM
+#define TM 8
+#endif
+#if TM == 6
+#define EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#elif TM == 8
+#define EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#else
+#error "TM must be 6 or 8"
+#endif
 __kernel __attribute__((reqd_work_group_size(GEMM_WG, 1, 1)))
-void gemm8(GEMM_ARGS) {
-    GEMM_PROLOGUE(8)
-    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+void gemm_tile(GEMM_ARGS) {
+    GEMM_PROLOGUE(TM)
+    EACH_ROW(ROW)
     for (int k = 0; k < K; ++k) {
         const VEC b = VLOAD_DATA(VN, B + k * ldb + n0);
-        FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7)
+        EACH_ROW(FMA)
     }
-    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+    EACH_ROW(STORE)
 }
 
 // One row per work-item: a single sample through a fully connected layer, depthwise groups.

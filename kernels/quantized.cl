@@ -61,7 +61,7 @@ inline float q8_epilogue(const int acc, const int m, const int n, const int g, c
     return requant ? fake_quant(r, out_scale, out_zero, out_lo, out_hi) : r;
 }
 
-// A work-item owns an 8-row x VN-column tile like gemm8: VN int8 codes of B widened to one int
+// A work-item owns an 8-row x VN-column tile like gemm_tile: VN int8 codes of B widened to one int
 // vector per k, each row's A code broadcast into it; the epilogue works on whole vectors. The
 // last, partial column tile goes one scalar at a time.
 #define IVEC CAT(int, VN)

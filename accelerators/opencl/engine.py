@@ -60,7 +60,7 @@ class OpenCLEngine:
             tiling = LocalTiling()
         else:
             tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
-        self.build = Build(Build.register_width(self._dev.kind, d.native_vector_width_float),
+        self.build = Build(Build.register_rows(self._dev.kind, d.native_vector_width_float),
                            tiling, pipelined, half, half and "cl_khr_fp16" in d.extensions)
         self.device = Device(self._dev.name, self._dev.kind, "opencl")
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)

@@ -9,8 +9,7 @@ import numpy as np
 
 from accelerators.opencl.graph import Node
 
-# Work-group sizes (program_cache.BUILD_OPTIONS passes them to the kernels) and the default
-# vector width of the register tiles (Build.vn).
+# Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
 WG_1D, GEMM_WG, VN = 64, 4, 16
 GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
@@ -48,7 +47,7 @@ class LocalTiling:
 class Build:
     """The choices a device's program is built with (its -D macros), which the lowering sizes
     its launches and buffers by."""
-    vn: int = VN  # columns of a register tile: one vector (CPUs: the native width)
+    rows: int = 8  # of a gemm_tile register tile (CPUs: register_rows)
     tiling: LocalTiling | None = None  # local-memory tiles (GPUs, FPGAs)
     pipelined: bool = False  # fp32 convolutions through kernels/pipelined.cl
     half: bool = False  # fp16 models: tensors and weights stored as halves
@@ -61,17 +60,18 @@ class Build:
 
     @property
     def defines(self) -> str:
-        flags = [f"-DVN={self.vn}", self.tiling.defines if self.tiling else "",
+        flags = [f"-DTM={self.rows}", self.tiling.defines if self.tiling else "",
                  "-DPIPELINED" if self.pipelined else "", "-DHALF_STORAGE" if self.half else "",
                  "-DHALF_COMPUTE" if self.half_compute else ""]
         return " ".join(filter(None, flags))
 
     @staticmethod
-    def register_width(kind: str, native_float_width: int) -> int:
-        """On CPUs one native vector (AVX2: 8, AVX-512: 16), so that a gemm8 tile's eight
-        accumulators stay in registers: with 16 columns on AVX2 they take all sixteen ymm
-        registers and spill (measured on PoCL, which targets AVX2 here). VN elsewhere."""
-        return min(max(native_float_width, 4), 16) if kind == "cpu" else VN
+    def register_rows(kind: str, native_float_width: int) -> int:
+        """Rows of gemm_tile's register tile (TM) x VN = 16 columns. On CPUs without AVX-512
+        (native width 8: 16 ymm registers) 6 rows: 12 accumulators and room for B's vector
+        and the broadcast; 8 rows spilled there, and 8 x 8 tiles reloaded B too often
+        (measured on PoCL, BENCHMARKS.md). With AVX-512 (32 registers), and elsewhere, 8."""
+        return 6 if kind == "cpu" and native_float_width < 16 else 8
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.host_ops import window
 from accelerators.opencl.launch import (BIAS_COL, BIAS_NONE, BIAS_ROW, GEMM_WG, GEMV_SPLIT_K,
-                                        Dyn, Launch, Ref, activation_args, ints, round_up)
+                                        VN, Dyn, Launch, Ref, activation_args, ints, round_up)
 
 
 class MatMulLowering:
@@ -26,12 +26,11 @@ class MatMulLowering:
                                             (self.tiling.ts, self.tiling.rows, 1),
                                             args + [np.int32(0)], node.name, flops))
             return
-        tm = 8 if m >= 8 else 1
+        tm = self.build.rows if m >= self.build.rows else 1
         rows_first = n >= m  # B (k x n) is the larger operand: walk row tiles fastest
-        vn = self.build.vn
-        tiles = (-(-m // tm), -(-n // vn)) if rows_first else (-(-n // vn), -(-m // tm))
+        tiles = (-(-m // tm), -(-n // VN)) if rows_first else (-(-n // VN), -(-m // tm))
         size = (round_up(tiles[0], GEMM_WG), tiles[1], strides[-1])
-        self.out.launches.append(Launch(f"gemm{tm}", size, (GEMM_WG, 1, 1),
+        self.out.launches.append(Launch("gemm1" if tm == 1 else "gemm_tile", size, (GEMM_WG, 1, 1),
                                         args + [np.int32(rows_first)], node.name, flops))
 
     def _tiled_size(self, m: int, n: int, z: int) -> tuple[int, int, int]:
@@ -131,7 +130,7 @@ class MatMulLowering:
         splits = -(-k // chunk)
         partial = Ref(self._new(f"{node.name}:partial", (splits, n)).storage)
         self.out.launches.append(Launch(
-            "gemv_partial", (round_up(-(-n // self.build.vn), GEMM_WG), splits), (GEMM_WG, 1), [
+            "gemv_partial", (round_up(-(-n // VN), GEMM_WG), splits), (GEMM_WG, 1), [
                 x, w, partial, *ints(n, k, n, chunk)], node.name, 2 * n * k))
         self._emit(node, "gemv_reduce", n, [partial, bias or w, out,
                                              *ints(n, splits, bias is not None),

@@ -14,11 +14,11 @@ from pathlib import Path
 import pyopencl as cl
 
 from accelerators.opencl.device import OpenCLDevice
-from accelerators.opencl.launch import GEMM_WG, WG_1D
+from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
 
 log = logging.getLogger(__name__)
 
-BUILD_OPTIONS = f"-DWG_1D={WG_1D} -DGEMM_WG={GEMM_WG}"
+BUILD_OPTIONS = f"-DWG_1D={WG_1D} -DGEMM_WG={GEMM_WG} -DVN={VN}"
 FPGA_BINARY_SUFFIXES = (".aocx", ".xclbin")
 CACHE_DIR_ENV = "HETSERVE_OPENCL_CACHE_DIR"
 FPGA_BINARIES_ENV = "HETSERVE_FPGA_BINARIES"

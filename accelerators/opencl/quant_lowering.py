@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from accelerators.opencl.graph import Node, UnsupportedModelError
-from accelerators.opencl.launch import (GEMM_WG, Dyn, Launch, Ref, activation_args, ints,
+from accelerators.opencl.launch import (GEMM_WG, VN, Dyn, Launch, Ref, activation_args, ints,
                                         round_up)
 from accelerators.opencl.qdq import Grid, Int8Weight
 
@@ -46,7 +46,7 @@ class QuantLowering:
                 self._ref(bias, f"{key}:q8_bias") if bias is not None else a, c,
                 *ints(m, n, k, *lds, groups, *strides[:-1], per_row, bias is not None),
                 *activation_args(node, self.values), *_requant_args(node)]
-        size = (round_up(-(-n // self.build.vn), GEMM_WG), -(-m // Q8_TM), strides[-1])
+        size = (round_up(-(-n // VN), GEMM_WG), -(-m // Q8_TM), strides[-1])
         self.out.launches.append(Launch("gemm_q8", size, (GEMM_WG, 1, 1), args, node.name,
                                         flops))
 

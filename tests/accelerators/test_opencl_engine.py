@@ -45,10 +45,10 @@ def test_device_specs(opencl_device) -> None:
 def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_device) -> None:
     dev = open_device(opencl_device)
     cache = ProgramCache(tmp_path)
-    cache.program(dev, {"gemm8"})
+    cache.program(dev, {"gemm_tile"})
     assert cache.hits == 0 and len(list(tmp_path.glob("*.bin"))) == 1
     again = ProgramCache(tmp_path)
-    assert "im2col" in again.program(dev, {"gemm8"}).kernel_names
+    assert "im2col" in again.program(dev, {"gemm_tile"}).kernel_names
     assert again.hits == 1
     other = ProgramCache(tmp_path, options=again.options + " -DUNUSED=1")
     assert other.key(dev, "src") != again.key(dev, "src")
@@ -56,7 +56,7 @@ def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_dev
     assert other.hits == 0 and len(list(tmp_path.glob("*.bin"))) == 2
     (next(tmp_path.glob("*.bin"))).write_bytes(b"garbage")  # a bad file is rebuilt
     for c in (ProgramCache(tmp_path), ProgramCache(tmp_path, options=other.options)):
-        c.program(dev, {"gemm8"})
+        c.program(dev, {"gemm_tile"})
 
 
 def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(
@@ -77,7 +77,7 @@ def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(
     onnx.save(model, str(tmp_path / "fc.onnx"))
     OpenCLEngine(tmp_path / "fc.onnx", opencl_device, cache=Recording(tmp_path / "cache"),
                  local_tiles=False)
-    assert {"gemv_partial", "gemm8"} <= asked
+    assert {"gemv_partial", "gemm_tile"} <= asked
 
 
 def test_an_fpga_binary_lacking_kernels_is_named(tmp_path, opencl_device) -> None:
@@ -92,8 +92,8 @@ def test_an_fpga_binary_lacking_kernels_is_named(tmp_path, opencl_device) -> Non
     fpga = OpenCLDevice("fpga0", "fpga", dev.device, dev.context, dev.queue)
     cache = ProgramCache(tmp_path / "cache", binary_dir=tmp_path)
     assert "binary4d" in cache.program(fpga, {"binary4d"}).kernel_names
-    with pytest.raises(MissingKernelsError, match=r"lacks kernels \['gemm8', 'im2col'\]"):
-        cache.program(fpga, {"binary4d", "gemm8", "im2col"})
+    with pytest.raises(MissingKernelsError, match=r"lacks kernels \['gemm_tile', 'im2col'\]"):
+        cache.program(fpga, {"binary4d", "gemm_tile", "im2col"})
     with pytest.raises(FileNotFoundError, match="HETSERVE_FPGA_BINARIES"):
         ProgramCache(tmp_path / "cache", binary_dir=None).program(fpga, set())
 

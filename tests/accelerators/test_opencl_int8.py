@@ -48,7 +48,7 @@ def test_mnist_int8_runs_on_int8_kernels_and_keeps_its_accuracy(
         mnist_int8, opencl_device, program_cache, holdout) -> None:
     engine = OpenCLEngine(mnist_int8, opencl_device, program_cache)
     kernels = [la.kernel for la in engine.plan(8).launches]
-    assert kernels.count("gemm_q8") == 4 and not {"gemm8", "im2col"} & set(kernels), kernels
+    assert kernels.count("gemm_q8") == 4 and not {"gemm_tile", "im2col"} & set(kernels), kernels
     images, labels = holdout
     got = np.concatenate([engine.run({"image": images[i:i + 100]}, ["logits"])["logits"]
                           for i in range(0, 1000, 100)])
@@ -107,7 +107,7 @@ def test_quantized_classifiers_match_qdq_semantics(engine_for, tmp_path, name) -
     quantize_int8.quantize(src, dst, "image", rng.standard_normal((8, 3, 64, 64), np.float32))
     engine = engine_for(onnx.load(str(dst)))
     kernels = [la.kernel for la in engine.plan(2).launches]
-    assert "gemm_q8" in kernels and not {"gemm8", "gemm1", "gemv_partial"} & set(kernels)
+    assert "gemm_q8" in kernels and not {"gemm_tile", "gemm1", "gemv_partial"} & set(kernels)
     x = rng.standard_normal((2, 3, 64, 64), np.float32)
     got = engine.run({"image": x}, ["logits"])["logits"]
     ref = literal_qdq(dst).run(["logits"], {"image": x})[0]
