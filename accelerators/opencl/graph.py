@@ -1,6 +1,7 @@
 """Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
-nodes), Dropout and Identity dropped, BatchNormalization folded into the convolution before it
-(any other runs as a per-channel scale and shift), gated activations recognised (x * Sigmoid(x)
+nodes), Dropout and Identity dropped, zero Pads and input normalizations (x - k, x / k, ...)
+folded into the convolution after them, BatchNormalization folded into the convolution before
+it (any other runs as a per-channel scale and shift), gated activations recognised (x * Sigmoid(x)
 is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm, MatMul, Add or
 BatchNormalization that feeds them. Ops the engine cannot run are reported at load time, naming
 the op and the node."""
@@ -93,6 +94,7 @@ def load_graph(path: Path) -> Graph:
     _drop_passthrough(graph)
     qdq.simplify_qdq(graph)
     _fold_pad_into_conv(graph)
+    _fold_affine_into_conv(graph)
     _fold_batch_norm(graph)
     _fuse_gates(graph)
     _fuse_activations(graph)
@@ -172,6 +174,40 @@ def _fold_pad_into_conv(graph: Graph) -> None:
         conv.inputs[0] = pad.inputs[0]
         graph.nodes.remove(pad)
         graph.fused["Pad+Conv"] += 1
+
+
+def _fold_affine_into_conv(graph: Graph) -> None:
+    """x + k, x - k, x * k, x / k with k constant per channel (or scalar) read only by a Conv
+    without padding (an input normalization): conv(W, a x + d) = conv(W a, x) + sum(W d), exact
+    where no padding mixes zeros in. Saves a launch and a pass over the tensor per op."""
+    c = graph.consts
+    for node in reversed([n for n in graph.nodes if n.op in ("Add", "Sub", "Mul", "Div")]):
+        conv = _sole_consumer(graph, node)
+        if conv is None or conv.op != "Conv" or conv.inputs[0] != node.outputs[0] \
+                or node.inputs[1] not in c or node.inputs[0] in c \
+                or conv.attrs.get("group", 1) != 1 or any(conv.attrs.get("pads", [])) \
+                or conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") \
+                or not all(i in c for i in conv.inputs[1:]):
+            continue
+        w = c[conv.inputs[1]].astype(np.float64)
+        k = c[node.inputs[1]].astype(np.float64)
+        channels = (w.shape[1],) + (1,) * (w.ndim - 2)  # k's trailing shape, per channel
+        if not (k.size == 1 or k.size == w.shape[1] and k.ndim <= w.ndim
+                and k.shape[k.ndim - len(channels):] == channels) \
+                or node.op == "Div" and not np.all(k):
+            continue  # not per channel of axis 1, or a division by zero
+        k = np.broadcast_to(k.reshape(-1), (w.shape[1],))
+        a, d = {"Add": (1.0, k), "Sub": (1.0, -k), "Mul": (k, 0.0), "Div": (1 / k, 0.0)}[node.op]
+        b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
+            else np.zeros(w.shape[0])
+        wname, bname = f"{conv.name}:{node.name}:weight", f"{conv.name}:{node.name}:bias"
+        shape = (1, -1) + (1,) * (w.ndim - 2)
+        c[wname] = (w * np.reshape(a, shape) if np.ndim(a) else w).astype(np.float32)
+        c[bname] = (b + (w * np.reshape(d, shape)).sum(axis=tuple(range(1, w.ndim)))
+                    if np.ndim(d) else b).astype(np.float32)
+        conv.inputs = [node.inputs[0], wname, bname]
+        graph.nodes.remove(node)
+        graph.fused[f"{node.op}+Conv"] += 1
 
 
 def _fold_batch_norm(graph: Graph) -> None:

@@ -227,3 +227,24 @@ def test_a_pad_that_is_not_zero_is_refused(engine_for) -> None:
     conv = helper.make_node("Conv", ["p", "w"], ["y"])
     with pytest.raises(UnsupportedModelError, match="'Pad' of node 'mirror': only a zero Pad"):
         engine_for(graph([pad, conv], {"x": (1, 1, 5, 5)}, consts, ["y"]))
+
+
+@pytest.mark.parametrize("pads, folded", [([0, 0, 0, 0], 3), ([1, 1, 1, 1], 0)])
+def test_an_input_normalization_folds_into_an_unpadded_convolution(engine_for, pads,
+                                                                   folded) -> None:
+    """(x - mean[c]) / std * gain before a Conv (MNIST's normalization, per-channel ones):
+    exact in the Conv's weights and bias only without padding."""
+    rng, _ = fresh_rng()
+    x = rng.standard_normal((2, 3, 7, 6), np.float32)
+    consts = {"mean": rng.standard_normal((1, 3, 1, 1), np.float32),
+              "std": np.array(0.3, np.float32), "gain": rng.uniform(0.5, 2, (3, 1, 1)),
+              "w": rng.standard_normal((4, 3, 3, 3), np.float32),
+              "b": rng.standard_normal(4).astype(np.float32)}
+    consts["gain"] = consts["gain"].astype(np.float32)
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["centred"]),
+             helper.make_node("Div", ["centred", "std"], ["scaled"]),
+             helper.make_node("Mul", ["scaled", "gain"], ["z"]),
+             helper.make_node("Conv", ["z", "w", "b"], ["y"], pads=pads)]
+    engine = check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
+    assert sum(engine.graph.fused[f"{op}+Conv"] for op in ("Sub", "Div", "Mul")) == folded
+    assert len(engine.plan(2).launches) == (2 if folded else 5)  # im2col + GEMM
