@@ -52,6 +52,29 @@ void pool2d_valid(__global const DATA* x, __global DATA* out, const int h, const
     STORE_DATA(is_max ? acc : acc / (float)(kh * kw), out, c * oh * ow + p);
 }
 
+// The same on CPUs (the lowering's register-tile path): a work-item computes one output row
+// (dimension 0: plane x output row), so no division per output (measured on PoCL: MNIST's 2x2
+// pool 0.17 -> 0.10 ms per slice of 8). GPUs and FPGAs keep a work-item per pixel.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void pool2d_rows(__global const DATA* x, __global DATA* out, const int rows, const int h,
+                 const int w, const int oh, const int ow, const int kh, const int kw,
+                 const int sh, const int sw, const int dh, const int dw, const int is_max) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    const int c = r / oh, oy = r - c * oh;
+    __global const DATA* in = x + (c * h + oy * sh) * w;
+    for (int ox = 0; ox < ow; ++ox) {
+        float acc = is_max ? -INFINITY : 0.0f;
+        for (int ky = 0; ky < kh; ++ky) {
+            for (int kx = 0; kx < kw; ++kx) {
+                const float v = LOAD_DATA(in, ky * dh * w + ox * sw + kx * dw);
+                acc = is_max ? fmax(acc, v) : acc + v;
+            }
+        }
+        STORE_DATA(is_max ? acc : acc / (float)(kh * kw), out, r * ow + ox);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void global_avg_pool(__global const DATA* x, __global DATA* out, const int nc,
                      const int hw) {

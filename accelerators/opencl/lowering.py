@@ -85,8 +85,14 @@ class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
         kh, kw = node.attrs["kernel_shape"]
         (oh, ow), (sh, sw), (dh, dw), (ph, pw), (eh, ew) = window(node, (h, w), (kh, kw))
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
-        if (ph, pw) == (0, 0) and (oh - 1) * sh + (kh - 1) * dh < h \
-                and (ow - 1) * sw + (kw - 1) * dw < w:  # every window inside the input
+        valid = (ph, pw) == (0, 0) and (oh - 1) * sh + (kh - 1) * dh < h \
+            and (ow - 1) * sw + (kw - 1) * dw < w  # every window inside the input
+        if valid and not self.tiling:  # CPUs (GPUs and FPGAs: a work-item per pixel)
+            self._emit(node, "pool2d_rows", n * c * oh, [
+                Ref(x.storage), Ref(out.storage), *ints(n * c * oh, h, w, oh, ow, kh, kw, sh, sw,
+                                                         dh, dw, is_max)])
+            return
+        if valid:
             self._emit(node, "pool2d_valid", (oh * ow, n * c), [
                 Ref(x.storage), Ref(out.storage), *ints(h, w, oh, ow, kh, kw, sh, sw, dh, dw,
                                                          is_max)])
