@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 import cnn_architectures  # noqa: E402
 import mnist_digits  # noqa: E402
 import quantize_int8  # noqa: E402
-from accelerators.opencl.engine import CPU_SLICE, OpenCLEngine  # noqa: E402
+from accelerators.opencl.engine import OpenCLEngine  # noqa: E402
 
 
 def images_per_s(run: Callable[[], object], batch: int, seconds: float) -> float:
@@ -63,7 +63,7 @@ def compare(name: str, path: Path, input_name: str, shape: tuple[int, ...], batc
         ours = images_per_s(lambda: engine.run({input_name: x}, [output]), batch, seconds)
         theirs = images_per_s(lambda: session.run(None, {input_name: x}), batch, seconds)
         engine.run({input_name: x}, [output])  # then profile the plan that ran last
-        plan = engine.plan(min(batch, CPU_SLICE) if engine.device.kind == "cpu" else batch)
+        plan = engine.plan(min(batch, engine.slice) if engine.device.kind == "cpu" else batch)
         launches = sorted(plan.profile(), key=lambda t: -t.seconds)
         total = sum(t.seconds for t in launches)
         top = "; ".join(f"{t.kernel} ({t.node}) {t.seconds * 1e3:.2f} ms"
@@ -92,7 +92,7 @@ def main() -> None:
     arch_batches = [int(b) for b in args.architecture_batches.split(",")]
     names = [n for n in args.architectures.split(",") if n] + ["resnet50"] * args.resnet
     print("| model | batch | OpenCL img/s | onnxruntime img/s | ratio | OpenCL device time "
-          f"per batch (on CPUs per slice of up to {CPU_SLICE}): top launches |\n"
+          "per batch (on CPUs per slice, 12 samples on AVX2): top launches |\n"
           "|---|---|---|---|---|---|")
     mnist = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
     compare("MNIST CNN", mnist, "image", (1, 28, 28), [1, 8, 64], args.device, args.seconds,
