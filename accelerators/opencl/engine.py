@@ -17,8 +17,7 @@ import pyopencl as cl
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor
-from accelerators.opencl.graph import Graph, load_graph
-from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.graph import Graph, UnsupportedModelError, load_graph
 from accelerators.opencl.launch import Build, LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.program_cache import ProgramCache

@@ -1,10 +1,10 @@
 """Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
 nodes), Dropout and Identity dropped, zero Pads and input normalizations (x - k, x / k, ...)
 folded into the convolution after them, BatchNormalization folded into the convolution before
-it (any other runs as a per-channel scale and shift), gated activations recognised (x * Sigmoid(x)
-is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm, MatMul, Add or
-BatchNormalization that feeds them. Ops the engine cannot run are reported at load time, naming
-the op and the node."""
+it (any other runs as a per-channel scale and shift), gated activations recognised
+(x * Sigmoid(x) is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm,
+MatMul, Add or BatchNormalization that feeds them. Ops the engine cannot run are reported at
+load time, naming the op and the node."""
 
 from __future__ import annotations
 

@@ -20,7 +20,6 @@ import subprocess
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper
 
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.onnxruntime_options import TOLERANCE, OrtOptions
