@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,6 +81,39 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     assert registered[1] is None
     np.testing.assert_array_equal(via_memory.logits, via_messages.logits)
     assert (via_memory.logits.argmax(1) == holdout[1][:300]).mean() >= 0.95
+
+
+def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, holdout,
+                                                                          monkeypatch):
+    """Kept regions keep their pages mapped from call to call (no page faults on each copy);
+    the daemon knows a region only while its call runs, a smaller one is replaced."""
+    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
+    monkeypatch.setattr(client_module, "_regions", client_module._Regions(kept=1))
+    names = []
+    real = client_module._staged
+
+    @contextlib.contextmanager
+    def watched(connection, address, samples):
+        with real(connection, address, samples) as region:
+            names.append(region)
+            yield region
+    monkeypatch.setattr(client_module, "_staged", watched)
+    images, labels = holdout[0][:300], holdout[1][:300]
+    first = infer(daemon.socket_url, model, images, 128, 2)
+    again = infer(daemon.socket_url, model, images[:200], 128, 2)  # fits the kept region
+    larger = infer(daemon.socket_url, model, np.concatenate([images, images]), 128, 2)
+    assert names[0] is not None and names[1] == names[0] and names[2] != names[0]
+    with grpcclient.InferenceServerClient(daemon.url) as check:
+        assert not check.get_system_shared_memory_status().regions
+    assert not Path("/dev/shm", names[0]).exists()  # replaced: unlinked
+    assert Path("/dev/shm", names[2]).exists()  # kept for the next call
+    # Other request splits (other padding): the same logits up to rounding.
+    np.testing.assert_allclose(again.logits, first.logits[:200], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(larger.logits, np.concatenate([first.logits] * 2), rtol=1e-4,
+                               atol=1e-4)
+    assert (first.logits.argmax(1) == labels).mean() >= 0.95
+    client_module._regions.close()
+    assert not Path("/dev/shm", names[2]).exists()
 
 
 def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
