@@ -6,16 +6,13 @@ over TCP with TLS gets the job's CA certificate and bearer token (files on every
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
 from pathlib import Path
 
 import grpc
@@ -24,11 +21,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from service import socket_lock, tensors
+from spark_jobs import staging
 
 log = logging.getLogger(__name__)
 RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
-# Addresses of daemons on this node, which can read the job's shared memory.
-_LOCAL_ADDRESSES = ("unix:", "127.", "localhost:", "[::1]:")
 # Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
 IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
@@ -171,90 +167,6 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
-class _Regions:
-    """This worker's POSIX shared memory regions, kept from call to call: a fresh region's
-    first writes fault in and zero every page (about ten times the cost of the copy itself), a
-    kept one's pages stay mapped. A call takes one at least as large as its samples (a smaller
-    free one is replaced); at most `kept` of at most `kept_bytes` each wait free (a task has
-    two calls running), the rest are unlinked when their call ends. multiprocessing's resource
-    tracker unlinks what a dead worker leaves."""
-
-    def __init__(self, kept: int = 2, kept_bytes: int = 256 << 20) -> None:
-        self._kept, self._kept_bytes = kept, kept_bytes
-        self._free: list[shared_memory.SharedMemory] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> shared_memory.SharedMemory:
-        with self._lock:
-            memory = self._free.pop() if self._free else None
-        if memory is not None and memory.size >= nbytes:
-            return memory
-        if memory is not None:
-            self.drop(memory)
-        return shared_memory.SharedMemory(create=True, size=nbytes)
-
-    def give_back(self, memory: shared_memory.SharedMemory) -> None:
-        with self._lock:
-            if len(self._free) < self._kept and memory.size <= self._kept_bytes:
-                self._free.append(memory)
-                return
-        self.drop(memory)
-
-    @staticmethod
-    def drop(memory: shared_memory.SharedMemory) -> None:
-        memory.close()
-        memory.unlink()
-
-    def close(self) -> None:
-        with self._lock:
-            free, self._free = self._free, []
-        for memory in free:
-            self.drop(memory)
-
-
-_regions = _Regions()  # per Python worker, like the channels
-atexit.register(_regions.close)
-
-
-@contextlib.contextmanager
-def _staged(connection: _Connection, address: str, samples: np.ndarray) -> Iterator[str | None]:
-    """The samples in a POSIX shared memory region registered with the daemon, so that each
-    request names its slice instead of carrying the bytes (Triton's system shared memory). None
-    where that cannot be: a daemon on another node, or one that cannot open the region (another
-    user's daemon, a server without the extension); the bytes then travel in the messages.
-    The region is this worker's (_Regions); the daemon knows it for this call only, so that
-    nothing stays registered with a daemon after a worker ends."""
-    if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
-        yield None
-        return
-    client, headers = connection
-    memory = _regions.take(samples.nbytes)
-    keep = False
-    try:
-        np.frombuffer(memory.buf, np.uint8, samples.nbytes)[:] = samples.reshape(-1).view(np.uint8)
-        try:
-            client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                 samples.nbytes, headers=headers)
-        except InferenceServerException as e:
-            log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
-                     "messages", address, e.message())
-            yield None
-            return
-        try:
-            yield memory.name
-        finally:
-            try:
-                client.unregister_system_shared_memory(memory.name, headers=headers)
-                keep = True
-            except InferenceServerException:  # a daemon gone meanwhile: this name is spent
-                pass
-    finally:
-        if keep:
-            _regions.give_back(memory)
-        else:
-            _Regions.drop(memory)
-
-
 def _spread(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
     front-end processes (service/socket_lock.worker_sockets), else the address alone. A region
@@ -310,7 +222,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                         target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
-    with _staged(_client(address, credentials), address, samples) as region[0], \
+    with staging.staged(_client(address, credentials), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]

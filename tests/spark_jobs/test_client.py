@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs import client as client_module
+from spark_jobs import staging
 from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
                                infer)
 from tests.conftest import MODELS, Daemon
@@ -59,7 +59,7 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     model = ModelInterface.fetch(daemon.url, "mnist_cnn")
     images = holdout[0][:300]
     registered = []
-    real = client_module._staged
+    real = staging.staged
 
     @contextlib.contextmanager
     def watched(connection, address, samples):
@@ -69,7 +69,7 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
                 client, _ = connection
                 assert region in client.get_system_shared_memory_status().regions
             yield region
-    monkeypatch.setattr(client_module, "_staged", watched)
+    monkeypatch.setattr(staging, "staged", watched)
     via_memory = infer(daemon.socket_url, model, images, 128, 2)
     assert registered[0] is not None
     with grpcclient.InferenceServerClient(daemon.url) as check:
@@ -88,16 +88,16 @@ def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, 
     """Kept regions keep their pages mapped from call to call (no page faults on each copy);
     the daemon knows a region only while its call runs, a smaller one is replaced."""
     model = ModelInterface.fetch(daemon.url, "mnist_cnn")
-    monkeypatch.setattr(client_module, "_regions", client_module._Regions(kept=1))
+    monkeypatch.setattr(staging, "regions", staging.Regions(kept=1))
     names = []
-    real = client_module._staged
+    real = staging.staged
 
     @contextlib.contextmanager
     def watched(connection, address, samples):
         with real(connection, address, samples) as region:
             names.append(region)
             yield region
-    monkeypatch.setattr(client_module, "_staged", watched)
+    monkeypatch.setattr(staging, "staged", watched)
     images, labels = holdout[0][:300], holdout[1][:300]
     first = infer(daemon.socket_url, model, images, 128, 2)
     again = infer(daemon.socket_url, model, images[:200], 128, 2)  # fits the kept region
@@ -112,7 +112,7 @@ def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, 
     np.testing.assert_allclose(larger.logits, np.concatenate([first.logits] * 2), rtol=1e-4,
                                atol=1e-4)
     assert (first.logits.argmax(1) == labels).mean() >= 0.95
-    client_module._regions.close()
+    staging.regions.close()
     assert not Path("/dev/shm", names[2]).exists()
 
 
