@@ -7,9 +7,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
+import secrets
 import threading
 from collections.abc import Iterator
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -18,6 +21,8 @@ from tritonclient.utils import InferenceServerException
 log = logging.getLogger(__name__)
 # Addresses of daemons on this node, which can read the job's shared memory.
 LOCAL_ADDRESSES = ("unix:", "127.", "localhost:", "[::1]:")
+SHM_ROOT = Path("/dev/shm")
+PREFIX = "hetserve-spark-"  # then the creating worker's pid: hetserve-spark-<pid>-<random>
 
 
 class Regions:
@@ -25,8 +30,10 @@ class Regions:
     first writes fault in and zero every page (about ten times the cost of the copy itself), a
     kept one's pages stay mapped. A call takes one at least as large as its samples (a smaller
     free one is replaced); at most `kept` of at most `kept_bytes` each wait free (a task has
-    two calls running), the rest are unlinked when their call ends. multiprocessing's resource
-    tracker unlinks what a dead worker leaves."""
+    two calls running), the rest are unlinked when their call ends. A worker that ends without
+    unlinking its regions (Spark stops Python workers, and with them multiprocessing's resource
+    trackers, by SIGHUP to their process group) leaves them to the next one that creates a
+    region on the node: see unlink_orphans."""
 
     def __init__(self, kept: int = 2, kept_bytes: int = 256 << 20) -> None:
         self._kept, self._kept_bytes = kept, kept_bytes
@@ -40,7 +47,9 @@ class Regions:
             return memory
         if memory is not None:
             self.drop(memory)
-        return shared_memory.SharedMemory(create=True, size=nbytes)
+        unlink_orphans()
+        return shared_memory.SharedMemory(f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}",
+                                          create=True, size=nbytes)
 
     def give_back(self, memory: shared_memory.SharedMemory) -> None:
         with self._lock:
@@ -52,13 +61,35 @@ class Regions:
     @staticmethod
     def drop(memory: shared_memory.SharedMemory) -> None:
         memory.close()
-        memory.unlink()
+        with contextlib.suppress(FileNotFoundError):  # taken for an orphan's: see unlink_orphans
+            memory.unlink()
 
     def close(self) -> None:
         with self._lock:
             free, self._free = self._free, []
         for memory in free:
             self.drop(memory)
+
+
+def unlink_orphans() -> None:
+    """Unlinks this user's regions whose creating process has ended. (A process in another PID
+    namespace sharing this /dev/shm would look ended: its region's next registration then fails
+    and its tensors travel in the messages.)"""
+    for path in SHM_ROOT.glob(f"{PREFIX}*"):
+        pid = path.name.removeprefix(PREFIX).partition("-")[0]
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to unlink
+            if pid.isdigit() and path.stat().st_uid == os.getuid() and not _running(int(pid)):
+                path.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 regions = Regions()  # per Python worker, like the client's channels

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +118,32 @@ def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, 
     assert (first.logits.argmax(1) == labels).mean() >= 0.95
     staging.regions.close()
     assert not Path("/dev/shm", names[2]).exists()
+
+
+def test_regions_a_stopped_worker_left_are_unlinked_by_the_next_one(tmp_path):
+    """Spark stops Python workers by SIGHUP to their process group, which takes
+    multiprocessing's resource tracker with them: the kept regions stay in /dev/shm until
+    another worker of this user creates one."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom spark_jobs.staging import regions\n"
+         "memory = regions.take(4096)\nregions.give_back(memory)\nprint(memory.name, flush=True)"
+         "\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    name = worker.stdout.readline().strip()
+    assert name.startswith(f"{staging.PREFIX}{worker.pid}-")
+    os.killpg(worker.pid, signal.SIGHUP)
+    worker.wait()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    orphan = Path("/dev/shm", f"{staging.PREFIX}{ended}-test")
+    live = Path("/dev/shm", f"{staging.PREFIX}{os.getpid()}-test")
+    orphan.write_bytes(b"x")
+    live.write_bytes(b"x")
+    try:
+        staging.unlink_orphans()
+        assert not Path("/dev/shm", name).exists() and not orphan.exists() and live.exists()
+    finally:
+        for path in (orphan, live):
+            path.unlink(missing_ok=True)
 
 
 def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
