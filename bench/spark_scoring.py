@@ -45,6 +45,7 @@ import mnist_digits  # noqa: E402
 import ort_reference  # noqa: E402
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
 from spark_jobs.client import ModelInterface  # noqa: E402
+from spark_jobs import staging  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 from spark_jobs.scoring import output_schema  # noqa: E402
 
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         daemon.stop()
         shutil.rmtree(tmp)  # the data and outputs: hundreds of MB
+        staging.unlink_orphans()  # the regions the stopped Python workers kept
 
 
 if __name__ == "__main__":
