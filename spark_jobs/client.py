@@ -6,15 +6,13 @@ over TCP with TLS gets the job's CA certificate and bearer token (files on every
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
 from pathlib import Path
 
 import grpc
@@ -23,11 +21,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from service import socket_lock, tensors
+from spark_jobs import staging
 
 log = logging.getLogger(__name__)
 RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
-# Addresses of daemons on this node, which can read the job's shared memory.
-_LOCAL_ADDRESSES = ("unix:", "127.", "localhost:", "[::1]:")
 # Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
 IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
@@ -170,37 +167,6 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
-@contextlib.contextmanager
-def _staged(connection: _Connection, address: str, samples: np.ndarray) -> Iterator[str | None]:
-    """The samples in a POSIX shared memory region registered with the daemon, so that each
-    request names its slice instead of carrying the bytes (Triton's system shared memory). None
-    where that cannot be: a daemon on another node, or one that cannot open the region (another
-    user's daemon, a server without the extension); the bytes then travel in the messages."""
-    if not address.startswith(_LOCAL_ADDRESSES) or samples.nbytes == 0:
-        yield None
-        return
-    client, headers = connection
-    memory = shared_memory.SharedMemory(create=True, size=samples.nbytes)
-    try:
-        memory.buf[:samples.nbytes] = samples.reshape(-1).view(np.uint8)
-        try:
-            client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                 samples.nbytes, headers=headers)
-        except InferenceServerException as e:
-            log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
-                     "messages", address, e.message())
-            yield None
-            return
-        try:
-            yield memory.name
-        finally:
-            with contextlib.suppress(InferenceServerException):  # a daemon gone meanwhile
-                client.unregister_system_shared_memory(memory.name, headers=headers)
-    finally:
-        memory.close()
-        memory.unlink()
-
-
 def _spread(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
     front-end processes (service/socket_lock.worker_sockets), else the address alone. A region
@@ -256,7 +222,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                         target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
-    with _staged(_client(address, credentials), address, samples) as region[0], \
+    with staging.staged(_client(address, credentials), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, range(0, len(samples), step)))
     logits = [r.as_numpy(model.output_name) for r in results]

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
+from spark_jobs import staging
+
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
               "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
@@ -23,6 +25,7 @@ def spark() -> Iterator[SparkSession]:
     session = builder.getOrCreate()
     yield session
     session.stop()
+    staging.unlink_orphans()  # the regions its stopped Python workers kept (docs/spark.md)
 
 
 def write_digits(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:

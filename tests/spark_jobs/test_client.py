@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs import client as client_module
+from spark_jobs import staging
 from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
                                infer)
 from tests.conftest import MODELS, Daemon
@@ -58,7 +63,7 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     model = ModelInterface.fetch(daemon.url, "mnist_cnn")
     images = holdout[0][:300]
     registered = []
-    real = client_module._staged
+    real = staging.staged
 
     @contextlib.contextmanager
     def watched(connection, address, samples):
@@ -68,7 +73,7 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
                 client, _ = connection
                 assert region in client.get_system_shared_memory_status().regions
             yield region
-    monkeypatch.setattr(client_module, "_staged", watched)
+    monkeypatch.setattr(staging, "staged", watched)
     via_memory = infer(daemon.socket_url, model, images, 128, 2)
     assert registered[0] is not None
     with grpcclient.InferenceServerClient(daemon.url) as check:
@@ -80,6 +85,65 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     assert registered[1] is None
     np.testing.assert_array_equal(via_memory.logits, via_messages.logits)
     assert (via_memory.logits.argmax(1) == holdout[1][:300]).mean() >= 0.95
+
+
+def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, holdout,
+                                                                          monkeypatch):
+    """Kept regions keep their pages mapped from call to call (no page faults on each copy);
+    the daemon knows a region only while its call runs, a smaller one is replaced."""
+    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
+    monkeypatch.setattr(staging, "regions", staging.Regions(kept=1))
+    names = []
+    real = staging.staged
+
+    @contextlib.contextmanager
+    def watched(connection, address, samples):
+        with real(connection, address, samples) as region:
+            names.append(region)
+            yield region
+    monkeypatch.setattr(staging, "staged", watched)
+    images, labels = holdout[0][:300], holdout[1][:300]
+    first = infer(daemon.socket_url, model, images, 128, 2)
+    again = infer(daemon.socket_url, model, images[:200], 128, 2)  # fits the kept region
+    larger = infer(daemon.socket_url, model, np.concatenate([images, images]), 128, 2)
+    assert names[0] is not None and names[1] == names[0] and names[2] != names[0]
+    with grpcclient.InferenceServerClient(daemon.url) as check:
+        assert not check.get_system_shared_memory_status().regions
+    assert not Path("/dev/shm", names[0]).exists()  # replaced: unlinked
+    assert Path("/dev/shm", names[2]).exists()  # kept for the next call
+    # Other request splits (other padding): the same logits up to rounding.
+    np.testing.assert_allclose(again.logits, first.logits[:200], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(larger.logits, np.concatenate([first.logits] * 2), rtol=1e-4,
+                               atol=1e-4)
+    assert (first.logits.argmax(1) == labels).mean() >= 0.95
+    staging.regions.close()
+    assert not Path("/dev/shm", names[2]).exists()
+
+
+def test_regions_a_stopped_worker_left_are_unlinked_by_the_next_one(tmp_path):
+    """Spark stops Python workers by SIGHUP to their process group, which takes
+    multiprocessing's resource tracker with them: the kept regions stay in /dev/shm until
+    another worker of this user creates one."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom spark_jobs.staging import regions\n"
+         "memory = regions.take(4096)\nregions.give_back(memory)\nprint(memory.name, flush=True)"
+         "\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    name = worker.stdout.readline().strip()
+    assert name.startswith(f"{staging.PREFIX}{worker.pid}-")
+    os.killpg(worker.pid, signal.SIGHUP)
+    worker.wait()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    orphan = Path("/dev/shm", f"{staging.PREFIX}{ended}-test")
+    live = Path("/dev/shm", f"{staging.PREFIX}{os.getpid()}-test")
+    orphan.write_bytes(b"x")
+    live.write_bytes(b"x")
+    try:
+        staging.unlink_orphans()
+        assert not Path("/dev/shm", name).exists() and not orphan.exists() and live.exists()
+    finally:
+        for path in (orphan, live):
+            path.unlink(missing_ok=True)
 
 
 def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
