@@ -58,22 +58,31 @@ def test_batch_work_asks_for_the_models_lowest_priority(daemon):
     assert ModelInterface("m", "x", "FP32", (1,), "y", 8, priority_levels=3).lowest_priority == 3
 
 
-def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, holdout,
-                                                                        monkeypatch):
-    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
-    images = holdout[0][:300]
-    registered = []
+@pytest.fixture
+def staged_regions(monkeypatch) -> list[str | None]:
+    """The region each infer call staged its samples in (None: they went in the messages),
+    checked to be registered with the daemon while the call's requests run."""
+    regions: list[str | None] = []
     real = staging.staged
 
     @contextlib.contextmanager
     def watched(connection, address, samples):
         with real(connection, address, samples) as region:
-            registered.append(region)
-            if region is not None:  # the daemon holds it while the requests run
+            regions.append(region)
+            if region is not None:
                 client, _ = connection
                 assert region in client.get_system_shared_memory_status().regions
             yield region
     monkeypatch.setattr(staging, "staged", watched)
+    return regions
+
+
+def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, holdout,
+                                                                        monkeypatch,
+                                                                        staged_regions):
+    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
+    images = holdout[0][:300]
+    registered = staged_regions
     via_memory = infer(daemon.socket_url, model, images, 128, 2)
     assert registered[0] is not None
     with grpcclient.InferenceServerClient(daemon.url) as check:
@@ -88,20 +97,13 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
 
 
 def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, holdout,
-                                                                          monkeypatch):
+                                                                          monkeypatch,
+                                                                          staged_regions):
     """Kept regions keep their pages mapped from call to call (no page faults on each copy);
     the daemon knows a region only while its call runs, a smaller one is replaced."""
     model = ModelInterface.fetch(daemon.url, "mnist_cnn")
     monkeypatch.setattr(staging, "regions", staging.Regions(kept=1))
-    names = []
-    real = staging.staged
-
-    @contextlib.contextmanager
-    def watched(connection, address, samples):
-        with real(connection, address, samples) as region:
-            names.append(region)
-            yield region
-    monkeypatch.setattr(staging, "staged", watched)
+    names = staged_regions
     images, labels = holdout[0][:300], holdout[1][:300]
     first = infer(daemon.socket_url, model, images, 128, 2)
     again = infer(daemon.socket_url, model, images[:200], 128, 2)  # fits the kept region
