@@ -44,8 +44,11 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def fresh_rng() -> tuple[np.random.Generator, int]:
-    seed = int.from_bytes(os.urandom(4), "little")
+def fresh_rng(fixed: int | None = None) -> tuple[np.random.Generator, int]:
+    """A generator with a new seed each run (failures print it), or `fixed` where a test's
+    bound is empirical; $HETSERVE_TEST_SEED overrides both, to reproduce or explore."""
+    seed = int(os.environ.get("HETSERVE_TEST_SEED")
+               or (fixed if fixed is not None else int.from_bytes(os.urandom(4), "little")))
     return np.random.default_rng(seed), seed
 
 
