@@ -37,7 +37,6 @@ MODEL = "mnist_cnn"
 ONNX = ROOT / "models" / MODEL / "1" / "model.onnx"
 
 
-
 def timed(run, seconds: float) -> list[float]:
     times, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -42,7 +42,6 @@ SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
           "resnet50": ("image", (3, 224, 224), "logits", 1000)}
 
 
-
 def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:
     import cnn_architectures
     import onnx

@@ -43,17 +43,12 @@ class DataPlane:
             return False
         return self.ready
 
-    async def infer(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
-                    options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
-        names, answer = self.submit(model, inputs, requested_outputs, options)
-        return select(await answer, names)
-
     def submit(self, model: LoadedModel, inputs: Tensors, requested_outputs: list[str],
                options: RequestOptions = DEFAULT_OPTIONS
                ) -> tuple[list[str], asyncio.Future[Answer]]:
-        """`infer` without waiting: validates and queues the request now (raising what refuses
-        it) and returns the names of the outputs to reply with and the future of the batch's
-        answer (`select` picks them from it). Cancelling the future withdraws the request."""
+        """Validates and queues a request now (raising what refuses it); returns the names of
+        the outputs to reply with and the future of the batch's answer (`select` picks them
+        from it). Cancelling the future withdraws the request."""
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic()

@@ -148,11 +148,8 @@ class OwnerSide:
                 for name, dtype, shape, offset, nbytes in h["inputs"]}
             names, answer = self._plane.submit(
                 model, inputs, [], RequestOptions(h["priority"], h["timeout_us"], h["deadline"]))
-        except HetserveError as e:
-            self._error(h["id"], e.status.name, str(e))
-        except Exception as e:  # a bug: the request still gets its answer
-            log.exception("request %d from a front-end failed", h["id"])
-            self._error(h["id"], "INTERNAL", f"{type(e).__name__}: {e}")
+        except Exception as e:
+            self._fail(h["id"], e)
         else:
             self._answers[h["id"]] = answer
             answer.add_done_callback(functools.partial(self._reply, h["id"], names))
@@ -161,11 +158,8 @@ class OwnerSide:
         del self._answers[request_id]
         if answer.cancelled():  # the client went away, or the owner stops
             self._error(request_id, "CANCELLED", "the request was cancelled")
-        elif isinstance(e := answer.exception(), HetserveError):
-            self._error(request_id, e.status.name, str(e))
-        elif e is not None:
-            log.error("request %d from a front-end failed", request_id, exc_info=e)
-            self._error(request_id, "INTERNAL", f"{type(e).__name__}: {e}")
+        elif (e := answer.exception()) is not None:
+            self._fail(request_id, e)
         else:
             result = select(answer.result(), names)
             arrays = [np.ascontiguousarray(a) for a in result.outputs.values()]
@@ -183,6 +177,14 @@ class OwnerSide:
             self._error(h["id"], e.status.name, str(e))
         else:
             self.send({"op": "stats", "id": h["id"]}, reply.SerializeToString())
+
+    def _fail(self, request_id: int, error: BaseException) -> None:
+        """A refused or failed request's answer; a bug's is logged, and still answered."""
+        if isinstance(error, HetserveError):
+            self._error(request_id, error.status.name, str(error))
+        else:
+            log.error("request %d from a front-end failed", request_id, exc_info=error)
+            self._error(request_id, "INTERNAL", f"{type(error).__name__}: {error}")
 
     def _error(self, request_id: int, status: str, message: str) -> None:
         self.send({"op": "error", "id": request_id, "status": status, "message": message})

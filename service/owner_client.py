@@ -166,10 +166,6 @@ class RemoteBatcher:
                 options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
         return self.owner.enqueue(self.spec.name, self.spec.version, inputs, options)
 
-    async def submit(self, inputs: Tensors, size: int,
-                     options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
-        return await self.enqueue(inputs, size, options)
-
 
 class Catalog(ModelTable[RemoteModel]):
     """The owner's served models, as its catalog message lists them."""
