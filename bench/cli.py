@@ -37,7 +37,7 @@ from bench.summary import print_summary
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
 SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",
            "spark": "spark_scoring.py", "opencl": "opencl_engine.py",
-           "request-path": "request_path.py"}
+           "request-path": "request_path.py", "backpressure": "queue_backpressure.py"}
 
 
 def _positive(kind: type):

@@ -24,7 +24,8 @@ from service import socket_lock, tensors
 from spark_jobs import staging
 
 log = logging.getLogger(__name__)
-RETRIED = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED"})
+UNAVAILABLE = str(grpc.StatusCode.UNAVAILABLE)
+QUEUE_FULL = str(grpc.StatusCode.RESOURCE_EXHAUSTED)
 # Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
 IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
 
@@ -120,12 +121,18 @@ class ModelInterface:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded exponential backoff with jitter for UNAVAILABLE and RESOURCE_EXHAUSTED."""
+    """UNAVAILABLE (the daemon down or restarting): `attempts`, with exponential backoff and
+    jitter. RESOURCE_EXHAUSTED (the daemon up, its queue full): backpressure, not a failure; the
+    request is sent again as soon as a request of this worker is answered (room in the queue),
+    or after a wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
+    `request_timeout_s`."""
 
     attempts: int = 8
     first_delay_s: float = 0.2
     max_delay_s: float = 5.0
     request_timeout_s: float = 60.0
+    busy_first_delay_s: float = 0.005
+    busy_max_delay_s: float = 0.2
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -145,6 +152,8 @@ class Inference:
 _Connection = tuple[grpcclient.InferenceServerClient, "dict | None"]
 _clients: dict[tuple[str, Credentials], _Connection] = {}  # per Python worker
 _clients_lock = threading.Lock()
+_answered = threading.Condition()  # notified whenever a request of this worker is answered
+_warned_full: set[str] = set()  # daemons whose full queue this worker has reported
 
 
 def _client(address: str, credentials: Credentials = NO_CREDENTIALS) -> _Connection:
@@ -205,21 +214,21 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
             connection = _client(target, credentials)
             client, headers = connection
             try:
-                return client.infer(model.name, [tensor], outputs=outputs, priority=priority,
-                                    client_timeout=retry.request_timeout_s, headers=headers)
+                return _queued(lambda: client.infer(
+                    model.name, [tensor], outputs=outputs, priority=priority,
+                    client_timeout=retry.request_timeout_s, headers=headers), target, retry)
             except InferenceServerException as e:
-                if _status(e) not in RETRIED or attempt == retry.attempts - 1:
+                if _status(e) != UNAVAILABLE or attempt == retry.attempts - 1:
                     raise
                 log.warning("daemon at %s answered %s (attempt %d of %d): %s", target,
                             _status(e), attempt + 1, retry.attempts, e.message())
                 time.sleep(retry.delay_s(attempt))
-                if _status(e) == str(grpc.StatusCode.UNAVAILABLE):
-                    # A restarted daemon knows no region of ours: bytes travel in the messages.
-                    region[0] = None
-                    tensor.set_data_from_numpy(chunk)
-                    _forget(target, credentials, connection)
-                    if recover is not None:
-                        target = _recovered(recover, target, e)
+                # A restarted daemon knows no region of ours: bytes travel in the messages.
+                region[0] = None
+                tensor.set_data_from_numpy(chunk)
+                _forget(target, credentials, connection)
+                if recover is not None:
+                    target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
     with staging.staged(_client(address, credentials), address, samples) as region[0], \
@@ -232,6 +241,34 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
                      replies[-1].model_version if replies else "",
                      np.repeat(devices, [len(out) for out in logits]))
+
+
+def _queued(send: Callable[[], grpcclient.InferResult], target: str,
+            retry: RetryPolicy) -> grpcclient.InferResult:
+    """send()'s answer once the daemon's queue takes the request. A full queue frees room as
+    the daemon answers, so a refused request waits for an answer to this worker's other
+    requests (on a fast device, within a batch's time) or for a growing delay, whichever comes
+    first; past `request_timeout_s` of refusals the last one is raised."""
+    give_up = time.monotonic() + retry.request_timeout_s
+    delay = retry.busy_first_delay_s
+    while True:
+        try:
+            result = send()
+        except InferenceServerException as e:
+            if _status(e) != QUEUE_FULL or time.monotonic() > give_up:
+                raise
+            if target not in _warned_full:  # once per worker: refusals are routine under load
+                _warned_full.add(target)
+                log.warning("daemon at %s answered %s: requests wait for room in its queue "
+                            "(its --max-queue-size against the tasks x --inflight x request "
+                            "size sent to it): %s", target, _status(e), e.message())
+            with _answered:
+                _answered.wait(delay * random.uniform(0.5, 1))
+            delay = min(delay * 2, retry.busy_max_delay_s)
+            continue
+        with _answered:
+            _answered.notify()  # its room fits one request of the same size
+        return result
 
 
 def _recovered(recover: Callable[[], str], address: str, failure: InferenceServerException

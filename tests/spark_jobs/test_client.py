@@ -1,4 +1,4 @@
-"""The executor-side client against real daemons: RESOURCE_EXHAUSTED is retried with backoff,
+"""The executor-side client against real daemons: RESOURCE_EXHAUSTED waits for room in the queue,
 UNAVAILABLE retries are bounded and consult the node's daemon, priorities follow the model,
 tensors go through shared memory where the daemon can read it and in the messages otherwise."""
 
@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,24 +20,62 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from spark_jobs import staging
+from spark_jobs import client
 from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
                                infer)
 from tests.conftest import MODELS, Daemon
 
 
-def test_a_full_queue_is_retried_until_every_sample_is_answered(holdout, tmp_path, caplog):
+def test_a_full_queue_holds_requests_back_until_every_sample_is_answered(holdout, tmp_path,
+                                                                          caplog):
     busy = Daemon(tmp_path, MODELS, "--max-queue-size", "128")
     try:
         model = ModelInterface.fetch(busy.url, "mnist_cnn")
         images = np.tile(holdout[0], (2, 1, 1, 1))
         with caplog.at_level(logging.WARNING, "spark_jobs.client"):
-            result = infer(busy.socket_url, model, images, 128, 8, retry=RetryPolicy(
-                attempts=50, first_delay_s=0.01, max_delay_s=0.1))
-        assert "answered StatusCode.RESOURCE_EXHAUSTED" in caplog.text
+            # 8 requests of 128 in flight against room for one: most are refused, many times
+            result = infer(busy.socket_url, model, images, 128, 8)
+        refusals = [r for r in caplog.records if "RESOURCE_EXHAUSTED" in r.getMessage()]
+        assert len(refusals) == 1 and "--max-queue-size" in refusals[0].getMessage()
         assert result.logits.shape == (2000, 10) and result.model_version == "1"
         assert (result.logits.argmax(1) == np.tile(holdout[1], 2)).mean() >= 0.95
     finally:
         assert busy.stop() == 0
+
+
+def _queue_full() -> InferenceServerException:
+    return InferenceServerException("queue full", status="StatusCode.RESOURCE_EXHAUSTED")
+
+
+def test_a_refused_request_is_sent_again_when_another_request_is_answered():
+    sent = []
+
+    def send() -> str:
+        sent.append(True)
+        if len(sent) == 1:
+            raise _queue_full()
+        return "answer"
+
+    patient = RetryPolicy(busy_first_delay_s=600, busy_max_delay_s=600)
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(
+        client._queued(send, "unix:/test", patient)), daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 30  # not the 300-600 s of its delay
+    while waiting.is_alive() and time.monotonic() < deadline:
+        client._queued(lambda: "another request's answer", "unix:/test", patient)
+        waiting.join(timeout=0.05)
+    assert answers == ["answer"] and len(sent) == 2
+
+
+def test_refusals_past_the_request_timeout_fail_the_request():
+    def send() -> str:
+        raise _queue_full()
+
+    with pytest.raises(InferenceServerException) as refused:
+        client._queued(send, "unix:/test", RetryPolicy(
+            request_timeout_s=0.2, busy_first_delay_s=0.01, busy_max_delay_s=0.05))
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
 
 
 def test_unavailable_retries_are_bounded_and_ask_for_the_nodes_daemon(daemon, tmp_path):
