@@ -122,9 +122,9 @@ class ModelInterface:
 @dataclass(frozen=True)
 class RetryPolicy:
     """UNAVAILABLE (the daemon down or restarting): `attempts`, with exponential backoff and
-    jitter. RESOURCE_EXHAUSTED (the daemon up, its queue full): backpressure, not a failure; the
-    request is sent again as soon as a request of this worker is answered (room in the queue),
-    or after a wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
+    jitter. RESOURCE_EXHAUSTED (the daemon up, its queue full): backpressure, not a failure; a
+    refused request is sent again when an answer to this worker frees room for it, or after a
+    wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
     `request_timeout_s`."""
 
     attempts: int = 8
@@ -246,9 +246,9 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
 def _queued(send: Callable[[], grpcclient.InferResult], target: str,
             retry: RetryPolicy) -> grpcclient.InferResult:
     """send()'s answer once the daemon's queue takes the request. A full queue frees room as
-    the daemon answers, so a refused request waits for an answer to this worker's other
-    requests (on a fast device, within a batch's time) or for a growing delay, whichever comes
-    first; past `request_timeout_s` of refusals the last one is raised."""
+    the daemon answers, so each answer to this worker wakes one refused request (on a fast
+    device, within a batch's time); one that no answer wakes is sent again after a growing
+    delay. Past `request_timeout_s` of refusals the last one is raised."""
     give_up = time.monotonic() + retry.request_timeout_s
     delay = retry.busy_first_delay_s
     while True:
@@ -257,12 +257,12 @@ def _queued(send: Callable[[], grpcclient.InferResult], target: str,
         except InferenceServerException as e:
             if _status(e) != QUEUE_FULL or time.monotonic() > give_up:
                 raise
-            if target not in _warned_full:  # once per worker: refusals are routine under load
-                _warned_full.add(target)
-                log.warning("daemon at %s answered %s: requests wait for room in its queue "
-                            "(its --max-queue-size against the tasks x --inflight x request "
-                            "size sent to it): %s", target, _status(e), e.message())
-            with _answered:
+            with _answered:  # its lock also keeps the report to one per worker and daemon
+                if target not in _warned_full:  # refusals are routine under load
+                    _warned_full.add(target)
+                    log.warning("daemon at %s answered %s: requests wait for room in its queue "
+                                "(its --max-queue-size against the tasks x --inflight x request "
+                                "size sent to it): %s", target, _status(e), e.message())
                 _answered.wait(delay * random.uniform(0.5, 1))
             delay = min(delay * 2, retry.busy_max_delay_s)
             continue
