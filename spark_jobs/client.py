@@ -123,8 +123,8 @@ class ModelInterface:
 class RetryPolicy:
     """UNAVAILABLE (the daemon down or restarting): `attempts`, with exponential backoff and
     jitter. RESOURCE_EXHAUSTED (the daemon up, its queue full): backpressure, not a failure; a
-    refused request is sent again when an answer to this worker frees room for it, or after a
-    wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
+    refused request is sent again when an answer to this worker shows the queue moving, or
+    after a wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
     `request_timeout_s`."""
 
     attempts: int = 8
@@ -246,9 +246,9 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
 def _queued(send: Callable[[], grpcclient.InferResult], target: str,
             retry: RetryPolicy) -> grpcclient.InferResult:
     """send()'s answer once the daemon's queue takes the request. A full queue frees room as
-    the daemon answers, so each answer to this worker wakes one refused request (on a fast
-    device, within a batch's time); one that no answer wakes is sent again after a growing
-    delay. Past `request_timeout_s` of refusals the last one is raised."""
+    batches leave it, which answers follow, so each answer to this worker wakes one refused
+    request (on a fast device, within a batch's time); one that no answer wakes is sent again
+    after a growing delay. Past `request_timeout_s` of refusals the last one is raised."""
     give_up = time.monotonic() + retry.request_timeout_s
     delay = retry.busy_first_delay_s
     while True:
@@ -267,7 +267,7 @@ def _queued(send: Callable[[], grpcclient.InferResult], target: str,
             delay = min(delay * 2, retry.busy_max_delay_s)
             continue
         with _answered:
-            _answered.notify()  # its room fits one request of the same size
+            _answered.notify()  # one: its batch's room fits a request of the same size
         return result
 
 

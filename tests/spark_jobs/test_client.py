@@ -19,8 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs import staging
-from spark_jobs import client
+from spark_jobs import client, staging
 from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
                                infer)
 from tests.conftest import MODELS, Daemon
