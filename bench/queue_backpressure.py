@@ -19,17 +19,16 @@ import os
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from local_daemon import local_daemon  # noqa: E402
 from serving import MODEL, model_repository  # noqa: E402
+from service.top import fetch  # noqa: E402
 from spark_jobs import staging  # noqa: E402
 from spark_jobs.client import ModelInterface, infer  # noqa: E402
 
@@ -61,11 +60,8 @@ def _round(address: str, metrics_url: str, args: argparse.Namespace) -> dict:
 
 
 def _refusals(metrics_url: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == "hetserve_requests_total"
-               and s.labels.get("code") == "RESOURCE_EXHAUSTED")
+    return sum(v for labels, v in fetch(metrics_url).series("hetserve_requests_total").items()
+               if dict(labels).get("code") == "RESOURCE_EXHAUSTED")
 
 
 def main() -> None:

@@ -32,6 +32,19 @@ void pool2d(__global const DATA* x, __global DATA* out, const int nc, const int 
     }
 }
 
+// The max or mean of a kh x kw window (dilations dh, dw) lying wholly inside a plane w wide.
+inline float window_value(__global const DATA* window, const int w, const int kh, const int kw,
+                          const int dh, const int dw, const int is_max) {
+    float acc = is_max ? -INFINITY : 0.0f;
+    for (int ky = 0; ky < kh; ++ky) {
+        for (int kx = 0; kx < kw; ++kx) {
+            const float v = LOAD_DATA(window, ky * dh * w + kx * dw);
+            acc = is_max ? fmax(acc, v) : acc + v;
+        }
+    }
+    return is_max ? acc : acc / (float)(kh * kw);
+}
+
 // The same where every window lies inside the input (no padding, no ceil_mode overhang, as in
 // most 2x2 and 3x3 pools): no bounds checks, and a loop PoCL runs about twice as fast.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
@@ -41,15 +54,8 @@ void pool2d_valid(__global const DATA* x, __global DATA* out, const int h, const
     const int p = get_global_id(0), c = get_global_id(1);
     if (p >= oh * ow) return;
     const int ox = p % ow, oy = p / ow;
-    __global const DATA* window = x + (c * h + oy * sh) * w + ox * sw;
-    float acc = is_max ? -INFINITY : 0.0f;
-    for (int ky = 0; ky < kh; ++ky) {
-        for (int kx = 0; kx < kw; ++kx) {
-            const float v = LOAD_DATA(window, ky * dh * w + kx * dw);
-            acc = is_max ? fmax(acc, v) : acc + v;
-        }
-    }
-    STORE_DATA(is_max ? acc : acc / (float)(kh * kw), out, c * oh * ow + p);
+    STORE_DATA(window_value(x + (c * h + oy * sh) * w + ox * sw, w, kh, kw, dh, dw, is_max),
+               out, c * oh * ow + p);
 }
 
 // The same on CPUs (the lowering's register-tile path): a work-item computes one output row
@@ -63,16 +69,8 @@ void pool2d_rows(__global const DATA* x, __global DATA* out, const int rows, con
     if (r >= rows) return;
     const int c = r / oh, oy = r - c * oh;
     __global const DATA* in = x + (c * h + oy * sh) * w;
-    for (int ox = 0; ox < ow; ++ox) {
-        float acc = is_max ? -INFINITY : 0.0f;
-        for (int ky = 0; ky < kh; ++ky) {
-            for (int kx = 0; kx < kw; ++kx) {
-                const float v = LOAD_DATA(in, ky * dh * w + ox * sw + kx * dw);
-                acc = is_max ? fmax(acc, v) : acc + v;
-            }
-        }
-        STORE_DATA(is_max ? acc : acc / (float)(kh * kw), out, r * ow + ox);
-    }
+    for (int ox = 0; ox < ow; ++ox)
+        STORE_DATA(window_value(in + ox * sw, w, kh, kw, dh, dw, is_max), out, r * ow + ox);
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))

@@ -16,7 +16,7 @@ import pyopencl as cl
 
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
-from accelerators.opencl.executor import Executor
+from accelerators.opencl.executor import Executor, as_float32
 from accelerators.opencl.graph import Graph, UnsupportedModelError, load_graph
 from accelerators.opencl.launch import Build, LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
@@ -115,4 +115,4 @@ class OpenCLEngine:
                 {k: v[lo:hi] for k, v in inputs.items()},
                 {k: v[lo:hi] for k, v in results.items()})
         self._dev.queue.finish()
-        return {name: r.astype(np.float32, copy=False) for name, r in results.items()}
+        return as_float32(results)

@@ -54,6 +54,15 @@ def _check_fp16(engine_for, model, inputs: dict[str, np.ndarray], seed: int,
     return engine
 
 
+def _check_mnist(got: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
+    """fp16 logits of the held-out digits against onnxruntime's FP32: within the fp16
+    tolerance, and the accuracy within one point."""
+    ref = ort.InferenceSession(str(MNIST), providers=["CPUExecutionProvider"]).run(
+        ["logits"], {"image": images})[0]
+    assert rel_err(got, ref) <= TOLERANCE["fp16"]
+    assert (got.argmax(1) == labels).mean() >= (ref.argmax(1) == labels).mean() - 0.01
+
+
 @pytest.mark.parametrize("case", CONV[:2] if SMALL_GRID else CONV[:6] + CONV[9:], ids=str)
 @pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
 def test_conv(engine_for, case, local_tiles) -> None:
@@ -114,12 +123,8 @@ def test_tensors_take_half_the_device_memory(opencl_device, program_cache) -> No
 def test_mnist_keeps_its_accuracy(opencl_device, program_cache, holdout, local_tiles) -> None:
     images, labels = holdout
     engine = OpenCLEngine(MNIST, opencl_device, program_cache, local_tiles, precision="fp16")
-    got = np.concatenate([engine.run({"image": images[i:i + 100]}, ["logits"])["logits"]
-                          for i in range(0, 1000, 100)])
-    ref = ort.InferenceSession(str(MNIST), providers=["CPUExecutionProvider"]).run(
-        ["logits"], {"image": images})[0]
-    assert rel_err(got, ref) <= TOLERANCE["fp16"]
-    assert (got.argmax(1) == labels).mean() >= (ref.argmax(1) == labels).mean() - 0.01
+    _check_mnist(np.concatenate([engine.run({"image": images[i:i + 100]}, ["logits"])["logits"]
+                                 for i in range(0, 1000, 100)]), images, labels)
 
 
 def test_the_precision_option_of_a_model_config_selects_half_storage(opencl_device) -> None:
@@ -146,11 +151,7 @@ def test_half_arithmetic_where_the_device_has_cl_khr_fp16(opencl_device, program
         pytest.skip(f"{device.name.strip()} does not announce cl_khr_fp16: half storage only")
     assert "-DHALF_COMPUTE" in engine.build.defines
     images, labels = holdout
-    got = engine.run({"image": images}, ["logits"])["logits"]
-    ref = ort.InferenceSession(str(MNIST), providers=["CPUExecutionProvider"]).run(
-        ["logits"], {"image": images})[0]
-    assert rel_err(got, ref) <= TOLERANCE["fp16"]
-    assert (got.argmax(1) == labels).mean() >= (ref.argmax(1) == labels).mean() - 0.01
+    _check_mnist(engine.run({"image": images}, ["logits"])["logits"], images, labels)
 
 
 @pytest.mark.parametrize("defines", ["-DHALF_STORAGE", "-DHALF_STORAGE -DHALF_COMPUTE"])
@@ -161,7 +162,7 @@ def test_the_half_kernels_compile_for_a_target_with_cl_khr_fp16(tmp_path, define
         pytest.skip("no clang to compile OpenCL C for spir64")
     source = tmp_path / "hetserve.cl"
     source.write_text(kernel_source())
-    build = Build(tiling=None)
+    build = Build()
     result = subprocess.run(
         [clang, "-cl-std=CL1.2", "-Xclang", "-finclude-default-header", "-target", "spir64",
          "-fsyntax-only", "-Werror", *BUILD_OPTIONS.split(), *build.defines.split(),
