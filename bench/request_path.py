@@ -31,11 +31,12 @@ from service.shared_memory import SharedMemoryRegions  # noqa: E402
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:
     metrics = Metrics()
-    registry = ModelRegistry(Settings(model_repository=models, unix_socket=None), metrics)
+    settings = Settings(model_repository=models, unix_socket=None)
+    registry = ModelRegistry(settings, metrics)
     await registry.load_all()
     plane = DataPlane(registry)
     plane.ready = True
-    servicer = InferenceServicer(plane, metrics, SharedMemoryRegions())
+    servicer = InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings))
     request = infer_request(image)
     done = 0
 

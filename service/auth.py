@@ -6,6 +6,7 @@ checks, which load balancers and kubelets make without credentials."""
 from __future__ import annotations
 
 import hmac
+import inspect
 import ipaddress
 from collections.abc import Callable
 from pathlib import Path
@@ -91,12 +92,17 @@ def _guarded(handler: grpc.RpcMethodHandler,
             else grpc.stream_unary_rpc_method_handler
         return make(single, **codecs)
     behavior = handler.unary_stream or handler.stream_stream
-
-    async def stream(request, context):
-        if not allowed(context):
-            await _deny(context)
-        async for reply in behavior(request, context):
-            yield reply
+    if inspect.isasyncgenfunction(behavior):
+        async def stream(request, context):
+            if not allowed(context):
+                await _deny(context)
+            async for reply in behavior(request, context):
+                yield reply
+    else:  # one that writes its replies with context.write
+        async def stream(request, context):
+            if not allowed(context):
+                await _deny(context)
+            return await behavior(request, context)
     make = grpc.unary_stream_rpc_method_handler if handler.unary_stream \
         else grpc.stream_stream_rpc_method_handler
     return make(stream, **codecs)

@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2
 
 from service import tensors
 from service.batcher import Answer
-from service.errors import InvalidInputError
+from service.errors import InvalidInputError, shown
 from service.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.shared_memory import SharedMemoryRegions
 from service.tensors import Tensors
@@ -33,10 +33,16 @@ def parse_message(message_class: type[M], data: bytes) -> M:
                                 f" message ({e})") from None
 
 
-def decode_inputs(request: service_pb2.ModelInferRequest,
-                  regions: SharedMemoryRegions) -> Tensors:
-    """Each input from shared memory, raw bytes (one entry per input not in shared memory, in
-    order) or typed contents."""
+def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
+    """Whether any tensor of the request may lie in shared memory (has parameters)."""
+    return any(t.parameters for t in request.inputs) or \
+        any(o.parameters for o in request.outputs)
+
+
+def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
+                  caller: str | None) -> Tensors:
+    """Each input from `caller`'s shared memory (copied), raw bytes (one entry per input not in
+    shared memory, in order; no copy) or typed contents."""
     raw = request.raw_input_contents
     inputs = list(request.inputs)
     in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
@@ -48,51 +54,52 @@ def decode_inputs(request: service_pb2.ModelInferRequest,
     raw_entries = iter(raw)
     arrays: Tensors = {}
     for t, place in zip(inputs, in_memory):
+        field = f"input {shown(t.name)}"
         if t.name in arrays:
-            raise InvalidInputError(f"inputs: input {t.name!r} appears twice")
+            raise InvalidInputError(f"inputs: {field} appears twice")
         dtype = tensors.numpy_dtype(t.datatype)
         if dtype is None:
-            raise InvalidInputError(f"input {t.name!r}: datatype {t.datatype!r} received, "
+            raise InvalidInputError(f"{field}: datatype {shown(t.datatype)} received, "
                                     f"expected one of {tensors.wire_names()}")
         shape = tuple(t.shape)
         if shape and min(shape) < 0:
-            raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, "
+            raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, "
                                     "expected non-negative dimensions")
         count = math.prod(shape)
         # A zero dimension makes any shape empty: bound the others too.
         if (count or math.prod(max(d, 1) for d in shape)) * dtype.itemsize > _MAX_TENSOR_BYTES:
-            raise InvalidInputError(f"input {t.name!r}: shape {list(shape)} received, expected "
+            raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, expected "
                                     f"dimensions that describe at most {_MAX_TENSOR_BYTES} bytes")
         if place is not None or raw:
             where = "its shared memory" if place is not None else "raw_input_contents"
             if t.HasField("contents") and t.contents.ListFields():
-                raise InvalidInputError(f"input {t.name!r}: both contents and {where} "
+                raise InvalidInputError(f"{field}: both contents and {where} "
                                         "received; send the tensor in one of them")
-            data = regions.view(*place, field=f"input {t.name!r}") if place is not None \
+            data = regions.read(*place, caller, field) if place is not None \
                 else next(raw_entries)
             expected = count * dtype.itemsize
             if len(data) != expected:
                 raise InvalidInputError(
-                    f"input {t.name!r}: {where} holds {len(data)} bytes, {expected} expected "
+                    f"{field}: {where} holds {len(data)} bytes, {expected} expected "
                     f"for {t.datatype} {list(shape)}")
-            arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view, no copy
+            arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view of the bytes
         else:
             values = getattr(t.contents, tensors.CONTENTS_FIELD.get(t.datatype, ""), ())
             if len(values) != count:
                 raise InvalidInputError(
-                    f"input {t.name!r}: {len(values)} values in contents received, {count} "
+                    f"{field}: {len(values)} values in contents received, {count} "
                     f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
             try:
                 arrays[t.name] = np.asarray(values, dtype).reshape(shape)
             except OverflowError:
                 raise InvalidInputError(
-                    f"input {t.name!r}: contents hold values outside the range of "
+                    f"{field}: contents hold values outside the range of "
                     f"{t.datatype}") from None
     return arrays
 
 
 def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    answer: Answer, regions: SharedMemoryRegions
+                    answer: Answer, regions: SharedMemoryRegions, caller: str | None
                     ) -> service_pb2.ModelInferResponse:
     """Outputs requested in shared memory are written there (their raw entry stays empty, so
     that the others keep their places); every other output travels as raw bytes, which is all
@@ -113,8 +120,7 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
         if array.nbytes > byte_size:
             raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
                                     f"received, the output needs {array.nbytes} bytes")
-        view = regions.view(region, offset, array.nbytes, field=f"output {name!r}")
-        np.frombuffer(view, array.dtype).reshape(array.shape)[...] = array
+        regions.write(region, offset, array, caller, f"output {name!r}")
         for key in _SHM_KEYS:
             if key in parameters:
                 tensor.parameters[key].CopyFrom(parameters[key])
@@ -127,7 +133,7 @@ def _shared_memory(parameters, side: str, name: str) -> tuple[str, int, int] | N
     memory, else None."""
     if "shared_memory_region" not in parameters:
         return None
-    field = f"{side} {name!r}"
+    field = f"{side} {shown(name)}"
     size = _natural(parameters, "shared_memory_byte_size", f"{field}: ")
     if size is None:
         raise InvalidInputError(f"{field}: parameters['shared_memory_byte_size'] is missing; "
@@ -144,9 +150,9 @@ def _natural(parameters, key: str, prefix: str) -> int | None:
     param = parameters[key]
     kind = param.WhichOneof("parameter_choice")
     if kind not in ("uint64_param", "int64_param") or getattr(param, kind) < 0:
-        raise InvalidInputError(
-            f"{prefix}parameters[{key!r}]: {kind} {getattr(param, kind) if kind else None!r} "
-            "received, a non-negative uint64_param or int64_param expected")
+        value = shown(getattr(param, kind)) if kind else "nothing"
+        raise InvalidInputError(f"{prefix}parameters[{key!r}]: {kind} {value} received, a "
+                                "non-negative uint64_param or int64_param expected")
     return getattr(param, kind)
 
 

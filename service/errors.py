@@ -31,6 +31,12 @@ class QueueFullError(HetserveError):
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class LimitError(HetserveError):
+    """A bound on what clients may make the daemon hold (shared memory regions, descriptors)."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class DeadlineExceededError(HetserveError):
     """The client's deadline or the queue timeout passed before the request could run."""
 
@@ -55,3 +61,10 @@ class DeviceError(HetserveError):
 
 class StartupError(Exception):
     """The daemon cannot start as configured (a port or socket in use, a bad repository)."""
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """Client data as an error message may quote it: its repr, cut to `limit` characters (a
+    peer must not grow logs and replies with what it sends)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -38,34 +38,44 @@ log = logging.getLogger(__name__)
 
 class FrontendServicer(InferenceServicer):
     """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
-    client's system shared memory region registered with every front-end."""
+    client's system shared memory region registered with every front-end: the owner reserves
+    its name before this one answers OK, so that a name is registered once."""
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 owner: OwnerClient) -> None:
-        super().__init__(plane, metrics, regions)
+                 owner: OwnerClient, settings: Settings) -> None:
+        super().__init__(plane, metrics, regions, bool(settings.token_file),
+                         settings.max_stream_inflight)
         self._owner = owner
 
     async def SystemSharedMemoryRegister(self, request, context):
-        reply = await super().SystemSharedMemoryRegister(request, context)  # aborts if refused
-        await self._owner.share({"op": "register", "name": request.name, "key": request.key,
-                                 "offset": request.offset, "byte_size": request.byte_size})
-        return reply
+        caller = self._caller(context)
+        region = self._regions.open(request.name, request.key, request.offset,
+                                    request.byte_size, caller)
+        try:
+            await self._owner.share({"op": "register", "name": request.name, "key": request.key,
+                                     "offset": request.offset, "byte_size": request.byte_size,
+                                     "caller": caller})
+        except BaseException:
+            region.close()
+            raise
+        self._regions.add(region)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):
-        reply = await super().SystemSharedMemoryUnregister(request, context)
-        await self._owner.share({"op": "unregister", "name": request.name})
-        return reply
+        caller = self._caller(context)
+        self._regions.unregister(request.name, caller)
+        await self._owner.share({"op": "unregister", "name": request.name, "caller": caller})
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def ModelStatistics(self, request, context):
-        async with self._status(context):
-            return pb.ModelStatisticsResponse.FromString(
-                await self._owner.statistics(request.name, request.version))
+        return pb.ModelStatisticsResponse.FromString(
+            await self._owner.statistics(request.name, request.version))
 
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     catalog = Catalog()
     plane = DataPlane(catalog)
-    regions = SharedMemoryRegions()
+    regions = SharedMemoryRegions.from_settings(settings)
     serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
     became_ready: set[asyncio.Task] = set()
 
@@ -79,18 +89,19 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
 
     def on_share(header: dict) -> None:  # a region registered or unregistered elsewhere
         if header["op"] == "unregister":
-            regions.unregister(header["name"])
+            regions.drop(header["names"])
             return
-        try:
-            regions.register(header["name"], header["key"], header["offset"],
-                             header["byte_size"])
-        except HetserveError as e:  # e.g. the same name registered here meanwhile
+        try:  # the owner has reserved its name
+            regions.add(regions.open(header["name"], header["key"], header["offset"],
+                                     header["byte_size"], header["caller"], checked=False))
+        except HetserveError as e:  # e.g. the client changed its object meanwhile
             log.warning("shared memory region %r registered at another front-end: %s",
                         header["name"], e)
 
     owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
-    front = GrpcFront(settings, token, FrontendServicer(plane, Metrics(), regions, owner),
+    front = GrpcFront(settings, token,
+                      FrontendServicer(plane, Metrics(), regions, owner, settings),
                       plane, reuseport=True)
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())

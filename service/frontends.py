@@ -4,14 +4,18 @@ This process stays the device owner: it loads the models, owns every device, bat
 front-ends and serves /metrics. The N front-ends (service/frontend_process.py) do gRPC, decoding,
 validation, auth and replies; they share the TCP port through SO_REUSEPORT and each serves its
 own unix socket (service/socket_lock.worker_socket). Each hands requests to the owner through
-its shared-memory arena and a socketpair (service/owner_channel.py).
+its shared-memory arena and a socketpair (service/owner_channel.py). Clients' shared memory
+region names are reserved here, for every front-end: a name is registered once, whichever
+front-end a client reaches.
 
 The port is guarded here first: a probe bind without SO_REUSEPORT fails when any other program
 or daemon holds it, and a bound, never-listening SO_REUSEPORT socket then keeps it for the
 daemon's life (no other program takes it while a front-end restarts; another daemon's probe
 fails). A front-end that dies is started again, and only its own requests in flight fail; the
 front-ends end with this process (PR_SET_PDEATHSIG), and their requests waiting on it fail
-UNAVAILABLE at once."""
+UNAVAILABLE at once. Restarts back off per cause: one that cannot start waits longer each time;
+one that served and then died (killed, crashed) comes back after the first wait, every time, so
+that what one client did to it never keeps the others waiting."""
 
 from __future__ import annotations
 
@@ -30,27 +34,27 @@ from grpc_health.v1 import health, health_pb2
 from prometheus_client import multiprocess
 
 from service import arena, owner_channel
+from service.arena import Arena
 from service.dataplane import DataPlane
-from service.errors import StartupError
+from service.errors import HetserveError, StartupError
 from service.grpc_front import set_health
 from service.metrics import Metrics
 from service.owner_channel import OwnerSide
 from service.settings import ENV_PREFIX, Settings
-from service.shared_memory import SHM_ROOT, SharedMemoryRegions
+from service.shared_memory import SHM_ROOT, Limits, RegionNames
 from service.socket_lock import worker_socket
 
 log = logging.getLogger(__name__)
-# Wait before starting a dead front-end again: the first, doubled while it keeps dying young.
+# Wait before starting a dead front-end again: the first, doubled while it cannot start.
 _RESTART_S = (0.5, 30.0)
-_YOUNG_S = 10.0
 _EXIT_MARGIN_S = 5.0  # beyond the grace, for front-ends to stop before they are killed
 
 
 class Frontends:
-    def __init__(self, settings: Settings, count: int, plane: DataPlane, metrics: Metrics,
-                 regions: SharedMemoryRegions) -> None:
+    def __init__(self, settings: Settings, count: int, plane: DataPlane,
+                 metrics: Metrics) -> None:
         self._settings, self._count = settings, count
-        self._plane, self._metrics, self._regions = plane, metrics, regions
+        self._plane, self._metrics = plane, metrics
         self.health = health.aio.HealthServicer()  # the daemon's, for --health-port
         self._arena_size = arena.size_for(settings.max_message_bytes, count)
         self._sides: dict[int, OwnerSide] = {}
@@ -58,7 +62,8 @@ class Frontends:
         self._slots: list[asyncio.Task] = []
         self._started: list[asyncio.Future] = []
         self._catalog: tuple[dict, bytes] | None = None
-        self._shared: dict[str, dict] = {}  # clients' system shared memory regions, by name
+        self._names = RegionNames(Limits.from_settings(settings))  # clients' regions
+        self._shared: dict[str, dict] = {}  # their registrations, for front-ends started later
         self._stopping = False
         self._env: dict[str, str] = {}
 
@@ -125,11 +130,10 @@ class Frontends:
     async def _keep(self, index: int) -> None:
         """Runs front-end `index`, and starts it again whenever it dies."""
         delay = _RESTART_S[0]
-        loop = asyncio.get_running_loop()
         while True:
-            began = loop.time()
+            listened = False
             try:
-                code: int | str = await self._run(index)
+                code, listened = await self._run(index)
             except Exception as e:  # could not be started (/dev/shm full, no fork): try again
                 log.exception("front-end %d could not be started", index)
                 code = f"none ({type(e).__name__}: {e})"
@@ -140,21 +144,20 @@ class Frontends:
                 return
             if self._stopping:
                 return
-            delay = _RESTART_S[0] if loop.time() - began > _YOUNG_S \
-                else min(delay * 2, _RESTART_S[1])
+            delay = _RESTART_S[0] if listened else min(delay * 2, _RESTART_S[1])
             log.warning("front-end %d exited with code %s; starting it again in %.1f s",
                         index, code, delay)
             await asyncio.sleep(delay)
             if self._stopping:  # a SIGTERM to every process of the daemon (systemd) raced
                 return
 
-    async def _run(self, index: int) -> int:
-        """Starts front-end `index` with a fresh arena and channel; its exit code."""
-        region = f"frontend-{index}"
+    async def _run(self, index: int) -> tuple[int, bool]:
+        """Starts front-end `index` with a fresh arena and channel; its exit code, and whether
+        it listened."""
         key, fd = arena.create(self._arena_size)
         here, there = socket.socketpair()
         try:
-            self._regions.register(region, key, 0, self._arena_size)
+            inputs = Arena(fd, self._arena_size)  # where the owner reads its requests' inputs
             if self._settings.unix_socket:  # a dead front-end's socket file is stale
                 worker_socket(self._settings.unix_socket, index).unlink(missing_ok=True)
             process = await asyncio.create_subprocess_exec(
@@ -163,13 +166,12 @@ class Frontends:
                 pass_fds=(there.fileno(), fd), env=self._env)
         except BaseException:
             here.close()
-            self._regions.unregister(region)
             raise
         finally:
             there.close()
             os.close(fd)
             (SHM_ROOT / key).unlink()  # both hold it now (or nobody): no death can leak it
-        side = OwnerSide(self._plane, self._regions, region, self._share)
+        side = OwnerSide(self._plane, inputs, self._share)
         await side.open(here)
         for registered in self._shared.values():  # known before it listens: sent first
             side.send(registered)
@@ -178,26 +180,33 @@ class Frontends:
         serving = asyncio.create_task(side.serve())
         announce = asyncio.create_task(self._announce(index, side))
         try:
-            return await process.wait()
+            return await process.wait(), side.listening.is_set()
         finally:
             announce.cancel()
             await serving  # the channel ends with the process: its requests are cancelled
             del self._sides[index], self._processes[index]
-            self._regions.unregister(region)
 
     def _share(self, origin: OwnerSide, header: dict) -> None:
-        """A client registered or unregistered a shared memory region at one front-end: every
-        other front-end does the same, and one started later learns the regions registered,
-        so that a region is the daemon's, whichever front-end a connection reaches."""
+        """A client registers or unregisters a shared memory region at one front-end: the name is
+        reserved (or released) here first, then every other front-end does the same, and one
+        started later learns the regions registered, so that a region is the daemon's,
+        whichever front-end a connection reaches."""
         request_id = header.pop("id")
         if header["op"] == "register":
-            self._shared[header["name"]] = header
+            try:
+                self._names.reserve(header["name"], header["caller"])
+            except HetserveError as e:  # taken, or a limit reached: that front-end refuses
+                origin.fail(request_id, e)
+                return
+            self._shared[header["name"]] = passed = header
         else:
-            for name in [header["name"]] if header["name"] else list(self._shared):
-                self._shared.pop(name, None)
+            released = self._names.release(header["name"], header["caller"])
+            for name in released:
+                del self._shared[name]
+            passed = {"op": "unregister", "names": released}
         for side in self._sides.values():
             if side is not origin:
-                side.send(header)
+                side.send(passed)
         origin.send({"op": "shared", "id": request_id})  # after the others, on each channel
 
     async def _announce(self, index: int, side: OwnerSide) -> None:

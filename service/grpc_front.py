@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service import handlers
+from service import handlers, socket_lock
 from service.auth import ExposureError, TokenInterceptor
 from service.credentials import TlsFiles, TokenFile
 from service.dataplane import DataPlane
@@ -77,6 +77,8 @@ def bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
     if settings.unix_socket:
         target = f"unix:{settings.unix_socket}"
         add_port(server, target, str(settings.unix_socket), None)
+        # Bound already: its mode says who may connect before anyone can.
+        socket_lock.restrict(settings.unix_socket, socket_lock.group_id(settings.socket_group))
         addresses.append(target)
     if not addresses:
         raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")

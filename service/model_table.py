@@ -3,12 +3,14 @@ plane looks models up in, in the device owner (the registry) and in front-ends (
 
 from __future__ import annotations
 
+import re
 from typing import Generic, TypeVar
 
-from service.errors import ModelNotFoundError
+from service.errors import ModelNotFoundError, shown
 from service.repository import check_model_name
 
 M = TypeVar("M")
+_VERSION = re.compile(r"[0-9]{1,18}")
 
 
 class ModelTable(Generic[M]):
@@ -25,9 +27,10 @@ class ModelTable(Generic[M]):
                 f"no such model; serving {sorted(self._models)}"))
         if not version:
             return versions[max(versions)]
-        if not version.isdigit() or int(version) not in versions:
-            raise ModelNotFoundError(f"model_version {version!r} of model {name!r} is not "
-                                     f"served; versions are {sorted(versions)}")
+        # ASCII digits only: str.isdigit also takes '²', which int() refuses.
+        if not _VERSION.fullmatch(version) or int(version) not in versions:
+            raise ModelNotFoundError(f"model_version {shown(version)} of model {name!r} is not "
+                                     f"served; expected one of {sorted(versions)}")
         return versions[int(version)]
 
     def loaded(self) -> list[M]:

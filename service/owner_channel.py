@@ -4,7 +4,8 @@ lie in the front-end's arena (service/arena.py) and the header names their place
 logits per sample) travel in the reply's payload. Nothing from the network is unpickled.
 
 front-end -> owner: infer, cancel, stats, listening, register and unregister (a client's system
-shared memory region, which the owner passes on to every other front-end).
+shared memory region: the owner reserves or releases its name and passes it on to every other
+front-end).
 owner -> front-end: loading or catalog (first, then catalog once models are loaded), reply,
 error (a status name and message), stats (ModelStatisticsResponse bytes), shared (a region
 passed on), register and unregister (from another front-end)."""
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -22,13 +22,13 @@ from collections.abc import Callable
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from service.arena import Arena
 from service.batcher import Answer
 from service.dataplane import DataPlane, select
 from service.errors import HetserveError
+from service.handlers import status_of
 from service.queue_policy import RequestOptions
-from service.shared_memory import SharedMemoryRegions
 
-log = logging.getLogger(__name__)
 _PREFIX = struct.Struct("<II")  # header bytes, payload bytes
 
 
@@ -102,9 +102,9 @@ class OwnerSide:
     answer (reply or error), also when cancelled, because the front-end frees the request's
     arena block only then."""
 
-    def __init__(self, plane: DataPlane, regions: SharedMemoryRegions, region: str,
+    def __init__(self, plane: DataPlane, inputs: Arena,
                  on_share: Callable[[OwnerSide, dict], None]) -> None:
-        self._plane, self._regions, self._region = plane, regions, region
+        self._plane, self._inputs = plane, inputs  # the front-end's arena
         self._on_share = on_share  # a client's shared memory (un)registered at this front-end
         self._answers: dict[int, asyncio.Future[Answer]] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
@@ -143,13 +143,12 @@ class OwnerSide:
         request)."""
         try:
             model = self._plane.model(h["model"], h["version"])
-            inputs = {name: np.frombuffer(self._regions.view(
-                self._region, offset, nbytes, f"input {name!r}"), dtype).reshape(shape)
-                for name, dtype, shape, offset, nbytes in h["inputs"]}
+            inputs = {name: np.frombuffer(self._inputs.view((offset, nbytes)), dtype).reshape(shape)
+                      for name, dtype, shape, offset, nbytes in h["inputs"]}
             names, answer = self._plane.submit(
                 model, inputs, [], RequestOptions(h["priority"], h["timeout_us"], h["deadline"]))
         except Exception as e:
-            self._fail(h["id"], e)
+            self.fail(h["id"], e)
         else:
             self._answers[h["id"]] = answer
             answer.add_done_callback(functools.partial(self._reply, h["id"], names))
@@ -159,7 +158,7 @@ class OwnerSide:
         if answer.cancelled():  # the client went away, or the owner stops
             self._error(request_id, "CANCELLED", "the request was cancelled")
         elif (e := answer.exception()) is not None:
-            self._fail(request_id, e)
+            self.fail(request_id, e)
         else:
             result = select(answer.result(), names)
             arrays = [np.ascontiguousarray(a) for a in result.outputs.values()]
@@ -178,13 +177,10 @@ class OwnerSide:
         else:
             self.send({"op": "stats", "id": h["id"]}, reply.SerializeToString())
 
-    def _fail(self, request_id: int, error: BaseException) -> None:
+    def fail(self, request_id: int, error: BaseException) -> None:
         """A refused or failed request's answer; a bug's is logged, and still answered."""
-        if isinstance(error, HetserveError):
-            self._error(request_id, error.status.name, str(error))
-        else:
-            log.error("request %d from a front-end failed", request_id, exc_info=error)
-            self._error(request_id, "INTERNAL", f"{type(error).__name__}: {error}")
+        status, message = status_of(error, f"request {request_id} from a front-end")
+        self._error(request_id, status.name, message)
 
     def _error(self, request_id: int, status: str, message: str) -> None:
         self.send({"op": "error", "id": request_id, "status": status, "message": message})

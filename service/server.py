@@ -8,8 +8,8 @@ import contextlib
 import importlib
 import logging
 import os
+import resource
 import signal
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -44,20 +44,21 @@ async def serve(settings: Settings) -> None:
     refused with UNAVAILABLE, and requests in flight get `shutdown_grace_s` to finish."""
     token, power = _checked(settings)
     workers = settings.workers or default_workers()
+    _raise_descriptor_limit()
     async with contextlib.AsyncExitStack() as cleanup:  # also when start-up fails half-way
         if settings.unix_socket:  # first taken, last let go: devices close before a successor
-            _own_socket(settings.unix_socket, cleanup)
+            _own_socket(settings, cleanup)
         metrics = Metrics(power)
         registry = ModelRegistry(settings, metrics)
         cleanup.push_async_callback(registry.close)
         plane = DataPlane(registry)
-        regions = SharedMemoryRegions()
-        cleanup.callback(regions.close)
         if workers == 1:
-            front: GrpcFront | Frontends = GrpcFront(
-                settings, token, InferenceServicer(plane, metrics, regions), plane)
+            regions = SharedMemoryRegions.from_settings(settings)
+            cleanup.callback(regions.close)
+            front: GrpcFront | Frontends = GrpcFront(settings, token, InferenceServicer(
+                plane, metrics, regions, bool(token), settings.max_stream_inflight), plane)
         else:
-            front = Frontends(settings, workers, plane, metrics, regions)
+            front = Frontends(settings, workers, plane, metrics)
         addresses = await front.start(cleanup)
         probes = _health_port(front.health, settings)
         if settings.metrics_port:
@@ -105,6 +106,14 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
     if settings.workers < 0:
         raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
                            "the CPUs) or a number of front-end processes")
+    for name in ("max_shm_regions", "max_shm_regions_per_client", "max_stream_inflight"):
+        if getattr(settings, name) < 1:
+            raise StartupError(f"{name}: {getattr(settings, name)} received, expected at "
+                               "least 1")
+    try:
+        socket_lock.group_id(settings.socket_group)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
     try:
         check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
         token = TokenFile(settings.token_file) if settings.token_file else None
@@ -116,9 +125,23 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
         raise StartupError(str(e)) from e
 
 
-def _own_socket(path: Path, cleanup: contextlib.AsyncExitStack) -> None:
-    """Takes the socket's lock for the daemon's life, then removes a socket file left by a
-    daemon that died without removing it; another daemon's live socket is never touched."""
+def _raise_descriptor_limit() -> None:
+    """Up to the hard limit: each client region keeps a descriptor open (within
+    --max-shm-regions), beside every connection's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _own_socket(settings: Settings, cleanup: contextlib.AsyncExitStack) -> None:
+    """Checks the socket's folder, takes the socket's lock for the daemon's life, then removes a
+    socket file left by a daemon that died without removing it; another daemon's live socket is
+    never touched."""
+    path = settings.unix_socket
+    try:
+        socket_lock.prepare_folder(path, socket_lock.group_id(settings.socket_group))
+    except socket_lock.FolderError as e:
+        raise StartupError(str(e)) from None
     fd = socket_lock.hold(path)
     if fd is None:
         raise StartupError(f"cannot listen on {path}: another daemon is serving there "

@@ -30,6 +30,10 @@ class Settings:
     unix_socket: Path | None = field(
         default_factory=default_socket,
         metadata={"doc": "unix socket for node-local clients; empty disables it"})
+    socket_group: str = field(
+        default="", metadata={"doc": "group (name or id) whose members may also connect to the "
+                                     "unix socket, and whose shared memory objects the daemon "
+                                     "may open; empty: the daemon's user alone"})
     tls_cert: Path | None = field(
         default=None, metadata={"doc": "PEM certificate chain for gRPC over TCP (with tls_key); "
                                        "required, with a token, when the host is not loopback"})
@@ -59,6 +63,17 @@ class Settings:
         metadata={"doc": "queued samples per model and priority level before "
                          "RESOURCE_EXHAUSTED, "
                          "unless config.pbtxt sets max_queue_size"})
+    max_shm_regions: int = field(
+        default=1024, metadata={"doc": "system shared memory regions registered at once by all "
+                                       "clients (each holds a descriptor) before "
+                                       "RESOURCE_EXHAUSTED"})
+    max_shm_regions_per_client: int = field(
+        default=256, metadata={"doc": "the same for one client: the unix socket's users, or "
+                                      "the token's holders over TCP"})
+    max_stream_inflight: int = field(
+        default=256, metadata={"doc": "requests of one ModelStreamInfer stream read ahead of "
+                                      "their replies; a client that reads no replies stops "
+                                      "being read"})
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per engine instance; 0: ONNX "
                                     "Runtime's choice, or the cores split between a device's "

@@ -3,6 +3,7 @@ starts tells systemd READY=1 once it serves and STOPPING=1 when SIGTERM drains i
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -75,6 +76,7 @@ def test_the_daemon_notifies_ready_once_serving_and_stopping_on_sigterm(tmp_path
     sock = tmp_path / "grpc.sock"
     environ = commands.read_env_file(ENV_FILE) | {
         "HETSERVE_MODEL_REPOSITORY": str(MODELS), "HETSERVE_UNIX_SOCKET": str(sock),
+        "HETSERVE_SOCKET_GROUP": str(os.getgid()),  # the unit's hetserve group, here
         "HETSERVE_GRPC_PORT": str(free_port()), "HETSERVE_METRICS_HOST": "127.0.0.1",
         "HETSERVE_METRICS_PORT": "0"}
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
@@ -88,6 +90,7 @@ def test_the_daemon_notifies_ready_once_serving_and_stopping_on_sigterm(tmp_path
             # READY=1 comes only once the daemon serves.
             assert ready[0] == "READY=1" and ready[1].startswith("STATUS=serving ")
             assert commands.is_ready(f"unix:{sock}")
+            assert os.stat(sock).st_mode & 0o777 == 0o660  # the group's members may connect
             daemon.send_signal(signal.SIGTERM)
             assert systemd.recv(4096) == b"STOPPING=1"
             assert daemon.wait(60) == 0

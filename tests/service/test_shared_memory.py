@@ -1,5 +1,6 @@
 """Triton's system shared memory extension through tritonclient: tensors in /dev/shm regions
-instead of gRPC messages, for clients on the daemon's node."""
+instead of gRPC messages, for clients on the daemon's node (over its unix socket here; over TCP
+only with the daemon's token: tests/service/test_hostile_clients.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from service.errors import PermissionDeniedError
-from service.shared_memory import SHM_ROOT, check_local
+from service.shared_memory import SHM_ROOT, caller
 from tests.conftest import MODEL
 from tests.service.conftest import assert_served
 
 REGION_BYTES = 8192
+
+
+@pytest.fixture
+def client(daemon):
+    """A client over the daemon's unix socket, which may use shared memory."""
+    with grpcclient.InferenceServerClient(daemon.socket_url) as c:
+        yield c
 
 
 @pytest.fixture
@@ -102,9 +110,11 @@ def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, re
         client.unregister_system_shared_memory("small")
 
 
-def test_only_clients_on_this_node_may_use_shared_memory() -> None:
-    for peer in ("unix:/run/user/1000/hetserve/grpc.sock", "ipv4:127.0.0.1:5555",
-                 "ipv6:[::1]:5555"):
-        check_local(peer)
+def test_shared_memory_callers_are_the_socket_s_users_or_the_token_s_holders() -> None:
+    assert caller("unix:/run/user/1000/hetserve/grpc.sock", token=False) == "unix"
+    for peer in ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"):
+        assert caller(peer, token=True) == "token"
+        with pytest.raises(PermissionDeniedError, match="needs the daemon's token"):
+            caller(peer, token=False)
     with pytest.raises(PermissionDeniedError, match="'ipv4:10.1.2.3:5555' is not on this node"):
-        check_local("ipv4:10.1.2.3:5555")
+        caller("ipv4:10.1.2.3:5555", token=True)

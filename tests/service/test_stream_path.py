@@ -41,13 +41,15 @@ class Served:
 @contextlib.asynccontextmanager
 async def _serving(models: Path) -> AsyncIterator[Served]:
     metrics = Metrics()
-    registry = ModelRegistry(Settings(model_repository=models, unix_socket=None), metrics)
+    settings = Settings(model_repository=models, unix_socket=None)
+    registry = ModelRegistry(settings, metrics)
     await registry.load_all()
     assert not registry.failures, registry.failures
     plane = DataPlane(registry)
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    handlers.add_to_server(InferenceServicer(plane, metrics, SharedMemoryRegions()), server)
+    handlers.add_to_server(InferenceServicer(
+        plane, metrics, SharedMemoryRegions.from_settings(settings)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

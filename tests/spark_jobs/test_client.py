@@ -124,7 +124,7 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
     registered = staged_regions
     via_memory = infer(daemon.socket_url, model, images, 128, 2)
     assert registered[0] is not None
-    with grpcclient.InferenceServerClient(daemon.url) as check:
+    with grpcclient.InferenceServerClient(daemon.socket_url) as check:
         assert not check.get_system_shared_memory_status().regions  # unregistered after
     # The same through the messages, where the daemon cannot open the region.
     monkeypatch.setattr(grpcclient.InferenceServerClient, "register_system_shared_memory",
@@ -148,7 +148,7 @@ def test_a_workers_regions_are_reused_and_registered_only_during_a_call(daemon, 
     again = infer(daemon.socket_url, model, images[:200], 128, 2)  # fits the kept region
     larger = infer(daemon.socket_url, model, np.concatenate([images, images]), 128, 2)
     assert names[0] is not None and names[1] == names[0] and names[2] != names[0]
-    with grpcclient.InferenceServerClient(daemon.url) as check:
+    with grpcclient.InferenceServerClient(daemon.socket_url) as check:
         assert not check.get_system_shared_memory_status().regions
     assert not Path("/dev/shm", names[0]).exists()  # replaced: unlinked
     assert Path("/dev/shm", names[2]).exists()  # kept for the next call
