@@ -11,7 +11,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from service.errors import ConfigError, ModelNotFoundError
+from service.errors import ConfigError, ModelNotFoundError, shown
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class RepositoryEntry:
 def check_model_name(name: str) -> str:
     if not _SAFE_NAME.match(name) or ".." in name:
         raise ModelNotFoundError(
-            f"model_name {name!r} is not a valid model name: expected letters, digits, "
+            f"model_name {shown(name)} is not a valid model name: expected letters, digits, "
             "'_', '.' or '-', not starting with '.' or '-'")
     return name
 
@@ -58,14 +58,24 @@ class ModelRepository:
             raise ConfigError(f"model {name!r}: config.pbtxt names it {config.name!r}; "
                               "the folder name and the config name must agree")
         config.name = name
-        filename = config.default_model_filename or "model.onnx"
+        filename = file_name(config.default_model_filename or "model.onnx", name,
+                             "default_model_filename", "each version folder")
         found = {int(p.name): p / filename for p in folder.iterdir()
                  if p.is_dir() and p.name.isdigit() and (p / filename).is_file()}
         versions = {v: found[v] for v in _policy_versions(config.version_policy, sorted(found))}
         if not versions:
-            raise ConfigError(f"model {name!r}: no version folder holds {filename!r} "
+            raise ConfigError(f"model {name!r}: no version folder holds {shown(filename)} "
                               f"(looked in {folder}/<version>/)")
         return RepositoryEntry(name, config, versions)
+
+
+def file_name(value: str, model: str, field: str, where: str) -> str:
+    """`value` once it is known to be a plain file name: a file that a model's config names lies
+    in the model's own folders, never elsewhere on the node ('../', absolute paths)."""
+    if Path(value).name != value or value in ("", ".", ".."):
+        raise ConfigError(f"model {model!r}: {field} {shown(value)} is not a plain file name; "
+                          f"expected the name of a file in {where}")
+    return value
 
 
 def _policy_versions(policy: model_config_pb2.ModelVersionPolicy,

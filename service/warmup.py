@@ -2,7 +2,7 @@
 a first-shape cost: Triton's `model_warmup` from config.pbtxt as written (each entry `count`
 times, default once), else one zero batch per bucket (or one sample for models without buckets),
 twice: ONNX Runtime's CUDA provider captures a CUDA graph on a session's second run.
-`input_data_file` is read, as Triton does, from the model's `warmup/` folder."""
+`input_data_file` is read, as Triton does, from the model's `warmup/` folder, never outside it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from service import tensors
 from service.buckets import Buckets
 from service.errors import ConfigError
 from service.model import ModelSpec
+from service.repository import file_name
 from service.tensors import Tensors
 
 
@@ -66,8 +67,10 @@ def _configured(spec: ModelSpec, index: int, warmup: model_config_pb2.ModelWarmu
         dtype = tensors.numpy_dtype(datatype)
         source = given.WhichOneof("input_data_type")
         if source == "input_data_file":
-            inputs[name] = _from_file(where, name, folder / "warmup" / given.input_data_file,
-                                      dims, dtype, shape)
+            file = file_name(given.input_data_file, spec.name,
+                             f"model_warmup[{index}].inputs[{name!r}].input_data_file",
+                             "the model's warmup/ folder")
+            inputs[name] = _from_file(where, name, folder / "warmup" / file, dims, dtype, shape)
         elif source == "random_data":
             inputs[name] = rng.random(shape).astype(dtype)
         else:

@@ -1,15 +1,18 @@
-"""Reading the model repository: layout, versions, names that cannot escape it."""
+"""Reading the model repository: layout, versions, names that cannot escape it, and paths in a
+config that cannot leave the model's folder."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from service.errors import ConfigError, ModelNotFoundError
 from service.repository import ModelRepository, check_model_name
-from tests.conftest import MODEL, MODELS
+from tests.conftest import MODEL, MODELS, Daemon, image_input
 
 
 def _copy_model(root: Path, name: str, versions: list[int], config: str | None = None) -> None:
@@ -20,6 +23,11 @@ def _copy_model(root: Path, name: str, versions: list[int], config: str | None =
         shutil.copy(MODELS / MODEL / "1" / "model.onnx", folder / str(v) / "model.onnx")
     text = (MODELS / MODEL / "config.pbtxt").read_text().replace(MODEL, name)
     (folder / "config.pbtxt").write_text(config if config is not None else text)
+
+
+def _config(name: str, extra: str) -> str:
+    """The example model's config, named `name`, with `extra` lines."""
+    return (MODELS / MODEL / "config.pbtxt").read_text().replace(MODEL, name) + extra + "\n"
 
 
 def test_example_repository() -> None:
@@ -57,3 +65,43 @@ def test_a_model_without_versions_is_reported(tmp_path) -> None:
 def test_names_cannot_escape_the_repository(name) -> None:
     with pytest.raises(ModelNotFoundError):
         check_model_name(name)
+
+
+@pytest.mark.parametrize("filename", ["../../other/1/model.onnx", "/etc/passwd", "1/model.onnx",
+                                      "..", "."])
+def test_default_model_filename_is_a_plain_file_name(tmp_path, filename) -> None:
+    _copy_model(tmp_path, "other", [1])
+    _copy_model(tmp_path, "m", [1], _config("m", f'default_model_filename: "{filename}"'))
+    with pytest.raises(ConfigError, match="model 'm': default_model_filename .* is not a plain "
+                                          "file name; expected the name of a file"):
+        ModelRepository(tmp_path).load("m")
+
+
+def test_config_paths_leading_outside_a_model_fail_it_and_others_serve(tmp_path, holdout) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copytree(MODELS / MODEL, models / MODEL)
+    # Both files exist and fit: before paths were confined, both models loaded.
+    _copy_model(models, "model_file", [1], _config(
+        "model_file", 'default_model_filename: "../../mnist_cnn/1/model.onnx"'))
+    (tmp_path / "secret").write_bytes(np.zeros(28 * 28, np.float32).tobytes())
+    _copy_model(models, "warmup_file", [1], _config("warmup_file", (
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "image" value: { '
+        'data_type: TYPE_FP32 dims: [1, 28, 28] input_data_file: "../../../secret" } } } ]')))
+    daemon = Daemon(tmp_path, models)
+    try:
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            index = {m["name"]: m for m in
+                     client.get_model_repository_index(as_json=True)["models"]}
+            assert index[MODEL]["state"] == "READY"
+            assert not client.is_model_ready("model_file")
+            assert not client.is_model_ready("warmup_file")
+            logits = client.infer(MODEL, image_input(holdout[0][:2])).as_numpy("logits")
+        assert logits.shape == (2, 10)
+        assert index["model_file"]["state"] == index["warmup_file"]["state"] == "UNAVAILABLE"
+        assert "default_model_filename '../../mnist_cnn/1/model.onnx' is not a plain file " \
+            "name" in index["model_file"]["reason"]
+        assert "model_warmup[0].inputs['image'].input_data_file '../../../secret' is not a " \
+            "plain file name" in index["warmup_file"]["reason"]
+    finally:
+        assert daemon.stop() == 0

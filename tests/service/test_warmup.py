@@ -58,3 +58,15 @@ def test_model_warmup_is_honoured_as_written(tmp_path) -> None:
 def test_a_warmup_that_does_not_fit_the_model_is_refused(tmp_path, warmup, message) -> None:
     with pytest.raises(ConfigError, match=message):
         warmup_batches(_spec(warmup), Buckets((1, 2, 4, 8)), tmp_path)
+
+
+@pytest.mark.parametrize("file", ["../../../secret", "/etc/passwd", "sub/../../secret", ""])
+def test_an_input_data_file_outside_the_warmup_folder_is_refused(tmp_path, file) -> None:
+    model = tmp_path / "models" / "m"
+    (model / "warmup").mkdir(parents=True)
+    (tmp_path / "secret").write_bytes(np.zeros(4, np.float32).tobytes())  # readable, fits
+    spec = _spec(_warmup(f'data_type: TYPE_FP32 dims: [1, 2, 2] input_data_file: "{file}"'))
+    with pytest.raises(ConfigError, match=r"model 'm': model_warmup\[0\]\.inputs\['image'\]\."
+                                          r"input_data_file .* is not a plain file name; "
+                                          "expected the name of a file in the model's warmup/"):
+        warmup_batches(spec, Buckets((1, 2, 4, 8)), model)
