@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from service import socket_lock, tensors
+from service.errors import shown
 from spark_jobs import staging
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class DaemonUnavailableError(RuntimeError):
     fails with both reasons (Spark's task retries then ask the node again)."""
 
 
+class ReplyMismatchError(RuntimeError):
+    """A reply whose output is not what the model's config and the request call for: none of
+    its rows is used, as any of them could be another sample's."""
+
+
 @dataclass(frozen=True)
 class ModelInterface:
     """What a job needs to know of a served model, read once on the driver."""
@@ -78,6 +84,9 @@ class ModelInterface:
     priority_levels: int = 0
     image: dict[str, str] = field(default_factory=dict)  # the IMAGE_PARAMETERS it sets
     preferred_batch_sizes: tuple[int, ...] = ()  # dynamic_batching.preferred_batch_size
+    # The output's, as replies must carry it (None, in an interface built by hand: unchecked).
+    output_datatype: str | None = None
+    output_dims: tuple[int, ...] | None = None  # one sample's shape, -1 for any size
 
     @classmethod
     def fetch(cls, address: str, model: str,
@@ -91,13 +100,14 @@ class ModelInterface:
             raise ValueError(f"model {model!r}: scoring needs one batched input and an output; "
                              f"max_batch_size is {config.max_batch_size}, "
                              f"inputs are {[i.name for i in config.input]}")
-        tensor = config.input[0]
+        tensor, output = config.input[0], config.output[0]
         image = {k: config.parameters[k].string_value
                  for k in IMAGE_PARAMETERS if k in config.parameters}
         return cls(model, tensor.name, tensors.wire_from_config(tensor.data_type),
-                   tuple(tensor.dims), config.output[0].name, config.max_batch_size,
+                   tuple(tensor.dims), output.name, config.max_batch_size,
                    config.dynamic_batching.priority_levels, image,
-                   tuple(config.dynamic_batching.preferred_batch_size))
+                   tuple(config.dynamic_batching.preferred_batch_size),
+                   tensors.wire_from_config(output.data_type), tuple(output.dims))
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -193,7 +203,8 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     """Runs `samples` (N, *dims) through the daemon in requests of model.request_batch(
     batch_size) samples, `inflight` at a time. `recover`, called before a retry of an
     UNAVAILABLE request, returns the address to use then (restarting the node's daemon where
-    the job manages it); where it fails, DaemonUnavailableError says why."""
+    the job manages it); where it fails, DaemonUnavailableError says why. A reply that does not
+    match the model's config and its request is a ReplyMismatchError."""
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
@@ -231,16 +242,40 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
                     target = _recovered(recover, target, e)
         raise AssertionError("unreachable")
 
+    starts = range(0, len(samples), step)
     with staging.staged(_client(address, credentials), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
-        results = list(pool.map(one, range(0, len(samples), step)))
-    logits = [r.as_numpy(model.output_name) for r in results]
+        results = list(pool.map(one, starts))
+    logits = [_output(model, r, min(step, len(samples) - s)) for s, r in zip(starts, results)]
     replies = [r.get_response() for r in results]
     devices = np.array([reply.parameters["device"].string_param
                         if "device" in reply.parameters else None for reply in replies], object)
     return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
                      replies[-1].model_version if replies else "",
                      np.repeat(devices, [len(out) for out in logits]))
+
+
+def _output(model: ModelInterface, result: grpcclient.InferResult, rows: int) -> np.ndarray:
+    """The model's output in a reply to `rows` samples, once it has the configured name and
+    datatype and one row per sample of the configured dims."""
+    outputs = result.get_response().outputs
+    got = next((o for o in outputs if o.name == model.output_name), None)
+    if got is not None and model.output_datatype in (None, got.datatype) and \
+            _rows_of(list(got.shape), rows, model.output_dims):
+        return result.as_numpy(model.output_name)
+    arrived = ", ".join(f"{o.name} {o.datatype} {list(o.shape)}" for o in outputs)
+    raise ReplyMismatchError(
+        f"model {model.name!r}: the reply to {rows} samples holds {shown(arrived)}; expected "
+        f"{model.output_name} {model.output_datatype or '(any datatype)'} "
+        f"{[rows, *(model.output_dims or ['...'])]}")
+
+
+def _rows_of(shape: list[int], rows: int, dims: tuple[int, ...] | None) -> bool:
+    """Whether `shape` is `rows` samples of `dims` (-1: any size; None: any shape)."""
+    if not shape or shape[0] != rows:
+        return False
+    return dims is None or (len(shape) == len(dims) + 1 and
+                            all(d in (-1, s) for s, d in zip(shape[1:], dims)))
 
 
 def _queued(send: Callable[[], grpcclient.InferResult], target: str,

@@ -1,28 +1,36 @@
 """The executor-side client against real daemons: RESOURCE_EXHAUSTED waits for room in the queue,
 UNAVAILABLE retries are bounded and consult the node's daemon, priorities follow the model,
-tensors go through shared memory where the daemon can read it and in the messages otherwise."""
+tensors go through shared memory where the daemon can read it and in the messages otherwise;
+and, against a fake server, a reply that does not match the model's config fails the call."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service import tensors
 from spark_jobs import client, staging
-from spark_jobs.client import (DaemonUnavailableError, ModelInterface, RetryPolicy,
-                               infer)
-from tests.conftest import MODELS, Daemon
+from spark_jobs.client import (DaemonUnavailableError, ModelInterface, ReplyMismatchError,
+                               RetryPolicy, infer)
+from tests.conftest import MODEL, MODELS, Daemon
 
 
 def test_a_full_queue_holds_requests_back_until_every_sample_is_answered(holdout, tmp_path,
@@ -213,3 +221,80 @@ def test_a_daemon_that_cannot_be_found_again_fails_the_call_naming_both_reasons(
                        r"daemon failed: the hetserve daemon did not become ready"):
         infer(f"unix:{tmp_path / 'nobody.sock'}", model, np.zeros((4, 1, 28, 28), np.float32),
               None, 1, retry=RetryPolicy(attempts=5, first_delay_s=0.01), recover=recover)
+
+
+Reply = Callable[[service_pb2.ModelInferRequest], service_pb2.ModelInferResponse]
+
+
+class _Server(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Triton's protocol with the example model's config, answering inference with `reply`;
+    no shared memory extension (UNIMPLEMENTED), so tensors travel in the messages."""
+
+    def __init__(self) -> None:
+        self.config = text_format.Parse((MODELS / MODEL / "config.pbtxt").read_text(),
+                                        model_config_pb2.ModelConfig())
+        self.reply: Reply = _answer()
+
+    def ModelConfig(self, request, context):
+        return service_pb2.ModelConfigResponse(config=self.config)
+
+    def ModelInfer(self, request, context):
+        return self.reply(request)
+
+
+def _answer(name: str = "logits", datatype: str = "FP32", missing_rows: int = 0,
+            dims: tuple[int, ...] = (10,)) -> Reply:
+    """Replies with zeros: one row per sample sent, less `missing_rows`, of `dims`."""
+    def reply(request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
+        values = np.zeros((request.inputs[0].shape[0] - missing_rows, *dims),
+                          tensors.numpy_dtype(datatype))
+        response = service_pb2.ModelInferResponse(model_name=request.model_name,
+                                                  model_version="1")
+        response.outputs.add(name=name, datatype=datatype, shape=values.shape)
+        response.raw_output_contents.append(values.tobytes())
+        return response
+    return reply
+
+
+@pytest.fixture
+def fake_server() -> Iterator[tuple[str, _Server]]:
+    servicer = _Server()
+    server = grpc.server(ThreadPoolExecutor(4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", servicer
+    finally:
+        server.stop(None)
+
+
+def test_a_reply_matching_the_config_and_the_request_is_used(fake_server):
+    url, server = fake_server
+    model = ModelInterface.fetch(url, MODEL)
+    assert (model.output_name, model.output_datatype, model.output_dims) == ("logits", "FP32",
+                                                                            (10,))
+    result = infer(url, model, np.zeros((5, 1, 28, 28), np.float32), 4, 2)
+    assert result.logits.shape == (5, 10) and result.logits.dtype == np.float32
+    server.config.output[0].dims[:] = [-1]  # any size
+    server.reply = _answer(dims=(7,))
+    assert infer(url, ModelInterface.fetch(url, MODEL), np.zeros((5, 1, 28, 28), np.float32),
+                 4, 2).logits.shape == (5, 7)
+
+
+@pytest.mark.parametrize("reply, arrived", [
+    (_answer(missing_rows=1), "'logits FP32 [3, 10]'; expected logits FP32 [4, 10]"),
+    (_answer(datatype="FP64"), "'logits FP64 [4, 10]'; expected logits FP32 [4, 10]"),
+    (_answer(name="scores"), "'scores FP32 [4, 10]'; expected logits FP32 [4, 10]"),
+    (_answer(dims=(11,)), "'logits FP32 [4, 11]'; expected logits FP32 [4, 10]"),
+    (_answer(dims=(10, 1)), "'logits FP32 [4, 10, 1]'; expected logits FP32 [4, 10]"),
+    (lambda request: service_pb2.ModelInferResponse(model_name=MODEL), "''; expected logits"),
+])
+def test_a_reply_that_does_not_match_the_config_or_the_request_fails_the_call(
+        fake_server, reply, arrived):
+    url, server = fake_server
+    model = ModelInterface.fetch(url, MODEL)
+    server.reply = reply
+    with pytest.raises(ReplyMismatchError, match=r"model 'mnist_cnn': the reply to 4 samples "
+                                                 "holds " + re.escape(arrived)):
+        infer(url, model, np.zeros((8, 1, 28, 28), np.float32), 4, 1)
