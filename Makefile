@@ -9,6 +9,7 @@ demo: setup
 	$(PY) tools/demo.py
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
 # The OpenCL kernel tests under Oclgrind with its memory-access and data-race checks, on a reduced

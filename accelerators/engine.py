@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -45,4 +45,14 @@ class Engine(Protocol):
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Runs one batch; one instance runs one batch at a time."""
+        ...
+
+
+@runtime_checkable
+class PlansPerShape(Protocol):
+    """An engine whose runtime plans per input shape (ONNX Runtime's CUDA provider re-plans
+    whenever it changes): told the batch sizes it will see (its buckets) before its first run,
+    it keeps one plan per size."""
+
+    def fix_batch_sizes(self, sizes: tuple[int, ...]) -> None:
         ...

@@ -28,7 +28,7 @@ from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource
 from bench.local_daemon import LocalDaemon, local_daemon
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository
-from service.top import Snapshot, fetch
+from service.ops.top import Snapshot, fetch
 from spark_jobs.client import ModelInterface, infer
 
 BATCHES = (1, 8, 32, 64, 256)

@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2, service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
 
 CONFIG = Path(__file__).resolve().parent.parent / "models" / "mnist_cnn" / "config.pbtxt"
 

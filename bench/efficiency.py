@@ -2,10 +2,10 @@
 
 For each batch size: GFLOP/s through the daemon over GFLOP/s of in-process ONNX Runtime on the
 same model (the ceiling; the two alternate in short slices so both see the same machine load),
-then a steady run of the daemon alone for watts and their source, GFLOP/s per watt and joules per inference from
-the daemon's own counters, and the FLOP counter checked against inferences × FLOPs per sample.
-Then the request-path cost of metering (one FLOP counter increment and one busy-time report per
-batch) as a fraction of a batch's compute time.
+then a steady run of the daemon alone for watts and their source, GFLOP/s per watt and joules per
+inference from the daemon's own counters, and the FLOP counter checked against inferences × FLOPs
+per sample. Then the request-path cost of metering (one FLOP counter increment and one busy-time
+report per batch) as a fraction of a batch's compute time.
 
     .venv/bin/python bench/efficiency.py [--seconds 5] [--batches 1,8,64]
 """
@@ -25,13 +25,14 @@ import tritonclient.grpc as grpcclient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
+from local_daemon import free_port  # noqa: E402  (this folder)
+
 from accelerators.engine import Device  # noqa: E402
 from accelerators.flops import count_flops  # noqa: E402
 from accelerators.power.meter import DeviceMeter  # noqa: E402
 from accelerators.power.model import ModelEstimate  # noqa: E402
-from service.top import Snapshot, fetch  # noqa: E402
+from service.ops.top import Snapshot, fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
-from local_daemon import free_port  # noqa: E402  (this folder)
 
 MODEL = "mnist_cnn"
 ONNX = ROOT / "models" / MODEL / "1" / "model.onnx"
@@ -120,11 +121,12 @@ def main() -> None:
                                args.seconds)
             gflops = d["hetserve_flops_total"] / d["elapsed"] / 1e9
             watts = d["hetserve_device_energy_joules_total"] / d["elapsed"]
+            inferences = d["hetserve_inferences_total"]
             print(f"| {size} | {gflops:.1f} | {ratio:.2f} "
                   f"| {watts:.1f} ({'model estimate' if d['source'] == 'model' else d['source']}) "
                   f"| {gflops / watts:.3f} "
-                  f"| {1e3 * d['hetserve_model_energy_joules_total'] / d['hetserve_inferences_total']:.2f} "
-                  f"| {d['hetserve_flops_total'] / (d['hetserve_inferences_total'] * per_sample):.6f} |")
+                  f"| {1e3 * d['hetserve_model_energy_joules_total'] / inferences:.2f} "
+                  f"| {d['hetserve_flops_total'] / (inferences * per_sample):.6f} |")
     finally:
         client.close()
         daemon.stop()

@@ -34,7 +34,7 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
-from service.top import fetch  # noqa: E402
+from service.ops.top import fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 
 MAX_BATCH = 64

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import cnn_architectures  # noqa: E402
-import mnist_digits  # noqa: E402
 import quantize_int8  # noqa: E402
+
+import mnist_digits  # noqa: E402
 from accelerators.opencl.engine import OpenCLEngine  # noqa: E402
 
 

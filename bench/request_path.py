@@ -21,12 +21,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "bench")]
 
 import null_engine  # noqa: E402,F401  (registers null:cpu0)
 from serving import infer_request, model_ceiling, model_repository  # noqa: E402
-from service.dataplane import DataPlane  # noqa: E402
-from service.metrics import Metrics  # noqa: E402
-from service.registry import ModelRegistry  # noqa: E402
-from service.servicer import InferenceServicer  # noqa: E402
+
+from service.core.dataplane import DataPlane  # noqa: E402
+from service.core.metrics import Metrics  # noqa: E402
+from service.core.registry import ModelRegistry  # noqa: E402
+from service.grpc.servicer import InferenceServicer  # noqa: E402
+from service.grpc.shared_memory import SharedMemoryRegions  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from service.shared_memory import SharedMemoryRegions  # noqa: E402
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:

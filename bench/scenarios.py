@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 
 from bench import ROOT
-from bench.local_daemon import local_daemon
 from bench.loadgen_run import ScenarioSettings, run_scenario
 from bench.loadgen_sut import SampleLibrary
+from bench.local_daemon import local_daemon
 from bench.models import MNIST, build, write_repository
 from bench.progress import progress_bar
 

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
 import perf_analyzer
 from load_client import MODEL, ClientPool, infer_request  # noqa: F401  (request_path.py's too)
 from local_daemon import free_port

@@ -37,15 +37,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(  # Spark's Python workers import ort
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 import numpy as np  # noqa: E402
+import ort_reference  # noqa: E402
 import pandas as pd  # noqa: E402
 from pyspark.ml.functions import predict_batch_udf  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 import mnist_digits  # noqa: E402
-import ort_reference  # noqa: E402
+from spark_jobs import staging  # noqa: E402
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
 from spark_jobs.client import ModelInterface  # noqa: E402
-from spark_jobs import staging  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 from spark_jobs.scoring import output_schema  # noqa: E402
 
@@ -141,7 +141,7 @@ def warm_runs(args: argparse.Namespace, data: Path, small: Path, tmp: Path,
             run().write.mode("overwrite").parquet(str(out))
             return time.perf_counter() - start
 
-        for name, run in methods(small).items():  # warm-up
+        for run in methods(small).values():  # warm-up
             timed(run, tmp / "warm-up")
         best: dict[str, float] = {}
         for repeat in range(args.repeats):

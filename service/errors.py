@@ -63,6 +63,14 @@ class StartupError(Exception):
     """The daemon cannot start as configured (a port or socket in use, a bad repository)."""
 
 
+class StatusError(HetserveError):
+    """An error as another process of the daemon answered it: its status and message."""
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def shown(value: object, limit: int = 200) -> str:
     """Client data as an error message may quote it: its repr, cut to `limit` characters (a
     peer must not grow logs and replies with what it sends)."""

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerators.power.select import DEFAULT_MODEL_WATTS
+from service.contract import default_socket
 
 ENV_PREFIX = "HETSERVE_"
-
-
-def default_socket() -> Path:
-    """A per-user socket in a private folder: node-local clients need no TCP at all."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"hetserve-{os.getuid()}" / "grpc.sock"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service import socket_lock, tensors
+from service import contract
 from service.errors import shown
 from spark_jobs import staging
 
@@ -103,19 +103,16 @@ class ModelInterface:
         tensor, output = config.input[0], config.output[0]
         image = {k: config.parameters[k].string_value
                  for k in IMAGE_PARAMETERS if k in config.parameters}
-        return cls(model, tensor.name, tensors.wire_from_config(tensor.data_type),
+        return cls(model, tensor.name, contract.wire_from_config(tensor.data_type),
                    tuple(tensor.dims), output.name, config.max_batch_size,
                    config.dynamic_batching.priority_levels, image,
                    tuple(config.dynamic_batching.preferred_batch_size),
-                   tensors.wire_from_config(output.data_type), tuple(output.dims))
+                   contract.wire_from_config(output.data_type), tuple(output.dims))
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
-        """The batch sizes the daemon runs its engines at (it pads a batch to the next one):
-        the preferred batch sizes, else powers of two up to max_batch_size, and that."""
-        preferred = {s for s in self.preferred_batch_sizes if 0 < s <= self.max_batch_size}
-        return tuple(sorted(preferred or {2 ** i for i in range(
-            self.max_batch_size.bit_length())} | {self.max_batch_size}))
+        """The batch sizes the daemon runs its engines at (it pads a batch to the next one)."""
+        return contract.batch_buckets(self.max_batch_size, self.preferred_batch_sizes)
 
     def request_batch(self, wanted: int | None = None) -> int:
         """Samples per request: the largest bucket, or the largest not above `wanted`, so that
@@ -188,12 +185,12 @@ def _status(e: InferenceServerException) -> str:
 
 def _spread(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
-    front-end processes (service/socket_lock.worker_sockets), else the address alone. A region
+    front-end processes (service/contract.worker_sockets), else the address alone. A region
     registered at one of them is known to all (docs/serving.md)."""
     if not address.startswith("unix:"):
         return [address]
     own = Path(address.removeprefix("unix:").removeprefix("//"))
-    return [address] + [f"unix:{path}" for path in socket_lock.worker_sockets(own)[1:]]
+    return [address] + [f"unix:{path}" for path in contract.worker_sockets(own)[1:]]
 
 
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int | None,
@@ -248,8 +245,9 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         results = list(pool.map(one, starts))
     logits = [_output(model, r, min(step, len(samples) - s)) for s, r in zip(starts, results)]
     replies = [r.get_response() for r in results]
-    devices = np.array([reply.parameters["device"].string_param
-                        if "device" in reply.parameters else None for reply in replies], object)
+    device = contract.DEVICE_PARAMETER
+    devices = np.array([reply.parameters[device].string_param
+                        if device in reply.parameters else None for reply in replies], object)
     return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
                      replies[-1].model_version if replies else "",
                      np.repeat(devices, [len(out) for out in logits]))

@@ -4,7 +4,7 @@ A job uses the daemon its address names (systemd unit, Kubernetes DaemonSet). Wh
 answers and the job was given a model repository, executors on a host elect one of them to
 start it: under a lock file, the first to notice starts one daemon under a small supervisor
 only if no daemon holds the socket (a daemon holds its socket's lock for its whole life, from
-start-up to the end of its drain: see service/socket_lock.py), waits until it is ready and
+start-up to the end of its drain: see service/grpc/unix_socket.py), waits until it is ready and
 records the job as its owner; every other executor waits on the lock and then finds it ready.
 A daemon that runs but does not answer in time is waited for, never replaced. At the end the job
 stops the daemons it owns and no other; a supervisor also stops its daemon when the Spark
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
-from service import socket_lock
-from service.parent_death import end_with
-from service.settings import default_socket
+from service.contract import default_socket
+from service.grpc import unix_socket
+from service.workers.parent_death import end_with
 
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
@@ -168,12 +168,12 @@ class NodeDaemon:
         with _locked(socket.parent / "daemon.lock"):
             while not is_ready(address):  # a peer may have started one meanwhile
                 # One that holds the socket is starting, loading, busy or draining: wait.
-                if not socket_lock.is_held(socket):
+                if not unix_socket.is_held(socket):
                     self._start(address, socket, timeout_s)
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the hetserve daemon at {address} (pid "
-                                       f"{socket_lock.holder(socket)}) runs but has not been "
+                                       f"{unix_socket.holder(socket)}) runs but has not been "
                                        f"ready for {timeout_s:.0f} s")
                 time.sleep(0.2)
         return address
@@ -191,7 +191,7 @@ class NodeDaemon:
         record = socket.parent / "daemon.owner"
         staged = record.with_suffix(".new")
         staged.write_text(json.dumps({"owner": self.owner, "supervisor": supervisor.pid,
-                                      "daemon": int(socket_lock.holder(socket))}))
+                                      "daemon": int(unix_socket.holder(socket))}))
         staged.replace(record)  # readers see the old record or the new one, never half
         log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
                  address, self.owner, supervisor.pid)
@@ -211,7 +211,7 @@ class NodeDaemon:
             os.kill(owner["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             # The lock frees as the daemon's serving ends; the job ends once the process has.
-            while ((socket_lock.is_held(socket) or _running(owner["daemon"]))
+            while ((unix_socket.is_held(socket) or _running(owner["daemon"]))
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             record.unlink()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from service import tensors
+from service import contract
 from spark_jobs.images import decode_image
 from spark_jobs.scoring import ScoreOptions, top_k
 
@@ -25,7 +25,7 @@ def decode(frame: pd.DataFrame, options: ScoreOptions) -> tuple[np.ndarray, dict
     """The rows as one (N, *dims) array, and a message per malformed row (by position);
     a malformed row's slot holds zeros."""
     model = options.model
-    dtype = tensors.numpy_dtype(model.input_datatype)
+    dtype = contract.numpy_dtype(model.input_datatype)
     samples = np.zeros((len(frame), *model.input_dims), dtype)
     errors: dict[int, str] = {}
     if options.images:

@@ -55,8 +55,11 @@ def task_profile(spec: str, new_executors: bool = True):  # -> ResourceProfile
     """A ResourceProfile from "NAME=AMOUNT" (e.g. "fpga=1"): each task holds AMOUNT devices of
     the kind; with `new_executors` (dynamic allocation on) it also asks for executors holding
     them, where without it Spark (3.4+) only accepts task requests on the executors it has."""
-    from pyspark.resource import (ExecutorResourceRequests, ResourceProfileBuilder,
-                                  TaskResourceRequests)
+    from pyspark.resource import (
+        ExecutorResourceRequests,
+        ResourceProfileBuilder,
+        TaskResourceRequests,
+    )
 
     name, _, amount = spec.partition("=")
     if name not in KINDS or not amount.replace(".", "", 1).isdigit() or float(amount) <= 0:

@@ -10,8 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spark_jobs.client import (NO_CREDENTIALS, Credentials, Inference, ModelInterface,
-                               RetryPolicy, infer)
+from spark_jobs.client import (
+    NO_CREDENTIALS,
+    Credentials,
+    Inference,
+    ModelInterface,
+    RetryPolicy,
+    infer,
+)
 from spark_jobs.daemon import NodeDaemon
 from spark_jobs.resources import task_resources
 

@@ -13,8 +13,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                      quantize_static)
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 CALIBRATION = 200  # held-out digits used for calibration, never for measuring accuracy
 

@@ -7,7 +7,8 @@ The exported model takes pixels in [0, 1] as input "image" (float32, [batch, 1, 
 normalizes them itself and returns raw logits as output "logits" ([batch, 10]).
 After export, onnxruntime must reproduce torch's held-out accuracy and logits (within 1e-4).
 
-Run from the repository root: python tools/train_mnist.py. Requires the optional extras torch, onnx and onnxruntime.
+Run from the repository root: python tools/train_mnist.py. Requires the optional extras torch,
+onnx and onnxruntime.
 """
 
 import argparse
@@ -79,7 +80,8 @@ def train(model: nn.Module, epochs: int) -> None:
         total = 0.0
         for batch in torch.randperm(len(labels), generator=generator).split(BATCH_SIZE):
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(augment(images[batch], generator)), labels[batch])
+            logits = model(augment(images[batch], generator))
+            loss = nn.functional.cross_entropy(logits, labels[batch])
             loss.backward()
             optimizer.step()
             scheduler.step()
@@ -103,10 +105,12 @@ def export(model: nn.Module, output: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
     parser.add_argument("--output", type=Path, default=Path("models/mnist_cnn/1/model.onnx"),
-                        help="where to write the ONNX model (default: models/mnist_cnn/1/model.onnx)")
+                        help="where to write the ONNX model "
+                             "(default: models/mnist_cnn/1/model.onnx)")
     args = parser.parse_args()
 
     torch.manual_seed(SEED)
@@ -133,7 +137,8 @@ def main() -> None:
     max_diff = float(np.abs(onnx_logits - torch_logits).max())
     print(f"onnxruntime held-out accuracy: {accuracy(onnx_logits, labels):.4f}")
     print(f"max |logit difference| torch vs onnxruntime: {max_diff:.2e}")
-    if accuracy(onnx_logits, labels) != accuracy(torch_logits, labels) or max_diff > LOGIT_TOLERANCE:
+    same_accuracy = accuracy(onnx_logits, labels) == accuracy(torch_logits, labels)
+    if not same_accuracy or max_diff > LOGIT_TOLERANCE:
         candidate.unlink()
         raise SystemExit("onnxruntime output does not match torch")
     os.replace(candidate, args.output)

@@ -17,7 +17,8 @@ import pyopencl as cl
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor, as_float32
-from accelerators.opencl.graph import Graph, UnsupportedModelError, load_graph
+from accelerators.opencl.graph import load_graph
+from accelerators.opencl.ir import Graph, UnsupportedModelError
 from accelerators.opencl.launch import Build, LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.program_cache import ProgramCache

@@ -8,13 +8,14 @@ load time, naming the op and the node."""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from accelerators.opencl import qdq
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 # Ops lowered to kernels, and ops evaluated on the host when all their inputs are constant
 # (shape arithmetic) or that only rename a buffer (reshapes).
@@ -32,42 +33,6 @@ ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish
 # Ops an activation that follows them is fused into.
 FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization"}
 _DROPPED = {"Dropout", "Identity"}
-
-
-class UnsupportedModelError(ValueError):
-    pass
-
-
-@dataclass
-class Node:
-    op: str
-    name: str
-    inputs: list[str]
-    outputs: list[str]
-    attrs: dict = field(default_factory=dict)
-
-
-@dataclass
-class Graph:
-    inputs: list[tuple[str, tuple[int, ...]]]  # -1 for free dimensions (the batch)
-    outputs: list[tuple[str, tuple[int, ...]]]
-    nodes: list[Node]
-    consts: dict[str, np.ndarray]
-    opset: int
-    fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
-    derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
-    int8: dict = field(default_factory=dict)  # weight name -> qdq.Int8Weight
-
-    def consumers(self, name: str) -> list[Node]:
-        return [n for n in self.nodes if name in n.inputs]
-
-    def producer(self, name: str) -> Node | None:
-        return next((n for n in self.nodes if name in n.outputs), None)
-
-    def rename(self, old: str, new: str) -> None:
-        """Every reader of `old` reads `new` instead."""
-        for n in self.nodes:
-            n.inputs = [new if i == old else i for i in n.inputs]
 
 
 def load_graph(path: Path) -> Graph:
@@ -90,7 +55,6 @@ def load_graph(path: Path) -> Graph:
         inputs=[(v.name, _dims(v)) for v in model.graph.input if v.name not in consts],
         outputs=[(v.name, _dims(v)) for v in model.graph.output], nodes=nodes, consts=consts,
         opset=opset)
-    from accelerators.opencl import qdq  # it builds on this module's Graph
     _drop_passthrough(graph)
     qdq.simplify_qdq(graph)
     _fold_pad_into_conv(graph)

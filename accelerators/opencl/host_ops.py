@@ -9,7 +9,7 @@ import math
 import numpy as np
 import onnx
 
-from accelerators.opencl.graph import Node, UnsupportedModelError
+from accelerators.opencl.ir import Node, UnsupportedModelError
 
 
 def fold(node: Node, args: list[np.ndarray | None], opset: int) -> np.ndarray:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accelerators.opencl.graph import Node
+from accelerators.opencl.ir import Node
 
 # Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
 WG_1D, GEMM_WG, VN = 64, 4, 16

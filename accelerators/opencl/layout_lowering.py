@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from accelerators.opencl.graph import Node, UnsupportedModelError
+from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn, Ref, ints
 
 MAX_RANK = 6

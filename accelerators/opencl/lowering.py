@@ -8,10 +8,20 @@ import math
 
 import numpy as np
 
-from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
 from accelerators.opencl.host_ops import fold, view_shape, window
-from accelerators.opencl.launch import (BINARY, WG_1D, Build, Dyn, Launch, Lowered, Ref,
-                                        activation_args, ints, round_up)
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+from accelerators.opencl.launch import (
+    BINARY,
+    WG_1D,
+    Build,
+    Dyn,
+    Launch,
+    Lowered,
+    Ref,
+    activation_args,
+    ints,
+    round_up,
+)
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
 from accelerators.opencl.pipeline_lowering import PipelineLowering

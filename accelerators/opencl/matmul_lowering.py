@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from accelerators.opencl.graph import Node, UnsupportedModelError
 from accelerators.opencl.host_ops import window
-from accelerators.opencl.launch import (BIAS_COL, BIAS_NONE, BIAS_ROW, GEMM_WG, GEMV_SPLIT_K,
-                                        VN, Dyn, Launch, Ref, activation_args, ints, round_up)
+from accelerators.opencl.ir import Node, UnsupportedModelError
+from accelerators.opencl.launch import (
+    BIAS_COL,
+    BIAS_NONE,
+    BIAS_ROW,
+    GEMM_WG,
+    GEMV_SPLIT_K,
+    VN,
+    Dyn,
+    Launch,
+    Ref,
+    activation_args,
+    ints,
+    round_up,
+)
 
 
 class MatMulLowering:

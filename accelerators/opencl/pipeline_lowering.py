@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accelerators.opencl.graph import Node, UnsupportedModelError
+from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Launch, Ref, activation_args, ints
 
 PIPE_MAX_K = 4608  # kernels/pipelined.cl: the longest window kept on chip

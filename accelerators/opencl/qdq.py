@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accelerators.opencl.graph import Graph, Node, UnsupportedModelError
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 
 @dataclass(frozen=True)

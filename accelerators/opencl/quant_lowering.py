@@ -10,9 +10,17 @@ import math
 
 import numpy as np
 
-from accelerators.opencl.graph import Node, UnsupportedModelError
-from accelerators.opencl.launch import (GEMM_WG, VN, Dyn, Launch, Ref, activation_args, ints,
-                                        round_up)
+from accelerators.opencl.ir import Node, UnsupportedModelError
+from accelerators.opencl.launch import (
+    GEMM_WG,
+    VN,
+    Dyn,
+    Launch,
+    Ref,
+    activation_args,
+    ints,
+    round_up,
+)
 from accelerators.opencl.qdq import Grid, Int8Weight
 
 Q8_TM = 8  # rows of a gemm_q8 work-item's tile (kernels/quantized.cl)

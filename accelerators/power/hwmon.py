@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelerators.power.source import (EnergyCounterSource, PowerGaugeSource, PowerSource,
-                                       SourceError, read_int)
+from accelerators.power.source import (
+    EnergyCounterSource,
+    PowerGaugeSource,
+    PowerSource,
+    SourceError,
+    read_int,
+)
 
 HWMON = Path("/sys/class/hwmon")
 

@@ -47,8 +47,9 @@ def test_a_session_per_batch_size_gives_the_single_session_results() -> None:
 
 
 def test_provider_options_are_read_as_triton_writes_them() -> None:
-    options = _options(_param("cudnn_conv_algo_search", "1") + _param("gpu_mem_limit", "1024")
-                       + _param("arena_extend_strategy", "kSameAsRequested") + _param("tf32", "off"))
+    options = _options(
+        _param("cudnn_conv_algo_search", "1") + _param("gpu_mem_limit", "1024")
+        + _param("arena_extend_strategy", "kSameAsRequested") + _param("tf32", "off"))
     cuda = dict(options.providers(CUDA, 3, use_gpu=True)[0][1])
     assert cuda == {"device_id": "3", "use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC",
                     "gpu_mem_limit": "1024", "arena_extend_strategy": "kSameAsRequested"}

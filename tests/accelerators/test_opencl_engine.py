@@ -12,7 +12,7 @@ from onnx import helper
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
 from tests.accelerators.conftest import single_op
 

@@ -24,7 +24,7 @@ import pytest
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.onnxruntime_options import TOLERANCE, OrtOptions
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.launch import Build
 from accelerators.opencl.program_cache import BUILD_OPTIONS, kernel_source
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import quantize_int8
 from onnxruntime.quantization import QuantType
 
-import quantize_int8
 from accelerators.opencl.engine import OpenCLEngine
 from tests.accelerators.conftest import fresh_rng
 from tests.conftest import MODEL, MODELS

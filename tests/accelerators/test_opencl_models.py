@@ -6,11 +6,11 @@ weights) at batch 1."""
 
 from __future__ import annotations
 
+import cnn_architectures
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-import cnn_architectures
 from tests.accelerators.conftest import fresh_rng, rel_err
 from tests.conftest import MODEL, MODELS
 

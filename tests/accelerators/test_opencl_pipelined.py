@@ -12,7 +12,7 @@ import pyopencl as cl
 import pytest
 
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.graph import UnsupportedModelError
+from accelerators.opencl.ir import UnsupportedModelError
 from tests.accelerators.conftest import SMALL_GRID, rel_err, single_op
 from tests.accelerators.test_opencl_kernels import CONV, conv_model
 from tests.conftest import MODEL, MODELS

@@ -10,8 +10,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from load_client import ClientPool, infer_request, merge, shares, summary
+
 from tests.conftest import ROOT, free_port
 
 

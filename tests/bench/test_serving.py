@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from perf_analyzer import parse_report
 from serving import process_tree_cpu_s
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from accelerators.opencl.program_cache import CACHE_DIR_ENV, FPGA_BINARIES_ENV
-from service import cli
+from service.ops import cli
 from service.settings import ENV_PREFIX, Settings
 from spark_jobs.daemon import is_ready
 

@@ -93,10 +93,11 @@ class Prometheus:
             try:
                 scrape(f"{self.url}/-/ready")
                 return
-            except OSError:
+            except OSError as e:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"prometheus did not start; see {tmp}/prometheus.log")
+                    raise RuntimeError(
+                        f"prometheus did not start; see {tmp}/prometheus.log") from e
                 time.sleep(0.2)
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:

@@ -22,8 +22,16 @@ from spark_jobs import score
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
 from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
-from tests.deploy.manifests import (KUBERNETES as FOLDER, container_environment, image,
-                                    daemon_settings, daemonsets, manifests, objects)
+from tests.deploy.manifests import KUBERNETES as FOLDER
+from tests.deploy.manifests import (
+    container_environment,
+    daemon_settings,
+    daemonsets,
+    image,
+    manifests,
+    objects,
+)
+
 # The oldest Kubernetes the manifests support (gRPC probes are GA since 1.27) and the newest
 # whose schemas kubernetes-validate ships.
 VERSIONS = ("1.27.0", kubernetes_validate.latest_version())

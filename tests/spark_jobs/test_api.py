@@ -7,8 +7,14 @@ import numpy as np
 import pandas as pd
 from pyspark.ml.functions import predict_batch_udf
 
-from spark_jobs.api import (PREDICT_RETURN_TYPE, make_predict_fn, output_schema, score_arrow_fn,
-                            score_dataframe, score_pandas_fn)
+from spark_jobs.api import (
+    PREDICT_RETURN_TYPE,
+    make_predict_fn,
+    output_schema,
+    score_arrow_fn,
+    score_dataframe,
+    score_pandas_fn,
+)
 from tests.spark_jobs.conftest import write_digits
 
 

@@ -26,10 +26,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from service import tensors
+from service import contract
 from spark_jobs import client, staging
-from spark_jobs.client import (DaemonUnavailableError, ModelInterface, ReplyMismatchError,
-                               RetryPolicy, infer)
+from spark_jobs.client import (
+    DaemonUnavailableError,
+    ModelInterface,
+    ReplyMismatchError,
+    RetryPolicy,
+    infer,
+)
 from tests.conftest import MODEL, MODELS, Daemon
 
 
@@ -247,7 +252,7 @@ def _answer(name: str = "logits", datatype: str = "FP32", missing_rows: int = 0,
     """Replies with zeros: one row per sample sent, less `missing_rows`, of `dims`."""
     def reply(request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
         values = np.zeros((request.inputs[0].shape[0] - missing_rows, *dims),
-                          tensors.numpy_dtype(datatype))
+                          contract.numpy_dtype(datatype))
         response = service_pb2.ModelInferResponse(model_name=request.model_name,
                                                   model_version="1")
         response.outputs.add(name=name, datatype=datatype, shape=values.shape)

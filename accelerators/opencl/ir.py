@@ -1,0 +1,46 @@
+"""The OpenCL engine's graph: nodes over named tensors, the constants they read, and the error
+for what the engine cannot run. accelerators/opencl/graph.py builds one from an ONNX model; the
+passes and lowerings work on it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Graph:
+    inputs: list[tuple[str, tuple[int, ...]]]  # -1 for free dimensions (the batch)
+    outputs: list[tuple[str, tuple[int, ...]]]
+    nodes: list[Node]
+    consts: dict[str, np.ndarray]
+    opset: int
+    fused: Counter = field(default_factory=Counter)  # what simplification did, for logs
+    derived: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. transposed weights
+    int8: dict = field(default_factory=dict)  # weight name -> qdq.Int8Weight
+
+    def consumers(self, name: str) -> list[Node]:
+        return [n for n in self.nodes if name in n.inputs]
+
+    def producer(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if name in n.outputs), None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Every reader of `old` reads `new` instead."""
+        for n in self.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]

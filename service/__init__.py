@@ -1,0 +1,9 @@
+"""The accelerator daemon, in rooms whose arrows point down:
+
+    ops/      the `hetserve` command, the server that assembles the rest, top, systemd
+    workers/  --workers N: front-end processes and the device owner's channel to them
+    grpc/     the KServe V2 / Triton transport: servicer, codecs, shared memory, auth
+    core/     transport-neutral: repository, registry, batching, routing, device workers
+
+beside errors.py, settings.py and contract.py (what clients must agree on), which every room
+may import."""

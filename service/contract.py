@@ -1,0 +1,92 @@
+"""What the daemon and its clients (spark_jobs/, tools on the node) must agree on, in the one
+module both import: the batch sizes a model's engines run, the wire datatypes, where a daemon's
+sockets are, and the parameters a response carries."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+# A response's parameters: the device that ran the request.
+DEVICE_PARAMETER = "device"
+
+
+def batch_buckets(max_batch_size: int, preferred: Iterable[int] = ()) -> tuple[int, ...]:
+    """The batch sizes a model's engines run (a batch is padded up to the next one): its
+    preferred batch sizes, else the powers of two below max_batch_size and max_batch_size
+    itself, so that a client's full request of max_batch_size rows is one run, unpadded."""
+    chosen = set(preferred) or {1 << i for i in range(max_batch_size.bit_length())
+                                if 1 << i < max_batch_size} | {max_batch_size}
+    return tuple(sorted(chosen))
+
+
+# Tensor datatypes across the three vocabularies: protocol ("FP32"), config (TYPE_FP32), numpy.
+# Fixed-size datatypes only: BYTES (strings) is not an image-recognition input.
+_NUMPY_BY_WIRE: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_WIRE_BY_NUMPY = {v: k for k, v in _NUMPY_BY_WIRE.items()}
+
+# Where a datatype's values sit in InferTensorContents, for clients that send typed contents.
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def wire_names() -> list[str]:
+    return list(_NUMPY_BY_WIRE)
+
+
+def numpy_dtype(wire: str) -> np.dtype | None:
+    return _NUMPY_BY_WIRE.get(wire)
+
+
+def wire_dtype(dtype: np.dtype) -> str:
+    return _WIRE_BY_NUMPY[np.dtype(dtype)]
+
+
+def wire_from_config(data_type: int) -> str:
+    """TYPE_FP32 (config enum) -> "FP32" (protocol)."""
+    return model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_")
+
+
+def default_socket() -> Path:
+    """A per-user socket in a private folder: node-local clients need no TCP at all."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"hetserve-{os.getuid()}" / "grpc.sock"
+
+
+def worker_socket(socket: Path, index: int) -> Path:
+    """The socket of front-end `index` of a daemon with several: the first serves the daemon's
+    own socket, the others serve `<socket>.1`, `<socket>.2`..."""
+    return socket if index == 0 else socket.with_name(f"{socket.name}.{index}")
+
+
+def worker_sockets(socket: Path) -> list[Path]:
+    """The sockets a daemon serves now: its own, and those of its other front-ends."""
+    found = [socket]
+    while (next_one := worker_socket(socket, len(found))).exists():
+        found.append(next_one)
+    return found

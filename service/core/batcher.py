@@ -1,0 +1,245 @@
+"""Dynamic batching: concurrent requests of one model share a model run.
+
+One FIFO queue per priority level (level 1 first). The wait window opens when the oldest waiting
+request arrived; a batch leaves when it is full (max_batch_size, or the largest preferred size) or
+when the window closes, and only when a device slot is free, so batches grow while devices are
+busy. Requests whose gRPC deadline or REJECT queue timeout passes are answered DEADLINE_EXCEEDED
+the moment it passes and never reach a device; DELAY requests move behind every other request;
+cancelled ones are dropped. A full level refuses at once. Requests that carry several samples are
+packed whole and their outputs split back in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from service.core.batch_buffers import BatchBuffers
+from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
+from service.core.statistics import ModelStatistics
+from service.core.types import Answer, Tensors
+from service.errors import (
+    DeadlineExceededError,
+    HetserveError,
+    ModelUnavailableError,
+    QueueFullError,
+)
+
+log = logging.getLogger(__name__)
+
+
+RunBatch = Callable[[Tensors, int], Awaitable[Answer]]
+
+
+@dataclass(eq=False)
+class _Pending:
+    inputs: Tensors
+    size: int
+    level: int
+    future: asyncio.Future
+    enqueued: float  # loop.time(), which is time.monotonic()
+    expires: float | None  # REJECT: answered DEADLINE_EXCEEDED from then on
+    delay_after: float | None  # DELAY: moves behind every other request from then on
+    timer: asyncio.TimerHandle | None = None
+    taken: bool = False  # left the queue: claimed by a batch, answered, or cancelled
+
+
+class DynamicBatcher:
+    def __init__(self, model: str, policy: BatchPolicy, run_batch: RunBatch, slots: int,
+                 buffers: BatchBuffers, stats: ModelStatistics,
+                 observe_queue_s: Callable[[float], None],
+                 on_expired: Callable[[], None]) -> None:
+        self.model = model
+        self.policy = policy
+        self._run_batch = run_batch
+        self._buffers = buffers
+        self._stats = stats
+        self._observe_queue_s = observe_queue_s
+        self._on_expired = on_expired
+        self._loop = asyncio.get_running_loop()
+        self._levels: list[deque[_Pending]] = [deque() for _ in policy.levels]
+        self._delayed: deque[_Pending] = deque()
+        self._queued = [0] * len(policy.levels)  # samples waiting per level
+        self._arrived = asyncio.Event()
+        self._wanted = 1  # samples the dispatcher waits for
+        self._slots = asyncio.Semaphore(slots)  # batches in flight at once
+        self._running: set[asyncio.Task] = set()
+        self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
+
+    def queued(self) -> int:
+        return sum(self._queued)
+
+    async def submit(self, inputs: Tensors, size: int,
+                     options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
+        return await self.enqueue(inputs, size, options)
+
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+        """`submit` without waiting: queues the request now (QueueFullError refuses it) and
+        returns its answer's future; cancelling the future takes the request out of the queue."""
+        level = self.policy.level(options.priority)
+        limit = self.policy.levels[level].max_queue_size
+        if self._queued[level] + size > limit:
+            raise QueueFullError(
+                f"model {self.model!r}: priority level {level + 1} queue holds "
+                f"{self._queued[level]} samples and max_queue_size is {limit}; retry later")
+        now = self._loop.time()
+        timeout_s = self.policy.timeout_s(level, options.timeout_us)
+        reject = self.policy.levels[level].reject_on_timeout
+        queue_until = now + timeout_s if timeout_s else None
+        expires = options.deadline  # the sooner of it and a REJECT queue timeout
+        if reject and queue_until is not None and (expires is None or queue_until < expires):
+            expires = queue_until
+        pending = _Pending(inputs, size, level, self._loop.create_future(), now, expires,
+                           None if reject else queue_until)
+        if expires is not None:
+            pending.timer = self._loop.call_at(expires, self._expire, pending)
+        pending.future.add_done_callback(lambda _, p=pending: self._leave(p))
+        self._levels[level].append(pending)
+        self._queued[level] += size
+        if self.queued() >= self._wanted:
+            self._arrived.set()
+        return pending.future
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, *self._running, return_exceptions=True)
+        for queue in (*self._levels, self._delayed):
+            while queue:
+                _settle(queue.popleft(), error=ModelUnavailableError(
+                    f"model {self.model!r} is unloading"))
+
+    def _leave(self, pending: _Pending) -> None:
+        """Frees the queue room of a request answered or cancelled while it waited."""
+        if pending.timer is not None:
+            pending.timer.cancel()
+        if not pending.taken:
+            pending.taken = True
+            self._queued[pending.level] -= pending.size
+
+    def _expire(self, pending: _Pending) -> None:
+        if not pending.taken:
+            self._on_expired()
+            _settle(pending, error=DeadlineExceededError(
+                f"model {self.model!r}: the request's deadline passed after "
+                f"{self._loop.time() - pending.enqueued:.3f} s in the queue; it was not run"))
+
+    async def _dispatch(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._ran)
+
+    def _ran(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("model %r: a batch failed unexpectedly", self.model,
+                      exc_info=task.exception())
+
+    async def _next_batch(self) -> list[_Pending]:
+        while True:
+            while not any(self._levels) and not self._delayed:
+                await self._wait_for(1)
+            oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
+            close_at = oldest + self.policy.max_queue_delay_s
+            remaining = close_at - self._loop.time()
+            if self.queued() < self.policy.dispatch_size and remaining > 0:
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._wait_for(self.policy.dispatch_size)
+                except TimeoutError:
+                    pass
+            batch = self._take()
+            if batch:
+                return batch
+
+    async def _wait_for(self, samples: int) -> None:
+        """Until `samples` are queued; submit wakes this only then, not on every arrival."""
+        self._wanted = samples
+        while self.queued() < samples:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    def _take(self) -> list[_Pending]:
+        """Highest priority first, FIFO within a level, delayed requests last."""
+        limit = max(self.policy.max_batch_size, 1)
+        now = self._loop.time()
+        batch: list[_Pending] = []
+        total = 0
+        for queue in (*self._levels, self._delayed):
+            while queue:
+                pending = queue[0]
+                if pending.taken or pending.future.done():  # answered or cancelled
+                    queue.popleft()
+                    continue
+                if pending.expires is not None and now >= pending.expires:
+                    queue.popleft()
+                    self._expire(pending)
+                    continue
+                if (queue is not self._delayed and pending.delay_after is not None
+                        and now >= pending.delay_after):
+                    self._delayed.append(queue.popleft())
+                    continue
+                if batch and (total + pending.size > limit or not self.policy.batching):
+                    return batch
+                queue.popleft()
+                self._leave(pending)
+                batch.append(pending)
+                total += pending.size
+        return batch
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        started = time.monotonic()
+        for pending in batch:
+            self._observe_queue_s(started - pending.enqueued)
+        self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
+        total = sum(p.size for p in batch)
+        inputs, buffers = self._buffers.assemble([p.inputs for p in batch], total)
+        assembled = time.monotonic()
+        try:
+            answer = await self._run_batch(inputs, total)
+        except HetserveError as e:
+            for pending in batch:
+                _settle(pending, error=e)
+            return
+        except BaseException:  # a bug or the batcher closing: nobody may wait forever
+            for pending in batch:
+                _settle(pending, error=ModelUnavailableError(
+                    f"model {self.model!r}: the batch was not run to the end"))
+            raise
+        finally:
+            self._buffers.release(buffers)
+        ran = time.monotonic()
+        if len(batch) == 1:  # nothing to split (and unbatched models have no batch axis)
+            _settle(batch[0], result=answer)
+        else:
+            offset = 0
+            for pending in batch:
+                _settle(pending, result=Answer({name: array[offset:offset + pending.size]
+                                                for name, array in answer.outputs.items()},
+                                               answer.device))
+                offset += pending.size
+        self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
+                                 time.monotonic() - ran)
+
+
+def _settle(pending: _Pending, result: Answer | None = None,
+            error: Exception | None = None) -> None:
+    """Answers a request once; a late second answer (a cancelled client) is ignored."""
+    if pending.future.done():
+        return
+    if error is not None:
+        pending.future.set_exception(error)
+    else:
+        pending.future.set_result(result)

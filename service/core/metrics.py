@@ -1,0 +1,77 @@
+"""Prometheus metrics of one daemon, in their own registry (base units, `_total` counters)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+
+from accelerators.power.meter import PowerMonitor
+from service.core.power_metrics import PowerCollector
+
+# Request latencies from 100 µs to 10 s.
+_LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                    0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Metrics:
+    def __init__(self, power: PowerMonitor | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.power = power or PowerMonitor()
+        self.registry.register(PowerCollector(self.power))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        r = self.registry
+        self.requests = Counter(
+            "hetserve_requests", "Inference requests by outcome (a gRPC status code name)",
+            ["model", "code"], registry=r)
+        self.request_duration = Histogram(
+            "hetserve_request_duration_seconds",
+            "Time from receiving an inference request to its reply",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_duration = Histogram(
+            "hetserve_queue_duration_seconds", "Time a request waited in the batcher",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.compute_duration = Histogram(
+            "hetserve_compute_duration_seconds", "Time one batch ran on a device",
+            ["model", "device", "kind", "engine"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "hetserve_batch_size", "Samples per batch run on a device",
+            ["model", "device", "kind", "engine"], buckets=_BATCH_BUCKETS, registry=r)
+        self.inferences = Counter(
+            "hetserve_inferences", "Samples inferred, by device",
+            ["model", "device", "kind", "engine"], registry=r)
+        self.flops = Counter(
+            "hetserve_flops", "Floating-point operations executed, counted from the ONNX graph "
+            "(a multiply-add is 2)", ["model", "device", "kind", "engine"], registry=r)
+        self.failovers = Counter(
+            "hetserve_failovers",
+            "Batches re-run on another device after `device` failed them",
+            ["model", "device"], registry=r)
+        self.device_healthy = Gauge(
+            "hetserve_device_healthy",
+            "1 while a device worker takes batches, 0 while it backs off",
+            ["model", "device", "kind", "engine"], registry=r)
+        self.padding = Counter(
+            "hetserve_padding_samples",
+            "Zero rows a device computed to fill batches up to a bucket size (never replied)",
+            ["model", "device", "kind", "engine"], registry=r)
+        self.warmup_duration = Gauge(
+            "hetserve_model_warmup_seconds",
+            "Time a model version's warm-up took at load, before it was READY",
+            ["model", "version"], registry=r)
+        self.expired = Counter(
+            "hetserve_requests_expired",
+            "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",
+            ["model"], registry=r)
+
+    def serve(self, host: str, port: int) -> None:
+        """Exposes /metrics over HTTP on its own thread."""
+        start_http_server(port, addr=host, registry=self.registry)

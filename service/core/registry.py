@@ -1,0 +1,276 @@
+"""Loaded models: each version with a worker on every device of its `devices` parameter that can
+run it, a router among them, and a batcher. A model that fails to load is kept as a reason,
+reported by readiness and the index, and never takes others down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2
+
+from accelerators.devices import gpu_count, gpu_memory_used
+from accelerators.engine import Engine, PlansPerShape
+from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
+from accelerators.flops import count_flops
+from accelerators.onnxruntime_options import OptionError, OrtOptions
+from service import contract
+from service.core import buckets as batch_buckets
+from service.core.batch_buffers import BatchBuffers
+from service.core.batcher import DynamicBatcher
+from service.core.metrics import Metrics
+from service.core.model import ModelSpec
+from service.core.model_table import ModelTable
+from service.core.queue_policy import BatchPolicy
+from service.core.repository import ModelRepository, RepositoryEntry
+from service.core.router import POLICIES, Router
+from service.core.statistics import ModelStatistics
+from service.core.warmup import WarmupBatch, warmup_batches
+from service.core.worker import DeviceWorker
+from service.errors import ConfigError
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+# Batches in flight per device. One: while a device runs a batch the next one grows, so a busy
+# device gets the largest batches (with two, a small batch would follow every large one).
+BATCHES_PER_WORKER = 1
+DEFAULT_LATENCY_BUDGET_MS = 100
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    config: model_config_pb2.ModelConfig  # the effective configuration, defaults filled in
+    router: Router
+    batcher: DynamicBatcher
+    stats: ModelStatistics
+
+
+class ModelRegistry(ModelTable[LoadedModel]):
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        super().__init__()
+        self._settings = settings
+        self._metrics = metrics
+        self._repository = ModelRepository(settings.model_repository)
+
+    async def load_all(self) -> None:
+        for name in self._repository.names():
+            try:
+                await self._load(name)
+            except ConfigError as e:
+                self.failures[name] = str(e)
+                log.error("model %r not served: %s", name, e)
+            except Exception as e:  # any failure of one model (a sensor, a graph) is its own
+                self.failures[name] = f"{type(e).__name__}: {e}"
+                log.exception("model %r not served", name)
+
+    async def _load(self, name: str) -> None:
+        entry = self._repository.load(name)
+        versions: dict[int, LoadedModel] = {}
+        try:
+            for version, path in entry.versions.items():
+                versions[version] = await self._load_version(entry, version, path)
+        except BaseException:  # nothing of a model half loaded keeps running
+            for model in versions.values():
+                await _close(model)
+            raise
+        self._models[name] = versions
+
+    async def _load_version(self, entry: RepositoryEntry, version: int,
+                            path: Path) -> LoadedModel:
+        name = entry.name
+        spec = ModelSpec.from_config(entry.config, version)
+        routing = _parameter(spec, "policy", "prefer")
+        if routing not in POLICIES:
+            raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
+                              f"expected one of {list(POLICIES)}")
+        budget_s = _budget_s(spec)
+        buckets = batch_buckets.Buckets.from_config(spec.config)
+        bucket_mode = batch_buckets.check_mode(name, _parameter(spec, "batch_buckets", "auto"))
+        warmup = warmup_batches(spec, buckets, path.parent.parent)
+        try:
+            ort_options = OrtOptions.from_config(spec.config)
+        except OptionError as e:
+            raise ConfigError(f"model {name!r}: {e}") from e
+        devices = _parameter(spec, "devices", DEFAULT_DEVICES)
+        gpu_memory = await asyncio.to_thread(gpu_memory_used)
+        engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options)
+        flops = await asyncio.to_thread(count_flops, path)
+
+        def worker(instances: list[Engine]) -> DeviceWorker:
+            bucketed = buckets if buckets and batch_buckets.enabled(
+                bucket_mode, instances[0].device.kind) else None
+            if ort_options.cuda_graphs and not bucketed and instances[0].device.kind == "gpu":
+                raise ConfigError(f"model {name!r}: optimization.cuda.graphs needs fixed batch "
+                                  "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
+            for engine in instances if bucketed else ():
+                if isinstance(engine, PlansPerShape):
+                    try:
+                        engine.fix_batch_sizes(bucketed.sizes)
+                    except OptionError as e:
+                        raise ConfigError(f"model {name!r}: {e}") from e
+            return DeviceWorker(name, instances, self._metrics, flops.total, bucketed)
+
+        # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
+        workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
+        outputs = [o.name for o in spec.outputs]
+        warmup_s = await self._warm_up(spec, workers, warmup, outputs)
+        _log_gpu_memory(spec, workers, gpu_memory)
+        router = Router(name, workers, routing, budget_s, outputs, self._metrics)
+        policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
+        slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
+        buffers = BatchBuffers({t.name: (t.dims, contract.numpy_dtype(t.datatype))
+                                for t in spec.inputs}, spec.max_batch_size, slots)
+        stats = ModelStatistics()
+        batcher = DynamicBatcher(
+            name, policy, router.run, slots, buffers, stats,
+            self._metrics.queue_duration.labels(model=name).observe,
+            self._metrics.expired.labels(model=name).inc)
+        config = model_config_pb2.ModelConfig()
+        config.CopyFrom(entry.config)
+        policy.effective(config)
+        config.parameters["devices"].string_value = ", ".join(
+            f"{w.device.engine}:{w.device.name}" for w in workers)
+        config.parameters["policy"].string_value = router.policy
+        config.parameters["latency_budget_ms"].string_value = \
+            f"{router.latency_budget_s * 1e3:g}"
+        config.parameters["batch_buckets"].string_value = bucket_mode
+        log.info("model %r version %d ready on %s (policy %s, instances %s, batch sizes %s, "
+                 "warm-up %.2f s)", name, version, config.parameters["devices"].string_value,
+                 router.policy, [w.instances for w in workers],
+                 [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
+        return LoadedModel(spec, config, router, batcher, stats)
+
+    async def _warm_up(self, spec: ModelSpec, workers: list[DeviceWorker],
+                       batches: list[WarmupBatch], outputs: list[str]) -> float:
+        """Runs the warm-up on every worker's instances at once; its seconds, also exported."""
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(w.warm_up, batches, outputs)
+                                   for w in workers))
+        except Exception as e:
+            for w in workers:
+                w.close()
+            raise ConfigError(f"model {spec.name!r} version {spec.version}: warm-up failed: "
+                              f"{type(e).__name__}: {e}") from e
+        seconds = time.perf_counter() - started
+        self._metrics.warmup_duration.labels(model=spec.name,
+                                             version=str(spec.version)).set(seconds)
+        return seconds
+
+    def _engines(self, spec: ModelSpec, path: Path, text: str,
+                 ort_options: OrtOptions) -> list[list[Engine]]:
+        """The engine instances of every device of the model's `devices` parameter that can run
+        it; each device that cannot is logged with its reason."""
+        try:
+            devices = _every_gpu(spec, parse_devices(text))
+        except ValueError as e:
+            raise ConfigError(f"model {spec.name!r}: parameters.devices: {e}") from e
+        engines, reasons = [], []
+        for device in devices:
+            try:
+                engines.append(self._instances(spec, device, path, ort_options))
+                continue
+            except OptionError as e:  # the config asks for what this node cannot give
+                raise ConfigError(f"model {spec.name!r}: {e}") from e
+            except ConfigError as e:
+                reasons.append(str(e))
+            except Exception as e:  # engines raise their own types for models they cannot run
+                reasons.append(f"{device}: {e}")
+            log.warning("model %r version %d cannot run on %s: %s", spec.name, spec.version,
+                        device, reasons[-1])
+        if not engines:
+            raise ConfigError(f"model {spec.name!r} version {spec.version}: no device can run "
+                              f"{path}: " + "; ".join(reasons))
+        return engines
+
+    def _instances(self, spec: ModelSpec, device: DeviceSpec, path: Path,
+                   ort_options: OrtOptions) -> list[Engine]:
+        """instance_group's count of engines on one device. Unless --intra-op-threads says
+        otherwise, several instances split the cores between them rather than each taking all."""
+        def threads(count: int) -> int:
+            return self._settings.intra_op_threads or (
+                max(1, len(os.sched_getaffinity(0)) // count) if count > 1 else 0)
+
+        guess = threads(spec.instances(device.kind))
+        first = create_engine(device, path, guess, ort_options)
+        _check_signature(spec, first)
+        count = spec.instances(first.device.kind)
+        # A device named without its kind ("onnxruntime") reveals the kind only now.
+        engines = [first] if threads(count) == guess else []
+        return engines + [create_engine(device, path, threads(count), ort_options)
+                          for _ in range(count - len(engines))]
+
+    async def close(self) -> None:
+        for model in self.loaded():
+            await _close(model)
+        self._models.clear()
+
+
+async def _close(model: LoadedModel) -> None:
+    await model.batcher.close()
+    await model.router.close()
+
+
+def _parameter(spec: ModelSpec, key: str, default: str) -> str:
+    param = spec.config.parameters.get(key)
+    return param.string_value.strip() if param is not None else default
+
+
+def _every_gpu(spec: ModelSpec, devices: list[DeviceSpec]) -> list[DeviceSpec]:
+    """`onnxruntime` (its best device) becomes `onnxruntime:gpuN` for each GPU the model's
+    instance_group allows (every GPU of the node by default) where the node has GPUs."""
+    node_gpus = gpu_count()
+    gpus = spec.gpus(node_gpus)  # checks the indexes even where no GPU is used
+    out = []
+    for device in devices:
+        if device.engine == "onnxruntime" and not device.device and node_gpus:
+            out += [DeviceSpec("onnxruntime", f"gpu{i}") for i in gpus]
+        else:
+            out.append(device)
+    return out
+
+
+def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceWorker],
+                    before: dict[str, int]) -> None:
+    """The growth of each used GPU's memory over the model's load (engines and warm-up)."""
+    after = gpu_memory_used()
+    used = sorted({w.device.name for w in workers if w.device.kind == "gpu"} & set(before))
+    grown = {gpu: (after.get(gpu, before[gpu]) - before[gpu]) / 2**20 for gpu in used}
+    if grown:
+        log.info("model %r version %d holds GPU memory (growth over its load): %s", spec.name,
+                 spec.version, ", ".join(f"{gpu} {mib:.0f} MiB" for gpu, mib in grown.items()))
+
+
+def _budget_s(spec: ModelSpec) -> float:
+    text = _parameter(spec, "latency_budget_ms", str(DEFAULT_LATENCY_BUDGET_MS))
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        raise ConfigError(f"model {spec.name!r}: parameters.latency_budget_ms: {text!r} is not "
+                          "a positive number of milliseconds")
+    return budget / 1e3
+
+
+def _check_signature(spec: ModelSpec, engine: Engine) -> None:
+    """config.pbtxt must describe the ONNX graph it serves: same names, datatypes, shapes."""
+    for side, declared, actual in (("input", spec.inputs, engine.inputs),
+                                   ("output", spec.outputs, engine.outputs)):
+        graph = {t.name: t for t in actual}
+        for t in declared:
+            g = graph.get(t.name)
+            if g is None:
+                raise ConfigError(f"model {spec.name!r}: config {side} {t.name!r} is not in the "
+                                  f"ONNX graph, whose {side}s are {sorted(graph)}")
+            want = spec.shape_with_batch(t)
+            if g.datatype != t.datatype or len(g.shape) != len(want) or any(
+                    a != -1 and b != -1 and a != b for a, b in zip(g.shape, want)):
+                raise ConfigError(
+                    f"model {spec.name!r}: config {side} {t.name!r} is {t.datatype} {want}, "
+                    f"the ONNX graph has {g.datatype} {list(g.shape)}")

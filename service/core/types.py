@@ -1,0 +1,53 @@
+"""The core's vocabulary, shared by every room: tensors by name, a request's answer, and what
+the data plane needs of a served model and of the table it looks models up in (the device
+owner's registry, or a front-end's catalog of the owner's models)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from service.core.model import ModelSpec
+from service.core.queue_policy import RequestOptions
+from service.core.statistics import ModelStatistics
+
+Tensors = dict[str, np.ndarray]  # tensors by name: a request's inputs, a model's outputs
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's outputs, and the device that ran them (replies name it to clients)."""
+
+    outputs: Tensors
+    device: str
+
+
+class Batcher(Protocol):
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions) -> asyncio.Future[Answer]:
+        """Queues a request now (raising what refuses it); its answer's future. Cancelling the
+        future withdraws the request."""
+        ...
+
+
+class ServedModel(Protocol):
+    spec: ModelSpec
+    config: model_config_pb2.ModelConfig  # the effective configuration
+    batcher: Batcher
+    stats: ModelStatistics
+
+
+class ServedModels(Protocol):
+    failures: dict[str, str]  # model name -> why it is not served
+
+    def get(self, name: str, version: str = "") -> ServedModel:
+        """The version asked for (the latest for ""); ModelNotFoundError otherwise."""
+        ...
+
+    def loaded(self) -> Sequence[ServedModel]:
+        ...

@@ -1,0 +1,167 @@
+"""Protocol messages <-> the data plane: request bytes become messages, tensors become numpy
+arrays (raw bytes without a copy; typed contents work too), answers become replies."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TypeVar
+
+import numpy as np
+from google.protobuf.message import DecodeError, Message
+from tritonclient.grpc import service_pb2
+
+from service import contract
+from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
+from service.core.types import Answer, Tensors
+from service.errors import InvalidInputError, shown
+from service.grpc.shared_memory import SharedMemoryRegions
+
+M = TypeVar("M", bound=Message)
+# Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
+_MAX_TENSOR_BYTES = 1 << 40
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+def parse_message(message_class: type[M], data: bytes) -> M:
+    """The message in `data`; InvalidInputError where the bytes are no such message."""
+    try:
+        return message_class.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:  # what protobuf's parsers raise
+        raise InvalidInputError(f"the request is not a valid {message_class.DESCRIPTOR.full_name}"
+                                f" message ({e})") from None
+
+
+def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
+    """Whether any tensor of the request may lie in shared memory (has parameters)."""
+    return any(t.parameters for t in request.inputs) or \
+        any(o.parameters for o in request.outputs)
+
+
+def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
+                  caller: str | None) -> Tensors:
+    """Each input from `caller`'s shared memory (copied), raw bytes (one entry per input not in
+    shared memory, in order; no copy) or typed contents."""
+    raw = request.raw_input_contents
+    inputs = list(request.inputs)
+    in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
+                 for t in inputs]
+    expected_raw = in_memory.count(None)
+    if raw and len(raw) != expected_raw:
+        raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
+                                f"{expected_raw} expected (one per input not in shared memory)")
+    raw_entries = iter(raw)
+    arrays: Tensors = {}
+    for t, place in zip(inputs, in_memory):
+        field = f"input {shown(t.name)}"
+        if t.name in arrays:
+            raise InvalidInputError(f"inputs: {field} appears twice")
+        dtype = contract.numpy_dtype(t.datatype)
+        if dtype is None:
+            raise InvalidInputError(f"{field}: datatype {shown(t.datatype)} received, "
+                                    f"expected one of {contract.wire_names()}")
+        shape = tuple(t.shape)
+        if shape and min(shape) < 0:
+            raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, "
+                                    "expected non-negative dimensions")
+        count = math.prod(shape)
+        # A zero dimension makes any shape empty: bound the others too.
+        if (count or math.prod(max(d, 1) for d in shape)) * dtype.itemsize > _MAX_TENSOR_BYTES:
+            raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, expected "
+                                    f"dimensions that describe at most {_MAX_TENSOR_BYTES} bytes")
+        if place is not None or raw:
+            where = "its shared memory" if place is not None else "raw_input_contents"
+            if t.HasField("contents") and t.contents.ListFields():
+                raise InvalidInputError(f"{field}: both contents and {where} "
+                                        "received; send the tensor in one of them")
+            data = regions.read(*place, caller, field) if place is not None \
+                else next(raw_entries)
+            expected = count * dtype.itemsize
+            if len(data) != expected:
+                raise InvalidInputError(
+                    f"{field}: {where} holds {len(data)} bytes, {expected} expected "
+                    f"for {t.datatype} {list(shape)}")
+            arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view of the bytes
+        else:
+            values = getattr(t.contents, contract.CONTENTS_FIELD.get(t.datatype, ""), ())
+            if len(values) != count:
+                raise InvalidInputError(
+                    f"{field}: {len(values)} values in contents received, {count} "
+                    f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
+            try:
+                arrays[t.name] = np.asarray(values, dtype).reshape(shape)
+            except OverflowError:
+                raise InvalidInputError(
+                    f"{field}: contents hold values outside the range of "
+                    f"{t.datatype}") from None
+    return arrays
+
+
+def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
+                    answer: Answer, regions: SharedMemoryRegions, caller: str | None
+                    ) -> service_pb2.ModelInferResponse:
+    """Outputs requested in shared memory are written there (their raw entry stays empty, so
+    that the others keep their places); every other output travels as raw bytes, which is all
+    tritonclient reads. The device that ran the request is the response parameter `device`."""
+    response = service_pb2.ModelInferResponse(
+        model_name=model_name, model_version=str(version), id=request.id)
+    response.parameters[contract.DEVICE_PARAMETER].string_param = answer.device
+    wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
+    for name, array in answer.outputs.items():
+        tensor = response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),
+                                      shape=array.shape)
+        parameters = wanted.get(name)
+        place = _shared_memory(parameters, "output", name) if parameters else None
+        if place is None:
+            response.raw_output_contents.append(array.tobytes())  # C order, whatever its layout
+            continue
+        region, offset, byte_size = place
+        if array.nbytes > byte_size:
+            raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
+                                    f"received, the output needs {array.nbytes} bytes")
+        regions.write(region, offset, array, caller, f"output {name!r}")
+        for key in _SHM_KEYS:
+            if key in parameters:
+                tensor.parameters[key].CopyFrom(parameters[key])
+        response.raw_output_contents.append(b"")
+    return response
+
+
+def _shared_memory(parameters, side: str, name: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of a tensor (`side` "input" or "output") placed in shared
+    memory, else None."""
+    if "shared_memory_region" not in parameters:
+        return None
+    field = f"{side} {shown(name)}"
+    size = _natural(parameters, "shared_memory_byte_size", f"{field}: ")
+    if size is None:
+        raise InvalidInputError(f"{field}: parameters['shared_memory_byte_size'] is missing; "
+                                "a tensor in shared memory needs its size")
+    return (parameters["shared_memory_region"].string_param,
+            _natural(parameters, "shared_memory_offset", f"{field}: ") or 0, size)
+
+
+def _natural(parameters, key: str, prefix: str) -> int | None:
+    """A non-negative integer parameter as tritonclient sends it; None when absent. `prefix`
+    places the parameter in error messages (a tensor's, or the request's when empty)."""
+    if key not in parameters:
+        return None
+    param = parameters[key]
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("uint64_param", "int64_param") or getattr(param, kind) < 0:
+        value = shown(getattr(param, kind)) if kind else "nothing"
+        raise InvalidInputError(f"{prefix}parameters[{key!r}]: {kind} {value} received, a "
+                                "non-negative uint64_param or int64_param expected")
+    return getattr(param, kind)
+
+
+def request_options(request: service_pb2.ModelInferRequest,
+                    time_remaining_s: float | None) -> RequestOptions:
+    """Priority and queue timeout (µs) as tritonclient sends them, and the gRPC deadline."""
+    # grpc reports no deadline as None or as a practically infinite time
+    deadline = time.monotonic() + time_remaining_s \
+        if time_remaining_s is not None and time_remaining_s < 1e7 else None
+    if not request.parameters and deadline is None:
+        return DEFAULT_OPTIONS
+    priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
+    return RequestOptions(priority=priority or 0, timeout_us=timeout or 0, deadline=deadline)

@@ -1,0 +1,100 @@
+"""Puts the servicer on a grpc server, and is the one place where errors become gRPC statuses.
+Every method of Triton's service receives the bytes of its request and parses them here, so a
+message that does not parse gets INVALID_ARGUMENT (grpc's own deserializer would answer UNKNOWN);
+the one streaming method parses each message itself, so that a bad one fails alone. A domain
+error answers its status; any other exception, a bug, answers INTERNAL with one log line, never
+UNKNOWN. Methods the servicer does not define get UNIMPLEMENTED, in one line and without the
+traceback the generated base class logs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
+from tritonclient.grpc import service_pb2
+
+from service.errors import HetserveError, InvalidInputError
+from service.grpc.codec import parse_message
+
+log = logging.getLogger(__name__)
+SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+# A status message stays short whatever it quotes (the quotes are bounded too: errors.shown).
+_MAX_MESSAGE = 1024
+
+
+def add_to_server(servicer: object, server: grpc.aio.Server) -> None:
+    handlers = {m.name: _handler(servicer, m) for m in SERVICE.methods}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+
+
+def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
+    serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+    behaviour = getattr(servicer, method.name, None)
+    if behaviour is None:
+        return grpc.unary_unary_rpc_method_handler(_unimplemented(method.name),
+                                                   response_serializer=serialize)
+    if method.client_streaming:  # ModelStreamInfer: the servicer parses each message
+        return grpc.stream_stream_rpc_method_handler(_streamed(behaviour, method.name),
+                                                     response_serializer=serialize)
+    return grpc.unary_unary_rpc_method_handler(
+        _parsed(behaviour, message_factory.GetMessageClass(method.input_type), method.name),
+        response_serializer=serialize)
+
+
+def _parsed(behaviour: Callable, request_class: type, name: str) -> Callable:
+    async def handle(data: bytes, context: grpc.aio.ServicerContext):
+        try:
+            request = parse_message(request_class, data)
+        except InvalidInputError as e:
+            await context.abort(e.status, f"{name}: {e}")
+        try:
+            return await behaviour(request, context)
+        except Exception as e:
+            await _abort(context, name, e)
+    return handle
+
+
+def _streamed(behaviour: Callable, name: str) -> Callable:
+    """Replies written here (not yielded to grpc, which logs a traceback when the client has
+    gone while one is written): a write that fails ends the stream, and what it raised."""
+    async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        replies = behaviour(requests, context)
+        try:
+            async for reply in replies:
+                await context.write(reply)
+        except Exception as e:
+            if context.done():  # the client has gone: nobody to answer
+                return
+            await _abort(context, name, e)
+        finally:
+            await replies.aclose()
+    return handle
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    if isinstance(error, grpc.aio.AbortError):  # aborted already, with its status
+        raise error
+    status, message = status_of(error, method)
+    await context.abort(status, message)
+
+
+def status_of(error: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message a client gets for `error`; a bug's is logged here, in one line
+    (its traceback at DEBUG)."""
+    if isinstance(error, HetserveError):
+        return error.status, str(error)[:_MAX_MESSAGE]
+    log.error("%s failed: %s: %s", where, type(error).__name__, str(error)[:_MAX_MESSAGE])
+    log.debug("%s failed", where, exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"{where}: an internal error ({type(error).__name__})"
+
+
+def _unimplemented(name: str) -> Callable:
+    async def handle(data: bytes, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not supported by hetserve"
+                            + (" (use system shared memory)" if "CudaShared" in name else ""))
+    return handle

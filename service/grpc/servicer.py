@@ -1,0 +1,233 @@
+"""The KServe V2 / Triton gRPC servicer: converts messages and calls the data plane; what it
+raises becomes a gRPC status in service/grpc/handlers.py, which puts it on a server: the methods it
+defines are served, every other method of the service answers UNIMPLEMENTED."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass
+from importlib.metadata import version as package_version
+
+import grpc
+from prometheus_client import Counter, Histogram
+from tritonclient.grpc import service_pb2
+
+from service.core.dataplane import DataPlane, select
+from service.core.metrics import Metrics
+from service.core.types import Answer, ServedModel
+from service.errors import HetserveError
+from service.grpc import codec, shared_memory
+from service.grpc.handlers import status_of
+from service.grpc.shared_memory import SharedMemoryRegions
+
+pb = service_pb2
+
+
+@dataclass(slots=True)
+class _Call:
+    """A request queued on the data plane, until its reply is encoded."""
+
+    request: pb.ModelInferRequest
+    model: ServedModel
+    names: list[str]  # outputs to reply with
+    answer: asyncio.Future[Answer]
+    start: float  # time.perf_counter() at receipt
+    caller: str | None  # whose shared memory its outputs may go to
+
+
+class InferenceServicer:
+    def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
+                 token: bool = False, stream_window: int = 256) -> None:
+        self._plane = plane
+        self._metrics = metrics
+        self._regions = regions
+        self._token = token  # TCP calls carry the daemon's token: shared memory allowed there
+        self._stream_window = stream_window
+        self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
+        self._durations: dict[str, Histogram] = {}  # per served model, like _counters
+        # Fixed for the process: read the package metadata once, not per call.
+        self._server_metadata = pb.ServerMetadataResponse(
+            name="hetserve", version=package_version("hetserve"),
+            extensions=["model_repository", "statistics", "system_shared_memory"])
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> str:
+        """Whose shared memory regions a call may use (service.grpc.shared_memory.caller)."""
+        return shared_memory.caller(context.peer(), self._token)
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self._plane.ready)
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        return self._server_metadata
+
+    async def ModelMetadata(self, request, context):
+        spec = self._plane.model(request.name, request.version).spec
+
+        def tensors(specs):
+            return [pb.ModelMetadataResponse.TensorMetadata(
+                name=t.name, datatype=t.datatype, shape=spec.shape_with_batch(t)) for t in specs]
+        return pb.ModelMetadataResponse(
+            name=spec.name, versions=[str(spec.version)], platform=spec.config.platform,
+            inputs=tensors(spec.inputs), outputs=tensors(spec.outputs))
+
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(
+            config=self._plane.model(request.name, request.version).config)
+
+    async def RepositoryIndex(self, request, context):
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(name=s.name, version=s.version, state=s.state,
+                                                  reason=s.reason)
+            for s in self._plane.index() if s.state == "READY" or not request.ready])
+
+    async def ModelStatistics(self, request, context):
+        return pb.ModelStatisticsResponse(model_stats=[
+            m.stats.proto(m.spec.name, m.spec.version)
+            for m in self._plane.statistics(request.name, request.version)])
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        self._regions.register(request.name, request.key, request.offset, request.byte_size,
+                               self._caller(context))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self._regions.unregister(request.name, self._caller(context))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        reply = pb.SystemSharedMemoryStatusResponse()
+        for r in self._regions.status(request.name, self._caller(context)):
+            reply.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+        return reply
+
+    async def ModelInfer(self, request, context):
+        return await self._infer(request, context.time_remaining(), self._caller_of(
+            request, context))
+
+    def _caller_of(self, request: pb.ModelInferRequest,
+                   context: grpc.aio.ServicerContext) -> str | None:
+        """The caller of a request that names shared memory; None for one that cannot."""
+        return self._caller(context) if codec.uses_shared_memory(request) else None
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests of one stream are queued as they arrive (so that they batch together) and
+        each reply or error goes back as soon as it is ready, carrying the request's id: a
+        callback on each request's answer puts its reply on the stream, no task per request.
+        Messages arrive as bytes: one that does not parse gets its own error reply and the
+        stream goes on. A stream that ends early (the client gone) withdraws what it queued.
+        At most `stream_window` requests are read ahead of the replies sent: a client that reads
+        no replies stops being read (gRPC's flow control), it does not fill the daemon's memory."""
+        replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        waiting: set[asyncio.Future] = set()
+        window = asyncio.Semaphore(self._stream_window)
+
+        def answered(call: _Call, answer: asyncio.Future) -> None:
+            waiting.discard(answer)
+            if answer.cancelled():  # withdrawn: the stream is gone
+                return
+            try:
+                reply = pb.ModelStreamInferResponse(infer_response=self._finish(call))
+            except Exception as e:
+                reply = self._error_reply(call.request, e)
+            replies.put_nowait(reply)
+
+        async def read() -> None:
+            try:
+                async for data in request_iterator:
+                    await window.acquire()  # released as its reply leaves
+                    request = pb.ModelInferRequest()
+                    try:
+                        request = codec.parse_message(pb.ModelInferRequest, data)
+                        call = self._submit(request, context.time_remaining(),
+                                            self._caller_of(request, context))
+                    except Exception as e:
+                        replies.put_nowait(self._error_reply(request, e))
+                        continue
+                    waiting.add(call.answer)
+                    call.answer.add_done_callback(functools.partial(answered, call))
+                if waiting:
+                    await asyncio.wait(waiting)  # their callbacks have queued their replies
+            finally:  # the writer below ends however reading ended
+                replies.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                window.release()
+                yield reply
+            await reader  # raises what reading the stream raised
+        finally:
+            reader.cancel()
+            for answer in list(waiting):
+                answer.cancel()
+
+    @staticmethod
+    def _error_reply(request: pb.ModelInferRequest,
+                     error: Exception) -> pb.ModelStreamInferResponse:
+        """Every request of a stream gets an answer, even a bug's."""
+        status, message = status_of(error, "ModelStreamInfer")
+        return pb.ModelStreamInferResponse(
+            error_message=f"{status.name}: {message}", infer_response=pb.ModelInferResponse(
+                model_name=request.model_name[:256], id=request.id[:256]))
+
+    async def _infer(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
+                     caller: str | None) -> pb.ModelInferResponse:
+        call = self._submit(request, time_remaining_s, caller)
+        try:
+            await call.answer  # a cancelled caller cancels it, which withdraws the request
+        except HetserveError:
+            pass  # _finish counts it and raises it
+        return self._finish(call)
+
+    def _submit(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
+                caller: str | None) -> _Call:
+        """Decodes, validates and queues a request; raises (and counts) what refuses it.
+        `caller` owns the shared memory regions it may name."""
+        start = time.perf_counter()
+        model = None
+        try:
+            model = self._plane.model(request.model_name, request.model_version)
+            names, answer = self._plane.submit(
+                model, codec.decode_inputs(request, self._regions, caller),
+                [o.name for o in request.outputs],
+                codec.request_options(request, time_remaining_s))
+        except HetserveError as e:
+            # only served names become label values: clients cannot grow the set
+            self._count(model.spec.name if model else "", e.status)
+            raise
+        return _Call(request, model, names, answer, start, caller)
+
+    def _finish(self, call: _Call) -> pb.ModelInferResponse:
+        """The reply to a request whose answer is done; raises (and counts) its error."""
+        spec = call.model.spec
+        try:
+            # Inside: an output that does not fit its shared memory region fails the request.
+            response = codec.encode_response(call.request, spec.name, spec.version,
+                                             select(call.answer.result(), call.names),
+                                             self._regions, call.caller)
+        except HetserveError as e:
+            self._count(spec.name, e.status)
+            raise
+        self._count(spec.name, grpc.StatusCode.OK)
+        duration = self._durations.get(spec.name)
+        if duration is None:
+            duration = self._durations[spec.name] = \
+                self._metrics.request_duration.labels(spec.name)
+        duration.observe(time.perf_counter() - call.start)
+        return response
+
+    def _count(self, model: str, code: grpc.StatusCode) -> None:
+        counter = self._counters.get((model, code))
+        if counter is None:  # served model names times status codes: a bounded set
+            counter = self._counters[model, code] = self._metrics.requests.labels(
+                model, code.name)
+        counter.inc()

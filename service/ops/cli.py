@@ -1,0 +1,160 @@
+"""The `hetserve` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from service.settings import ENV_PREFIX, Settings
+
+# serve's flags and the settings fields they set; each flag's help is the field's doc.
+_SERVE_FLAGS = [
+    ("--models", "model_repository"),
+    ("--host", "grpc_host"),
+    ("--port", "grpc_port"),
+    ("--socket", "unix_socket"),
+    ("--socket-group", "socket_group"),
+    ("--tls-cert", "tls_cert"),
+    ("--tls-key", "tls_key"),
+    ("--token-file", "token_file"),
+    ("--metrics-host", "metrics_host"),
+    ("--metrics-port", "metrics_port"),
+    ("--health-port", "health_port"),
+    ("--workers", "workers"),
+    ("--max-queue-size", "max_queue_size"),
+    ("--max-shm-regions", "max_shm_regions"),
+    ("--max-shm-regions-per-client", "max_shm_regions_per_client"),
+    ("--max-stream-inflight", "max_stream_inflight"),
+    ("--intra-op-threads", "intra_op_threads"),
+    ("--shutdown-grace-s", "shutdown_grace_s"),
+    ("--engine-modules", "engine_modules"),
+    ("--log-level", "log_level"),
+    ("--power-sources", "power_sources"),
+    ("--power-model", "power_model"),
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetserve", description="Online image recognition on FPGA, GPU and CPU.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve", help="run the accelerator daemon (KServe V2 / Triton gRPC)",
+        description="Serve a model repository over gRPC. Every flag can also be set by its "
+                    f"{ENV_PREFIX}<FIELD> environment variable, e.g. {ENV_PREFIX}GRPC_PORT.")
+    docs, defaults = Settings.docs(), Settings()
+    for flag, name in _SERVE_FLAGS:
+        serve.add_argument(flag, dest=name, metavar=name.upper(),
+                           help=f"{docs[name]} (default: {getattr(defaults, name)})")
+
+    devices = commands.add_parser(
+        "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
+    devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    devices.add_argument("--models", metavar="DIR", help="also say which models of this "
+                         "repository each device can run (loads each one there)")
+
+    health = commands.add_parser(
+        "health", help="ask a daemon's grpc.health.v1 service whether it serves (exit 0 when "
+                       "SERVING); for container health checks",
+        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port.")
+    health.add_argument("--address", help="unix:PATH or HOST:PORT (default: the unix socket "
+                                          f"from the {ENV_PREFIX}UNIX_SOCKET setting)")
+    health.add_argument("--service", default="",
+                        help="the service to ask about (default: the whole server)")
+    health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="seconds to wait for the answer (default: 5)")
+
+    top = commands.add_parser(
+        "top", help="live view of one node: requests, latency, watts, GFLOP/s per watt, joules "
+                    "per inference",
+        description="Reads a daemon's /metrics every interval and shows the rates in between. "
+                    "Power figures say their source; 'model*' marks an estimate.")
+    top.add_argument("--url", help="the daemon's metrics endpoint (default: from the "
+                                   f"{ENV_PREFIX}METRICS_HOST/PORT settings, "
+                                   f"http://{defaults.metrics_host}:{defaults.metrics_port}"
+                                   "/metrics)")
+    top.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                     help="seconds between readings (default: 2)")
+    top.add_argument("--once", action="store_true", help="print one reading and exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "devices":
+        return _devices(args.json, args.models)
+    if args.command == "top":
+        return _top(args)
+    if args.command == "health":
+        from service.ops.probe import check, default_address
+        return check(args.address or default_address(Settings.from_env()), args.service,
+                     args.timeout)
+    return _serve(args)
+
+
+def _devices(as_json: bool, models: str | None) -> int:
+    from accelerators.devices import format_table, inventory
+
+    found = inventory()
+    if models:
+        found["models"] = _model_support(found, Path(models))
+    print(json.dumps(found, indent=2) if as_json else format_table(found))
+    return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from service.ops.top import run
+
+    if args.interval <= 0:
+        print(f"hetserve top: --interval {args.interval} must be positive", file=sys.stderr)
+        return 2
+    url = args.url
+    if url is None:
+        settings = Settings.from_env()
+        url = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+    return run(url, args.interval, args.once)
+
+
+def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
+    """device spec -> model -> "yes" or the reason it cannot run there (latest version)."""
+    from accelerators.engines import can_run, device_specs
+    from service.core.repository import ModelRepository
+
+    repository = ModelRepository(root)
+    paths = {}
+    for name in repository.names():
+        try:
+            versions = repository.load(name).versions
+            paths[name] = versions[max(versions)]
+        except Exception as e:  # a broken config is reported, not fatal
+            paths[name] = e
+    return {str(spec): {name: f"no: {p}" if isinstance(p, Exception) else can_run(spec, p)
+                        for name, p in paths.items()}
+            for spec in device_specs(found)}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from service.ops.server import StartupError, serve
+
+    try:
+        settings = Settings.from_env(**{name: getattr(args, name) for _, name in _SERVE_FLAGS})
+    except ValueError as e:
+        print(f"hetserve serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(settings))
+    except StartupError as e:
+        print(f"hetserve: {e}", file=sys.stderr)
+        return 2
+    # Drained and stopped: a repeated SIGTERM while the interpreter exits must not turn the
+    # clean exit into a kill.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return 0

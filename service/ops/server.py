@@ -1,0 +1,163 @@
+"""Builds and runs the daemon: gRPC on loopback TCP and a unix socket (in this process, or in
+several front-end processes: service/workers/frontends.py), health, metrics, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import resource
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from accelerators.power.meter import PowerMonitor
+from service.core.dataplane import DataPlane
+from service.core.metrics import Metrics
+from service.core.registry import ModelRegistry
+from service.errors import StartupError
+from service.grpc import unix_socket
+from service.grpc.auth import check_exposure
+from service.grpc.credentials import ExposureError, TokenFile
+from service.grpc.front import GrpcFront, add_port
+from service.grpc.servicer import InferenceServicer
+from service.grpc.shared_memory import SharedMemoryRegions
+from service.ops.systemd import notify
+from service.settings import Settings
+from service.workers.frontends import Frontends
+
+log = logging.getLogger(__name__)
+
+
+def default_workers() -> int:
+    """Front-end processes when --workers is 0: half the CPUs this process may run on, at most
+    8, the other half left to the device owner's batching and engines; so 1 (one process, no
+    channel) up to 3 CPUs."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
+
+
+async def serve(settings: Settings) -> None:
+    """Runs until SIGTERM or SIGINT, then drains: health turns NOT_SERVING, new requests are
+    refused with UNAVAILABLE, and requests in flight get `shutdown_grace_s` to finish."""
+    token, power = _checked(settings)
+    workers = settings.workers or default_workers()
+    _raise_descriptor_limit()
+    async with contextlib.AsyncExitStack() as cleanup:  # also when start-up fails half-way
+        if settings.unix_socket:  # first taken, last let go: devices close before a successor
+            _own_socket(settings, cleanup)
+        metrics = Metrics(power)
+        registry = ModelRegistry(settings, metrics)
+        cleanup.push_async_callback(registry.close)
+        plane = DataPlane(registry)
+        if workers == 1:
+            regions = SharedMemoryRegions.from_settings(settings)
+            cleanup.callback(regions.close)
+            front: GrpcFront | Frontends = GrpcFront(settings, token, InferenceServicer(
+                plane, metrics, regions, bool(token), settings.max_stream_inflight), plane)
+        else:
+            front = Frontends(settings, workers, plane, metrics)
+        addresses = await front.start(cleanup)
+        probes = _health_port(front.health, settings)
+        if settings.metrics_port:
+            try:
+                metrics.serve(settings.metrics_host, settings.metrics_port)
+            except OSError as e:
+                raise StartupError(f"cannot serve metrics on {settings.metrics_host}:"
+                                   f"{settings.metrics_port}: {e.strerror}") from e
+            addresses.append(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+        if probes:
+            await probes.start()
+            cleanup.push_async_callback(probes.stop, 0)
+        power.start()
+        cleanup.callback(power.stop)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+        await registry.load_all()
+        plane.ready = True
+        await front.serving()
+        log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
+        notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
+
+        await stop.wait()
+        log.info("draining: refusing new requests, %.1f s for those in flight",
+                 settings.shutdown_grace_s)
+        notify("STOPPING=1")
+        await front.drain(settings.shutdown_grace_s)
+
+
+def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
+    """Start-up checks that need no port: engines, repository, TLS, exposure, power."""
+    for module in filter(None, (m.strip() for m in settings.engine_modules.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise StartupError(f"engine_modules: cannot import {module!r}: {e}") from e
+    if not settings.model_repository.is_dir():
+        raise StartupError(f"model repository {str(settings.model_repository)!r} is not a "
+                           "directory")
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise StartupError("tls_cert and tls_key: give both or neither")
+    if settings.workers < 0:
+        raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
+                           "the CPUs) or a number of front-end processes")
+    for name in ("max_shm_regions", "max_shm_regions_per_client", "max_stream_inflight"):
+        if getattr(settings, name) < 1:
+            raise StartupError(f"{name}: {getattr(settings, name)} received, expected at "
+                               "least 1")
+    try:
+        unix_socket.group_id(settings.socket_group)
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+    try:
+        check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
+        token = TokenFile(settings.token_file) if settings.token_file else None
+    except ExposureError as e:
+        raise StartupError(str(e)) from e
+    try:
+        return token, PowerMonitor(settings.power_sources, settings.power_model)
+    except ValueError as e:
+        raise StartupError(str(e)) from e
+
+
+def _raise_descriptor_limit() -> None:
+    """Up to the hard limit: each client region keeps a descriptor open (within
+    --max-shm-regions), beside every connection's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _own_socket(settings: Settings, cleanup: contextlib.AsyncExitStack) -> None:
+    """Checks the socket's folder, takes the socket's lock for the daemon's life, then removes a
+    socket file left by a daemon that died without removing it; another daemon's live socket is
+    never touched."""
+    path = settings.unix_socket
+    try:
+        unix_socket.prepare_folder(path, unix_socket.group_id(settings.socket_group))
+    except unix_socket.FolderError as e:
+        raise StartupError(str(e)) from None
+    fd = unix_socket.hold(path)
+    if fd is None:
+        raise StartupError(f"cannot listen on {path}: another daemon is serving there "
+                           f"(pid {unix_socket.holder(path)} holds {unix_socket.lock_path(path)})")
+    cleanup.callback(os.close, fd)
+    path.unlink(missing_ok=True)
+    cleanup.callback(path.unlink, missing_ok=True)  # before the lock goes: never a successor's
+
+
+def _health_port(servicer: health.aio.HealthServicer,
+                 settings: Settings) -> grpc.aio.Server | None:
+    """Health alone, in plaintext, for probes that send neither TLS nor a token (kubelet's)."""
+    if not settings.health_port:
+        return None
+    probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probes)
+    target = f"{settings.metrics_host}:{settings.health_port}"
+    add_port(probes, target, target, None)
+    return probes

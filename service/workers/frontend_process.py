@@ -1,0 +1,148 @@
+"""One front-end process of a daemon with several (started by service/workers/frontends.py):
+
+    python -m service.workers.frontend_process INDEX CHANNEL_FD ARENA_FD ARENA_BYTES OWNER_PID
+
+It serves gRPC on the daemon's port (SO_REUSEPORT) and on its own unix socket, decodes, validates
+and answers requests, and hands each to the device owner (service/workers/owner_client.py). Its
+settings come from the owner as HETSERVE_* variables. It ends with the owner: SIGTERM from the
+kernel (PR_SET_PDEATHSIG) or the channel closing, whichever comes first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+
+from tritonclient.grpc import service_pb2 as pb
+
+from service.contract import worker_socket
+from service.core.dataplane import DataPlane
+from service.core.metrics import Metrics
+from service.errors import HetserveError, StartupError
+from service.grpc.credentials import TokenFile
+from service.grpc.front import GrpcFront
+from service.grpc.servicer import InferenceServicer
+from service.grpc.shared_memory import SharedMemoryRegions
+from service.settings import Settings
+from service.workers import messages as msg
+from service.workers.arena import Arena
+from service.workers.owner_client import Catalog, OwnerClient
+from service.workers.parent_death import end_with
+
+log = logging.getLogger(__name__)
+
+
+class FrontendServicer(InferenceServicer):
+    """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
+    client's system shared memory region registered with every front-end: the owner reserves
+    its name before this one answers OK, so that a name is registered once."""
+
+    def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
+                 owner: OwnerClient, settings: Settings) -> None:
+        super().__init__(plane, metrics, regions, bool(settings.token_file),
+                         settings.max_stream_inflight)
+        self._owner = owner
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        caller = self._caller(context)
+        region = self._regions.open(request.name, request.key, request.offset,
+                                    request.byte_size, caller)
+        try:
+            await self._owner.register(request.name, request.key, request.offset,
+                                       request.byte_size, caller)
+        except BaseException:
+            region.close()
+            raise
+        self._regions.add(region)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        caller = self._caller(context)
+        self._regions.unregister(request.name, caller)
+        await self._owner.unregister(request.name, caller)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def ModelStatistics(self, request, context):
+        return pb.ModelStatisticsResponse.FromString(
+            await self._owner.statistics(request.name, request.version))
+
+
+async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
+    catalog = Catalog()
+    plane = DataPlane(catalog)
+    regions = SharedMemoryRegions.from_settings(settings)
+    serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
+    became_ready: set[asyncio.Task] = set()
+
+    def on_catalog(message: msg.Catalog, payload: bytes) -> None:
+        catalog.update(owner, message, payload)
+        plane.ready = True
+        if serving:
+            task = asyncio.create_task(front.serving())
+            became_ready.add(task)
+            task.add_done_callback(became_ready.discard)
+
+    def on_share(message: msg.Registered | msg.Released) -> None:  # from another front-end
+        if isinstance(message, msg.Released):
+            regions.drop(message.names)
+            return
+        try:  # the owner has reserved its name
+            regions.add(regions.open(message.name, message.key, message.offset,
+                                     message.byte_size, message.caller, checked=False))
+        except HetserveError as e:  # e.g. the client changed its object meanwhile
+            log.warning("shared memory region %r registered at another front-end: %s",
+                        message.name, e)
+
+    owner = OwnerClient(arena, on_catalog, on_share)
+    token = TokenFile(settings.token_file) if settings.token_file else None
+    front = GrpcFront(settings, token,
+                      FrontendServicer(plane, Metrics(), regions, owner, settings),
+                      plane, reuseport=True)
+    await owner.open(socket.socket(fileno=channel_fd))
+    reading = asyncio.create_task(owner.run())
+    # Models loaded already (a front-end started again): ready before the first connection.
+    await owner.first
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.callback(regions.close)
+        await front.start(cleanup)
+        if plane.ready:
+            await front.serving()
+        serving.append(True)
+        owner.send(msg.Listening())
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await asyncio.wait([asyncio.create_task(stop.wait()), reading],
+                           return_when=asyncio.FIRST_COMPLETED)
+        await front.drain(settings.shutdown_grace_s)
+        reading.cancel()
+
+
+def main(argv: list[str]) -> int:
+    index, channel_fd, arena_fd, arena_bytes, owner_pid = map(int, argv)
+    end_with(owner_pid)
+    settings = Settings.from_env()
+    if settings.unix_socket:
+        settings = dataclasses.replace(settings,
+                                       unix_socket=worker_socket(settings.unix_socket, index))
+    logging.basicConfig(level=settings.log_level.upper(), format=(
+        f"%(asctime)s %(levelname)s front-end {index} %(name)s: %(message)s"))
+    arena = Arena(arena_fd, arena_bytes)
+    os.close(arena_fd)
+    try:
+        asyncio.run(_serve(settings, channel_fd, arena))
+    except StartupError as e:
+        print(f"hetserve front-end {index}: {e}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as `hetserve serve` does
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,129 @@
+"""The messages between a front-end process and the device owner: one type per kind, encoded as
+MessagePack arrays by msgspec (a tenth of the cost of the JSON dictionaries they replace:
+bench/channel_messages.py). Each frame of the channel (service/workers/owner_channel.py) holds
+one message and a payload of bytes where the kind says so. Nothing is unpickled.
+
+A request's id is the front-end's; the owner answers each Infer, Stats, Register and Unregister
+exactly once, by id. Errors travel as (status, message)."""
+
+from __future__ import annotations
+
+import msgspec
+
+# (name, numpy dtype string, shape, offset in the arena, bytes) of a request's input.
+InputPlace = tuple[str, str, tuple[int, ...], int, int]
+# (name, numpy dtype string, shape, bytes) of an output in a Reply's payload.
+OutputPlace = tuple[str, str, tuple[int, ...], int]
+
+
+class _Message(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    pass
+
+
+# front-end -> owner
+class Infer(_Message):
+    """A request, validated by the front-end: its inputs lie in the front-end's arena."""
+
+    id: int
+    model: str
+    version: int
+    size: int  # rows on the batch axis
+    inputs: list[InputPlace]
+    priority: int
+    timeout_us: int
+    deadline: float | None  # time.monotonic() (one clock for the node's processes)
+
+
+class Cancel(_Message):
+    """The client of request `id` has gone: withdraw it (it is still answered)."""
+
+    id: int
+
+
+class Stats(_Message):
+    id: int
+    name: str
+    version: str
+
+
+class Listening(_Message):
+    """The front-end's gRPC server has started."""
+
+
+class Register(_Message):
+    """A client registers a shared memory region at this front-end: the owner reserves its name
+    for every front-end, or answers why not."""
+
+    id: int
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    caller: str
+
+
+class Unregister(_Message):
+    """A client releases its region `name` (all of its regions for an empty name)."""
+
+    id: int
+    name: str
+    caller: str
+
+
+# owner -> front-end
+class Loading(_Message):
+    """The owner's first word while it loads models."""
+
+
+class Catalog(_Message):
+    """The served models; the payload holds their ModelConfig messages, of `sizes` bytes."""
+
+    versions: list[int]
+    sizes: list[int]
+    failures: dict[str, str]  # model name -> why it is not served
+
+
+class Reply(_Message):
+    """A request's outputs, in the payload in the order listed."""
+
+    id: int
+    device: str
+    outputs: list[OutputPlace]
+
+
+class Failed(_Message):
+    id: int
+    status: str  # a grpc.StatusCode name
+    message: str
+
+
+class Statistics(_Message):
+    """The payload is a ModelStatisticsResponse."""
+
+    id: int
+
+
+class Done(_Message):
+    """Register or Unregister `id` is done at every other front-end."""
+
+    id: int
+
+
+class Registered(_Message):
+    """A region registered at another front-end."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    caller: str
+
+
+class Released(_Message):
+    """Regions unregistered at another front-end."""
+
+    names: list[str]
+
+
+ToOwner = Infer | Cancel | Stats | Listening | Register | Unregister
+ToFrontend = Loading | Catalog | Reply | Failed | Statistics | Done | Registered | Released

@@ -1,0 +1,181 @@
+"""The private channel between a front-end process and the device owner, over a socketpair:
+frames of one typed message (service/workers/messages.py) and an optional binary payload.
+Request tensors do not travel here: they lie in the front-end's arena (service/workers/arena.py)
+and the message names their places; outputs (a few logits per sample) travel in the reply's
+payload. Nothing from the network is unpickled."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import struct
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import msgspec
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from service.core.dataplane import DataPlane
+from service.core.queue_policy import RequestOptions
+from service.core.types import Answer
+from service.grpc.handlers import status_of
+from service.workers import messages as msg
+from service.workers.arena import Arena
+
+_PREFIX = struct.Struct("<II")  # message bytes, payload bytes
+_encode = msgspec.msgpack.Encoder().encode
+M = TypeVar("M")
+
+
+class Channel(asyncio.Protocol, Generic[M]):
+    """One end of the socketpair, receiving messages of type `M`. Frames sent in one event-loop
+    iteration leave in one write (the answers of a batch, the requests decoded meanwhile); each
+    message received is handed to `on_message` as it is parsed, with no task per message."""
+
+    def __init__(self, kind: type[M], on_message: Callable[[M, bytes], None]) -> None:
+        self._decode = msgspec.msgpack.Decoder(kind).decode
+        self._on_message = on_message
+        self._received = bytearray()
+        self._outgoing: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+        self.closed = asyncio.Event()
+
+    @classmethod
+    async def open(cls, sock: socket.socket, kind: type[M],
+                   on_message: Callable[[M, bytes], None]) -> Channel[M]:
+        _, channel = await asyncio.get_running_loop().create_unix_connection(
+            lambda: cls(kind, on_message), sock=sock)
+        return channel
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+    def data_received(self, data: bytes) -> None:
+        self._received += data
+        buffer, at = self._received, 0
+        while len(buffer) - at >= _PREFIX.size:
+            message_bytes, payload_bytes = _PREFIX.unpack_from(buffer, at)
+            end = at + _PREFIX.size + message_bytes + payload_bytes
+            if len(buffer) < end:
+                break
+            body = at + _PREFIX.size
+            message = self._decode(memoryview(buffer)[body:body + message_bytes])
+            payload = bytes(buffer[body + message_bytes:end])
+            at = end
+            self._on_message(message, payload)
+        del buffer[:at]
+
+    def send(self, message: msgspec.Struct, payload: bytes = b"") -> None:
+        if self.closed.is_set() or self._transport is None:
+            return
+        data = _encode(message)
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing += (_PREFIX.pack(len(data), len(payload)), data, payload)
+
+    def _flush(self) -> None:
+        if not self.closed.is_set():
+            self._transport.write(b"".join(self._outgoing))
+        self._outgoing.clear()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def catalog(plane: DataPlane) -> tuple[msg.Catalog, bytes]:
+    """The served models (their effective configs) and the failed ones, for front-ends."""
+    models = plane.models.loaded()
+    configs = [m.config.SerializeToString() for m in models]
+    return (msg.Catalog([m.spec.version for m in models], [len(c) for c in configs],
+                        plane.models.failures), b"".join(configs))
+
+
+class OwnerSide:
+    """Serves one front-end's requests on the owner's data plane; every Infer gets exactly one
+    answer (Reply or Failed), also when cancelled, because the front-end frees the request's
+    arena block only then."""
+
+    def __init__(self, plane: DataPlane, inputs: Arena,
+                 on_share: Callable[[OwnerSide, msg.Register | msg.Unregister], None]) -> None:
+        self._plane, self._inputs = plane, inputs  # the front-end's arena
+        self._on_share = on_share  # a client's shared memory (un)registered at this front-end
+        self._answers: dict[int, asyncio.Future[Answer]] = {}
+        self.listening = asyncio.Event()  # the front-end's gRPC server has started
+        self.channel: Channel[msg.ToOwner] | None = None
+
+    def send(self, message: msgspec.Struct, payload: bytes = b"") -> None:
+        self.channel.send(message, payload)
+
+    async def open(self, sock: socket.socket) -> None:
+        self.channel = await Channel.open(sock, msg.ToOwner, self._on_message)
+
+    async def serve(self) -> None:
+        """Until the front-end goes; its requests still queued or running are then withdrawn."""
+        try:
+            await self.channel.closed.wait()
+        finally:
+            for answer in list(self._answers.values()):
+                answer.cancel()
+            self.channel.close()
+
+    def _on_message(self, message: msg.ToOwner, _: bytes) -> None:
+        match message:
+            case msg.Infer():
+                self._infer(message)
+            case msg.Cancel(id=request_id) if request_id in self._answers:
+                self._answers[request_id].cancel()
+            case msg.Stats():
+                self._statistics(message)
+            case msg.Register() | msg.Unregister():
+                self._on_share(self, message)
+            case msg.Listening():
+                self.listening.set()
+
+    def _infer(self, m: msg.Infer) -> None:
+        """Queues the request now, validated by the front-end; `_reply` answers it when its
+        batch is done (no task per request)."""
+        try:
+            inputs = {name: np.frombuffer(self._inputs.view((offset, nbytes)), dtype).reshape(shape)
+                      for name, dtype, shape, offset, nbytes in m.inputs}
+            answer = self._plane.enqueue(self._plane.model(m.model, str(m.version)), inputs,
+                                         m.size, RequestOptions(m.priority, m.timeout_us,
+                                                                m.deadline))
+        except Exception as e:
+            self.fail(m.id, e)
+        else:
+            self._answers[m.id] = answer
+            answer.add_done_callback(functools.partial(self._reply, m.id))
+
+    def _reply(self, request_id: int, answer: asyncio.Future[Answer]) -> None:
+        del self._answers[request_id]
+        if answer.cancelled():  # the client went away, or the owner stops
+            self.send(msg.Failed(request_id, "CANCELLED", "the request was cancelled"))
+        elif (e := answer.exception()) is not None:
+            self.fail(request_id, e)
+        else:
+            result = answer.result()
+            arrays = [np.ascontiguousarray(a) for a in result.outputs.values()]
+            self.send(msg.Reply(request_id, result.device, [
+                (name, a.dtype.str, a.shape, a.nbytes) for name, a in zip(result.outputs, arrays)]),
+                b"".join(memoryview(a).cast("B") for a in arrays))  # the one copy of the outputs
+
+    def _statistics(self, m: msg.Stats) -> None:
+        try:
+            reply = pb.ModelStatisticsResponse(model_stats=[
+                model.stats.proto(model.spec.name, model.spec.version)
+                for model in self._plane.statistics(m.name, m.version)])
+        except Exception as e:
+            self.fail(m.id, e)
+        else:
+            self.send(msg.Statistics(m.id), reply.SerializeToString())
+
+    def fail(self, request_id: int, error: BaseException) -> None:
+        """A refused or failed request's answer; a bug's is logged, and still answered."""
+        status, message = status_of(error, f"request {request_id} from a front-end")
+        self.send(msg.Failed(request_id, status.name, message))

@@ -1,0 +1,190 @@
+"""A front-end's end of the channel to the device owner (service/workers/owner_channel.py): the
+catalog of served models that the front-end's data plane looks models up in, and, in place of each
+model's batcher, a proxy that puts a request's inputs into the arena and hands it to the owner,
+whose batcher forms batches across every front-end."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2
+
+from service.core.model import ModelSpec
+from service.core.model_table import ModelTable
+from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
+from service.core.statistics import ModelStatistics
+from service.core.types import Answer, Tensors
+from service.errors import ModelUnavailableError, QueueFullError, StatusError
+from service.workers import messages as msg
+from service.workers.arena import Arena
+from service.workers.owner_channel import Channel
+
+
+class OwnerClient:
+    def __init__(self, arena: Arena, on_catalog: Callable[[msg.Catalog, bytes], None],
+                 on_share: Callable[[msg.Registered | msg.Released], None]) -> None:
+        self._arena, self._on_catalog, self._on_share = arena, on_catalog, on_share
+        self._ids = itertools.count()
+        # request id -> its future, and its arena block (None for a request without inputs)
+        self._pending: dict[int, tuple[asyncio.Future, tuple[int, int] | None]] = {}
+        self._channel: Channel[msg.ToFrontend] | None = None
+        self.first = asyncio.get_running_loop().create_future()  # the owner's first word
+
+    async def open(self, sock: socket.socket) -> None:
+        self._channel = await Channel.open(sock, msg.ToFrontend, self._on_message)
+
+    @property
+    def gone(self) -> asyncio.Event:
+        """Set once the owner has gone: the front-end stops."""
+        return self._channel.closed
+
+    def send(self, message: msg.ToOwner) -> None:
+        self._channel.send(message)
+
+    async def run(self) -> None:
+        """Until the owner goes; then every request waiting fails UNAVAILABLE, so that clients
+        retry elsewhere."""
+        try:
+            await self.gone.wait()
+        finally:
+            for future, _ in self._pending.values():
+                if not future.done():
+                    future.set_exception(ModelUnavailableError(
+                        "the daemon's device owner process has gone; retry"))
+            self._pending.clear()
+
+    def _on_message(self, message: msg.ToFrontend, payload: bytes) -> None:
+        """Matches answers to requests; the owner's state (loading, catalog, regions registered
+        elsewhere) goes to the front-end."""
+        match message:
+            case msg.Registered() | msg.Released():
+                self._on_share(message)
+                return
+            case msg.Loading() | msg.Catalog():
+                if not self.first.done():
+                    self.first.set_result(message)
+                if isinstance(message, msg.Catalog):
+                    self._on_catalog(message, payload)
+                return
+        future, block = self._pending.pop(message.id)
+        if block is not None:
+            self._arena.free(block)
+        if future.done():  # cancelled meanwhile
+            return
+        match message:
+            case msg.Failed(status=status, message=text):
+                future.set_exception(StatusError(grpc.StatusCode[status], text))
+            case msg.Reply():
+                future.set_result(_answer(message, payload))
+            case msg.Statistics():
+                future.set_result(payload)
+            case msg.Done():
+                future.set_result(None)
+
+    def enqueue(self, name: str, version: int, inputs: Tensors, size: int,
+                options: RequestOptions) -> asyncio.Future[Answer]:
+        """Hands a validated request to the owner now; the future of its answer. Cancelling the
+        future withdraws the request (the owner still answers, and only then is its block
+        freed)."""
+        if self.gone.is_set():
+            raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        nbytes = sum(a.nbytes for a in inputs.values())
+        block = self._arena.alloc(nbytes)
+        if block is None:
+            raise QueueFullError(
+                f"inputs of {nbytes} bytes: this front-end's shared memory arena of "
+                f"{self._arena.size} bytes is " + (
+                    "too full now; retry later" if nbytes <= self._arena.size else
+                    "smaller; send smaller requests, or serve with --workers 1"))
+        places, view, at = [], self._arena.view(block), 0
+        for tensor, array in inputs.items():
+            view[at:at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            places.append((tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes))
+            at += array.nbytes
+        request_id, future = self._request(lambda i: msg.Infer(
+            i, name, version, size, places, options.priority, options.timeout_us,
+            options.deadline), block)
+        future.add_done_callback(functools.partial(self._withdraw, request_id))
+        return future
+
+    def _withdraw(self, request_id: int, future: asyncio.Future) -> None:
+        if future.cancelled() and not self.gone.is_set():  # the client went
+            self.send(msg.Cancel(request_id))
+
+    async def register(self, name: str, key: str, offset: int, byte_size: int,
+                       caller: str) -> None:
+        """Has the owner reserve a client's region name (raising why not) and pass the region
+        on to every other front-end; done once each of them has it."""
+        await self._ask(lambda i: msg.Register(i, name, key, offset, byte_size, caller))
+
+    async def unregister(self, name: str, caller: str) -> None:
+        """The same for a client's release of its region `name` (every one for "")."""
+        await self._ask(lambda i: msg.Unregister(i, name, caller))
+
+    async def statistics(self, name: str, version: str) -> bytes:
+        return await self._ask(lambda i: msg.Stats(i, name, version))
+
+    async def _ask(self, message: Callable[[int], msg.ToOwner]):
+        if self.gone.is_set():
+            raise ModelUnavailableError("the daemon's device owner process has gone; retry")
+        return await self._request(message, None)[1]
+
+    def _request(self, message: Callable[[int], msg.ToOwner], block: tuple[int, int] | None
+                 ) -> tuple[int, asyncio.Future]:
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (future, block)
+        self.send(message(request_id))
+        return request_id, future
+
+
+def _answer(reply: msg.Reply, payload: bytes) -> Answer:
+    outputs, start = {}, 0
+    for name, dtype, shape, size in reply.outputs:
+        outputs[name] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
+                                      start).reshape(shape)
+        start += size
+    return Answer(outputs, reply.device)
+
+
+@dataclass
+class RemoteModel:
+    """What a front-end's data plane needs of a model: its spec and config, and a batcher."""
+
+    spec: ModelSpec
+    config: model_config_pb2.ModelConfig
+    batcher: RemoteBatcher
+    # Counted by the data plane here; ModelStatistics answers with the owner's counts.
+    stats: ModelStatistics = field(default_factory=ModelStatistics)
+
+
+@dataclass(frozen=True)
+class RemoteBatcher:
+    owner: OwnerClient
+    spec: ModelSpec
+
+    def enqueue(self, inputs: Tensors, size: int,
+                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+        return self.owner.enqueue(self.spec.name, self.spec.version, inputs, size, options)
+
+
+class Catalog(ModelTable[RemoteModel]):
+    """The owner's served models, as its catalog message lists them."""
+
+    def update(self, owner: OwnerClient, catalog: msg.Catalog, payload: bytes) -> None:
+        models: dict[str, dict[int, RemoteModel]] = {}
+        start = 0
+        for version, size in zip(catalog.versions, catalog.sizes):
+            config = model_config_pb2.ModelConfig.FromString(payload[start:start + size])
+            start += size
+            spec = ModelSpec.from_config(config, version)
+            models.setdefault(spec.name, {})[version] = RemoteModel(
+                spec, config, RemoteBatcher(owner, spec))
+        self._models, self.failures = models, catalog.failures

@@ -1,0 +1,210 @@
+"""The batcher's rules, with policies read from config.pbtxt text and a plain function as the
+model run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from service.core.batch_buffers import BatchBuffers
+from service.core.batcher import DynamicBatcher
+from service.core.queue_policy import BatchPolicy, RequestOptions
+from service.core.statistics import ModelStatistics
+from service.core.types import Answer
+from service.errors import DeadlineExceededError, QueueFullError
+
+
+def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microseconds: 50000",
+            max_queue_size: int = 100) -> BatchPolicy:
+    text = f"max_batch_size: {max_batch_size}\n"
+    if batching is not None:
+        text += f"dynamic_batching {{ {batching} }}\n"
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return BatchPolicy.from_config(config, max_queue_size)
+
+
+def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
+             slots: int = 1) -> DynamicBatcher:
+    async def run(inputs, size):
+        runs.append(inputs["x"].tolist())
+        await asyncio.sleep(delay_s)
+        return Answer({"y": inputs["x"] * 2}, "d0")
+    buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, policy.max_batch_size, slots)
+    return DynamicBatcher("m", policy, run, slots, buffers, ModelStatistics(),
+                          lambda s: None, lambda: None)
+
+
+def _x(*values: float) -> dict[str, np.ndarray]:
+    return {"x": np.array(values, np.float32)}
+
+
+def _later(s: float) -> RequestOptions:
+    return RequestOptions(deadline=time.monotonic() + s)
+
+
+def test_requests_in_one_window_share_a_run_and_get_their_own_rows() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8), runs)
+        out = await asyncio.gather(b.submit(_x(1), 1), b.submit(_x(2, 3), 2), b.submit(_x(4), 1))
+        await b.close()
+        return runs, out
+    runs, out = asyncio.run(main())
+    assert runs == [[1, 2, 3, 4]]
+    assert [o.outputs["y"].tolist() for o in out] == [[2], [4, 6], [8]]
+    assert {o.device for o in out} == {"d0"}
+
+
+def test_a_full_batch_leaves_without_waiting_and_never_exceeds_max() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(4, "max_queue_delay_microseconds: 10000000"), runs)
+        await asyncio.wait_for(asyncio.gather(*[b.submit(_x(i), 1) for i in range(8)]), 2.0)
+        await b.close()
+        return runs
+    assert [len(r) for r in asyncio.run(main())] == [4, 4]
+
+
+def test_cancelled_requests_are_dropped_before_running() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8), runs)
+        doomed = asyncio.create_task(b.submit(_x(9, 9, 9), 3))
+        kept = asyncio.create_task(b.submit(_x(1), 1))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        result = await kept
+        queued = b.queued()
+        await b.close()
+        return runs, result, queued
+    runs, result, queued = asyncio.run(main())
+    assert runs == [[1]] and result.outputs["y"].tolist() == [2] and queued == 0
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    async def main():
+        b = _batcher(_policy(2, "max_queue_delay_microseconds: 0", max_queue_size=3), [],
+                     delay_s=0.2)
+        first = [asyncio.create_task(b.submit(_x(i), 1)) for i in range(2)]
+        await asyncio.sleep(0.01)  # two run
+        first += [asyncio.create_task(b.submit(_x(i), 1)) for i in range(3)]
+        await asyncio.sleep(0)  # three wait
+        start = time.monotonic()
+        with pytest.raises(QueueFullError, match="max_queue_size is 3"):
+            await b.submit(_x(5), 1)
+        refused_in = time.monotonic() - start
+        await asyncio.gather(*first)
+        await b.close()
+        return refused_in
+    assert asyncio.run(main()) < 0.05
+
+
+def test_without_dynamic_batching_each_request_runs_alone() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, None), runs, slots=1)
+        out = await asyncio.gather(*[b.submit(_x(i, i), 2) for i in range(4)])
+        await b.close()
+        return runs, out
+    runs, out = asyncio.run(main())
+    assert sorted(runs) == [[i, i] for i in range(4)] and out[3].outputs["y"].tolist() == [6, 6]
+
+
+def test_higher_priority_jumps_a_low_priority_backlog() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(2, "max_queue_delay_microseconds: 0 priority_levels: 2 "
+                                "default_priority_level: 2"), runs, delay_s=0.05)
+        low = [asyncio.create_task(b.submit(_x(i), 1)) for i in range(10)]
+        await asyncio.sleep(0.01)  # the first batch of lows is running
+        high = await b.submit(_x(100), 1, RequestOptions(priority=1))
+        await asyncio.gather(*low)
+        await b.close()
+        return runs, high
+    runs, high = asyncio.run(main())
+    assert high.outputs["y"].tolist() == [200]
+    assert runs[1][0] == 100, f"the high-priority request should run next, ran: {runs}"
+
+
+def test_an_expired_request_is_answered_at_its_deadline_and_never_runs() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0"), runs, delay_s=0.3)
+        busy = asyncio.create_task(b.submit(_x(1), 1))
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceededError, match="was not run"):
+            await b.submit(_x(2), 1, _later(0.05))
+        answered_in = time.monotonic() - start
+        await busy
+        await asyncio.sleep(0.05)
+        await b.close()
+        return runs, answered_in
+    runs, answered_in = asyncio.run(main())
+    assert runs == [[1]] and answered_in < 0.2
+
+
+@pytest.mark.parametrize("requested_us, expires", [(0, True), (20_000, True), (10_000_000, True)])
+def test_queue_timeout_rejects_and_a_request_may_only_shorten_it(requested_us, expires) -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
+                                "default_timeout_microseconds: 100000 timeout_action: REJECT "
+                                "allow_timeout_override: true }"), runs, delay_s=0.4)
+        busy = asyncio.create_task(b.submit(_x(1), 1))
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceededError):
+            await b.submit(_x(2), 1, RequestOptions(timeout_us=requested_us))
+        waited = time.monotonic() - start
+        await busy
+        await b.close()
+        return waited
+    waited = asyncio.run(main())
+    assert waited < 0.2  # never longer than the model's 100 ms, even when asked for 10 s
+    if requested_us == 20_000:
+        assert waited < 0.08
+
+
+def test_delay_timeout_moves_a_request_behind_the_others() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
+                                "default_timeout_microseconds: 10000000 timeout_action: DELAY "
+                                "allow_timeout_override: true }"), runs, delay_s=0.02)
+        first = asyncio.create_task(b.submit(_x(0), 1))
+        await asyncio.sleep(0.005)
+        delayed = asyncio.create_task(b.submit(_x(1), 1, RequestOptions(timeout_us=1)))
+        await asyncio.sleep(0.005)
+        rest = [asyncio.create_task(b.submit(_x(i), 1)) for i in (2, 3)]
+        await asyncio.gather(first, delayed, *rest)
+        await b.close()
+        return runs
+    assert asyncio.run(main()) == [[0], [2], [3], [1]]
+
+
+def test_batches_are_assembled_in_reused_buffers() -> None:
+    buffers = BatchBuffers({"x": ((2,), np.dtype(np.float32))}, 8, 1)
+    parts = [{"x": np.ones((1, 2), np.float32)}, {"x": np.full((2, 2), 2, np.float32)}]
+    first, held = buffers.assemble(parts, 3)
+    assert first["x"].tolist() == [[1, 1], [2, 2], [2, 2]]
+    buffers.release(held)
+    second, _ = buffers.assemble(parts[::-1], 3)
+    assert np.shares_memory(first["x"], second["x"])  # the same memory, filled again
+
+
+def test_policy_from_config_and_the_effective_config() -> None:
+    text = ("max_batch_size: 8 dynamic_batching { priority_levels: 3 "
+            "priority_queue_policy { key: 1 value: { max_queue_size: 5 } } }")
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    policy = BatchPolicy.from_config(config, 64)
+    assert [q.max_queue_size for q in policy.levels] == [5, 64, 64]
+    assert policy.default_priority == 2 and policy.level(0) == 1 and policy.level(9) == 1
+    policy.effective(config)
+    assert config.dynamic_batching.default_priority_level == 2
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 64

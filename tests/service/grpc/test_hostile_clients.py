@@ -1,0 +1,407 @@
+"""A daemon every client on a shared node can trust: what a hostile local client tries (shrinking
+its shared memory, naming another's region, floods, odd versions) gets a clear status, and the
+daemon keeps serving everyone else. Each runs against a real daemon with one process and with two
+front-ends; the cross-user cases run as `nobody` where the tests run as root."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from service.errors import LimitError, ModelNotFoundError
+from service.grpc import handlers
+from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
+from spark_jobs.daemon import DaemonProcess
+from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
+from tests.service.conftest import scrape
+
+IMAGE_BYTES = 28 * 28 * 4
+STREAM_WINDOW = 8
+
+
+@pytest.fixture(scope="module", params=["1", "2"], ids=["workers1", "workers2"])
+def daemon(request, tmp_path_factory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("hostile"), MODELS, "--workers", request.param,
+               "--max-shm-regions-per-client", "4", "--max-stream-inflight", str(STREAM_WINDOW))
+    d.workers = int(request.param)
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture
+def unix(daemon: Daemon) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(daemon.socket_url) as c:
+        yield c
+    with grpcclient.InferenceServerClient(daemon.socket_url) as c:
+        c.unregister_system_shared_memory()  # every region of this test's
+
+
+@pytest.fixture
+def shm(request) -> Iterator[tuple[str, int]]:
+    """A POSIX shared memory object of 4 images: its key and descriptor."""
+    path = SHM_ROOT / f"hetserve-test-{os.getpid()}-{request.node.name[:40]}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 4 * IMAGE_BYTES)
+    yield f"/{path.name}", fd
+    os.close(fd)
+    path.unlink(missing_ok=True)
+
+
+def _refused(call, status: str, *fragments: str) -> str:
+    with pytest.raises(InferenceServerException) as refused:
+        call()
+    assert refused.value.status() == f"StatusCode.{status}", refused.value
+    message = refused.value.message()
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def _serves(daemon: Daemon, holdout) -> None:
+    """The daemon is alive and answers a well-behaved client, with no front-end restarted."""
+    assert daemon.process.poll() is None
+    with grpcclient.InferenceServerClient(daemon.url) as c:
+        logits = c.infer(MODEL, image_input(holdout[0][:2])).as_numpy("logits")
+    np.testing.assert_array_equal(logits.argmax(1), holdout[1][:2])
+    assert "exited with code" not in daemon.process.log_path.read_text()
+
+
+def _in_region(region: str, nbytes: int) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("image", [nbytes // IMAGE_BYTES, 1, 28, 28], "FP32")
+    tensor.set_shared_memory(region, nbytes)
+    return tensor
+
+
+# 1. Client memory is untrusted.
+def test_a_shrunk_object_is_an_error_not_a_signal(daemon, unix, shm, holdout) -> None:
+    key, fd = shm
+    os.pwrite(fd, np.ascontiguousarray(holdout[0][:4]).tobytes(), 0)
+    unix.register_system_shared_memory("shrinking", key, 4 * IMAGE_BYTES)
+    served = unix.infer(MODEL, [_in_region("shrinking", 2 * IMAGE_BYTES)])
+    np.testing.assert_array_equal(served.as_numpy("logits").argmax(1), holdout[1][:2])
+    os.ftruncate(fd, IMAGE_BYTES)  # the client shrinks its object under the daemon
+    _refused(lambda: unix.infer(MODEL, [_in_region("shrinking", 2 * IMAGE_BYTES)]),
+             "INVALID_ARGUMENT", "input 'image'", "'shrinking'", "shrank")
+    logits = grpcclient.InferRequestedOutput("logits")
+    logits.set_shared_memory("shrinking", 80, offset=2 * IMAGE_BYTES)
+    _refused(lambda: unix.infer(MODEL, image_input(holdout[0][:2]), outputs=[logits]),
+             "INVALID_ARGUMENT", "output 'logits'", "'shrinking'", "shrank")
+    assert os.fstat(fd).st_size == IMAGE_BYTES  # not grown by the daemon's write either
+    _serves(daemon, holdout)
+
+
+# 2. No client acts through the daemon with more rights than its own.
+def test_tcp_without_the_token_gets_no_shared_memory(daemon, unix, shm) -> None:
+    key, _ = shm
+    unix.register_system_shared_memory("victim", key, IMAGE_BYTES)
+    with grpcclient.InferenceServerClient(daemon.url) as tcp:
+        for call in (tcp.get_system_shared_memory_status,
+                     lambda: tcp.register_system_shared_memory("mine", key, IMAGE_BYTES),
+                     tcp.unregister_system_shared_memory,
+                     lambda: tcp.infer(MODEL, [_in_region("victim", IMAGE_BYTES)])):
+            _refused(call, "PERMISSION_DENIED", "needs the daemon's token")
+    assert "victim" in unix.get_system_shared_memory_status().regions
+
+
+def test_regions_belong_to_the_caller_that_registered_them(tmp_path, shm) -> None:
+    """The unix socket's users and the token's holders over TCP: neither sees, uses or
+    unregisters the other's regions."""
+    key, _ = shm
+    (tmp_path / "token").write_text("t0ken\n")
+    port, sock = free_port(), tmp_path / "grpc.sock"
+    d = DaemonProcess(["--models", str(MODELS), "--port", str(port), "--socket", str(sock),
+                       "--metrics-port", "0", "--token-file", str(tmp_path / "token")],
+                      f"unix:{sock}", tmp_path / "daemon.log")
+    d.wait_ready()
+    token = {"authorization": "Bearer t0ken"}
+    try:
+        with grpcclient.InferenceServerClient(f"unix:{sock}") as unix, \
+                grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as tcp:
+            unix.register_system_shared_memory("socket-users", key, IMAGE_BYTES)
+            tcp.register_system_shared_memory("token-holders", key, IMAGE_BYTES,
+                                              headers=token)
+            assert list(unix.get_system_shared_memory_status().regions) == ["socket-users"]
+            assert list(tcp.get_system_shared_memory_status(headers=token).regions) == \
+                ["token-holders"]
+            _refused(lambda: tcp.infer(MODEL, [_in_region("socket-users", IMAGE_BYTES)],
+                                       headers=token),
+                     "INVALID_ARGUMENT", "'socket-users' is not registered by this client")
+            _refused(lambda: tcp.get_system_shared_memory_status("socket-users",
+                                                                 headers=token),
+                     "INVALID_ARGUMENT", "is not registered by this client")
+            _refused(lambda: tcp.register_system_shared_memory("socket-users", key, 64,
+                                                               headers=token),
+                     "ALREADY_EXISTS", "'socket-users' is already registered")
+            tcp.unregister_system_shared_memory(headers=token)  # all of its own
+            assert list(unix.get_system_shared_memory_status().regions) == ["socket-users"]
+            assert not tcp.get_system_shared_memory_status(headers=token).regions
+    finally:
+        assert d.stop() == 0
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is not installed")
+    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
+        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
+    return run
+
+
+def test_another_local_user_reads_no_region_and_unregisters_none(daemon, unix, shm,
+                                                                 holdout) -> None:
+    key, fd = shm
+    os.pwrite(fd, np.ascontiguousarray(holdout[0][:1]).tobytes(), 0)
+    unix.register_system_shared_memory("victim", key, IMAGE_BYTES)
+    run = _as_nobody(f"""
+import tritonclient.grpc as g
+from tritonclient.utils import InferenceServerException
+c = g.InferenceServerClient({daemon.url!r})
+image = g.InferInput("image", [1, 1, 28, 28], "FP32")
+image.set_shared_memory("victim", {IMAGE_BYTES})
+for call in (c.get_system_shared_memory_status,
+             lambda: c.register_system_shared_memory("stolen", {key!r}, {IMAGE_BYTES}),
+             lambda: c.unregister_system_shared_memory(""),
+             lambda: c.infer({MODEL!r}, [image])):
+    try:
+        call()
+        print("ALLOWED")
+    except InferenceServerException as e:
+        print(e.status())
+try:
+    g.InferenceServerClient("unix:{daemon.socket}").is_server_live()
+    print("ALLOWED")
+except InferenceServerException as e:
+    print("socket", e.status())
+""")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:4] == ["StatusCode.PERMISSION_DENIED"] * 4
+    assert "ALLOWED" not in run.stdout
+    assert unix.get_system_shared_memory_status().regions["victim"].key == key
+    assert os.stat(daemon.socket).st_mode & 0o777 == 0o600
+
+
+def test_an_object_of_another_user_is_not_opened_for_a_client(unix, shm) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the object to another user")
+    key, fd = shm
+    os.fchown(fd, 65534, 65534)  # nobody's: a root daemon could open it, its clients not
+    _refused(lambda: unix.register_system_shared_memory("other", key, IMAGE_BYTES),
+             "PERMISSION_DENIED", "belongs to uid 65534")
+
+
+# 3. Bounded everything.
+def test_names_and_error_messages_are_bounded(daemon, unix, shm) -> None:
+    key, _ = shm
+    message = _refused(lambda: unix.register_system_shared_memory("n" * 20000, key, 64),
+                       "INVALID_ARGUMENT", "expected 1 to 255 letters")
+    assert len(message) < 500
+    unix.register_system_shared_memory("secret-name", key, IMAGE_BYTES)
+    message = _refused(lambda: unix.infer(MODEL, [_in_region("x" * 5000, IMAGE_BYTES)]),
+                       "INVALID_ARGUMENT", "is not registered")
+    assert "secret-name" not in message and len(message) < 500
+
+
+def test_a_stream_whose_replies_are_not_read_stops_being_read(daemon) -> None:
+    """Bad requests, each answered at once, that the client never reads: the daemon reads a
+    window of them ahead, then gRPC's flow control holds the client's writes."""
+    sent = [0]
+    padding = "p" * 4000
+
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        for i in range(20000):
+            sent[0] = i
+            yield service_pb2.ModelInferRequest(model_name="no-such-model", id=padding)
+
+    # No BDP probing: the client's receive window stays at HTTP/2's 64 KiB.
+    with grpc.insecure_channel(daemon.socket_url, [("grpc.http2.bdp_probe", 0)]) as channel:
+        replies = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            requests(), timeout=60)
+        time.sleep(4)  # nothing read meanwhile: the buffers on the way fill
+        read_ahead = sent[0]
+        time.sleep(2)
+        read_later = sent[0]
+        replies.cancel()
+    # The window, plus what the socket's and gRPC's buffers hold (hundreds of KiB).
+    assert STREAM_WINDOW <= read_later == read_ahead < 5000, \
+        f"{read_ahead}, then {read_later} requests read while no reply was"
+
+
+# 4. Strict parsing; never UNKNOWN.
+@pytest.mark.parametrize("version", ["²", "9" * 5000, "-1", " 1"])
+def test_odd_model_versions_are_not_found(daemon, version) -> None:
+    with grpc.insecure_channel(daemon.url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert not stub.ModelReady(service_pb2.ModelReadyRequest(
+            name=MODEL, version=version)).ready
+        for method, message in (
+                (stub.ModelMetadata, service_pb2.ModelMetadataRequest),
+                (stub.ModelConfig, service_pb2.ModelConfigRequest),
+                (stub.ModelStatistics, service_pb2.ModelStatisticsRequest)):
+            with pytest.raises(grpc.RpcError) as caught:
+                method(message(name=MODEL, version=version))
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "model_version" in caught.value.details()
+            assert len(caught.value.details()) < 500
+        request = service_pb2.ModelInferRequest(model_name=MODEL, model_version=version)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        reply = next(stub.ModelStreamInfer(iter([request]), timeout=30))
+        assert reply.error_message.startswith("NOT_FOUND: model_version")
+    assert "Traceback" not in daemon.process.log_path.read_text()
+
+
+class _Broken:
+    """A servicer with bugs: what it raises reaches no client as UNKNOWN."""
+
+    async def ServerLive(self, request, context):
+        raise RuntimeError("a bug")
+
+    async def ModelStreamInfer(self, requests, context):
+        async for _ in requests:
+            yield service_pb2.ModelStreamInferResponse()
+            raise KeyError("another bug")
+
+    async def ModelMetadata(self, request, context):
+        raise ModelNotFoundError("model_name 'x': no such model")
+
+
+def test_an_unexpected_exception_answers_internal_in_one_log_line(caplog) -> None:
+    asyncio.run(_call_the_broken_servicer())
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in errors] == ["ServerLive failed: RuntimeError: a bug",
+                                                "ModelStreamInfer failed: KeyError: 'another bug'"]
+    assert not any(r.exc_info for r in errors)
+
+
+async def _call_the_broken_servicer() -> None:
+    server = grpc.aio.server()
+    handlers.add_to_server(_Broken(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                await stub.ServerLive(service_pb2.ServerLiveRequest())
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+            with pytest.raises(grpc.RpcError) as caught:
+                await stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="x"))
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            stream = stub.ModelStreamInfer()
+            await stream.write(service_pb2.ModelInferRequest())
+            await stream.read()
+            with pytest.raises(grpc.RpcError) as caught:
+                await stream.read()
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        await server.stop(0)
+
+
+# 5. The socket folder is ours or we refuse.
+def _start(socket: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--models", str(MODELS), "--port",
+         str(free_port()), "--socket", str(socket), "--metrics-port", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_socket_folder_made_by_another_user_is_refused(tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the folder to another user")
+    tmp_path.chmod(0o755)
+    folder, victim = tmp_path / "hetserve-0", tmp_path / "root-owned"
+    victim.write_text("precious\n")
+    folder.mkdir(mode=0o700)
+    (folder / "grpc.sock.lock").symlink_to(victim)
+    os.chown(folder, 65534, 65534)
+    run = _start(folder / "grpc.sock")
+    assert run.returncode == 2
+    assert f"socket folder '{folder}' belongs to uid 65534" in run.stderr
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_socket_folder_others_may_write_is_refused(tmp_path) -> None:
+    folder = tmp_path / "open"
+    folder.mkdir()
+    folder.chmod(0o777)
+    run = _start(folder / "grpc.sock")
+    assert run.returncode == 2
+    assert "has mode 0777: group or others may write there" in run.stderr
+    assert not (folder / "grpc.sock.lock").exists()
+
+
+# 6. Bounded regions.
+def test_regions_are_capped_per_client_and_metrics_keep_answering(daemon, unix, shm) -> None:
+    key, _ = shm
+    for i in range(4):
+        unix.register_system_shared_memory(f"r{i}", key, 64)
+    _refused(lambda: unix.register_system_shared_memory("r4", key, 64), "RESOURCE_EXHAUSTED",
+             "4 regions are registered by this client", "--max-shm-regions-per-client")
+    assert scrape(daemon.metrics_url)
+    unix.unregister_system_shared_memory("r0")
+    unix.register_system_shared_memory("r4", key, 64)
+
+
+def test_region_names_have_one_owner_within_both_limits() -> None:
+    names = RegionNames(Limits(total=3, per_caller=2))
+    names.reserve("a", "unix")
+    names.reserve("b", "unix")
+    with pytest.raises(LimitError, match="--max-shm-regions-per-client"):
+        names.reserve("c", "unix")
+    names.reserve("c", "token")
+    with pytest.raises(LimitError, match="--max-shm-regions\\)"):
+        names.reserve("d", "token")
+    assert names.release("", "token") == ["c"]
+    assert names.release("a", "token") == []  # another caller's: left alone
+    assert names.owns("a", "unix") and not names.owns("a", "token")
+
+
+# 7. One owner of region names with --workers N.
+def test_one_name_is_registered_once_whichever_front_end_is_asked(daemon, shm) -> None:
+    if daemon.workers < 2:
+        pytest.skip("one process: one table")
+    key, _ = shm
+    sockets = [daemon.socket_url, f"unix:{daemon.socket}.1"]
+    clients = [grpcclient.InferenceServerClient(s) for s in sockets]
+    try:
+        for round_ in range(40):
+            outcomes: list[str] = []
+            start = threading.Barrier(2)
+
+            def register(c: grpcclient.InferenceServerClient) -> None:
+                start.wait()
+                try:
+                    c.register_system_shared_memory(f"race{round_}", key, 64)
+                    outcomes.append("OK")
+                except InferenceServerException as e:
+                    outcomes.append(e.status())
+            threads = [threading.Thread(target=register, args=(c,)) for c in clients]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(outcomes) == ["OK", "StatusCode.ALREADY_EXISTS"], outcomes
+            clients[round_ % 2].unregister_system_shared_memory(f"race{round_}")
+    finally:
+        for c in clients:
+            c.close()

@@ -1,0 +1,89 @@
+"""Messages no client library would send, answered as Triton answers them: a status naming what
+is wrong, never UNKNOWN, never a traceback in the daemon's log."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from service.grpc.handlers import SERVICE
+from tests.conftest import MODEL
+
+TRUNCATED = b"\x0a\x05ab"  # field 1, five bytes announced, two sent: no message parses it
+UNARY = [m.name for m in SERVICE.methods if not m.client_streaming]
+
+
+def _call(channel: grpc.Channel, method: str, data: bytes) -> grpc.RpcError:
+    call = channel.unary_unary(f"/{SERVICE.full_name}/{method}")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(data, timeout=10)
+    return caught.value
+
+
+def _digit_request(holdout) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=MODEL, id="good")
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(holdout[0][:1].tobytes())
+    return request
+
+
+@pytest.mark.parametrize("method", UNARY)
+def test_bytes_that_do_not_parse_are_invalid_argument(daemon, method) -> None:
+    with grpc.insecure_channel(daemon.url) as channel:
+        error = _call(channel, method, TRUNCATED)
+    if method.startswith(("CudaShared", "Repository", "Trace", "Log")) \
+            and method != "RepositoryIndex":
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED  # never parsed: not served
+    else:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        expected = next(m for m in SERVICE.methods if m.name == method).input_type.full_name
+        assert error.details().startswith(f"{method}: the request is not a valid {expected}")
+
+
+def test_a_bad_message_on_a_stream_fails_alone(daemon, holdout) -> None:
+    good = _digit_request(holdout).SerializeToString()
+    with grpc.insecure_channel(daemon.url) as channel:
+        stream = channel.stream_stream(f"/{SERVICE.full_name}/ModelStreamInfer",
+                                       response_deserializer=service_pb2.ModelStreamInferResponse
+                                       .FromString)
+        replies = list(stream(iter([TRUNCATED, good]), timeout=30))
+    errors = [r.error_message for r in replies if r.error_message]
+    answered = [r.infer_response.id for r in replies if not r.error_message]
+    assert len(errors) == 1 and errors[0].startswith(
+        "INVALID_ARGUMENT: the request is not a valid inference.ModelInferRequest")
+    assert answered == ["good"]
+
+
+def test_contents_and_raw_bytes_for_one_input_are_refused(daemon, holdout) -> None:
+    request = _digit_request(holdout)
+    request.inputs[0].contents.fp32_contents.extend(np.zeros(784, np.float32).tolist())
+    with grpc.insecure_channel(daemon.url) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == ("input 'image': both contents and raw_input_contents "
+                                      "received; send the tensor in one of them")
+
+
+def test_contents_out_of_their_datatype_range_are_refused(daemon) -> None:
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="INT8", shape=[1, 1]).contents.int_contents.append(
+        300)
+    with grpc.insecure_channel(daemon.url) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "outside the range of INT8" in caught.value.details()
+
+
+@pytest.mark.parametrize("method", ["CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+                                    "CudaSharedMemoryStatus"])
+def test_cuda_shared_memory_is_unimplemented_without_a_traceback(daemon, method) -> None:
+    request = getattr(service_pb2, f"{method}Request")(name="region")
+    with grpc.insecure_channel(daemon.url) as channel:
+        error = _call(channel, method, request.SerializeToString())
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert error.details() == f"{method} is not supported by hetserve (use system shared memory)"
+    assert "Traceback" not in daemon.process.log_path.read_text()

@@ -1,0 +1,120 @@
+"""Triton's system shared memory extension through tritonclient: tensors in /dev/shm regions
+instead of gRPC messages, for clients on the daemon's node (over its unix socket here; over TCP
+only with the daemon's token: tests/service/grpc/test_hostile_clients.py)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from service.errors import PermissionDeniedError
+from service.grpc.shared_memory import SHM_ROOT, caller
+from tests.conftest import MODEL
+from tests.service.conftest import assert_served
+
+REGION_BYTES = 8192
+
+
+@pytest.fixture
+def client(daemon):
+    """A client over the daemon's unix socket, which may use shared memory."""
+    with grpcclient.InferenceServerClient(daemon.socket_url) as c:
+        yield c
+
+
+@pytest.fixture
+def region(request):
+    key = f"/hetserve-test-{os.getpid()}-{request.node.name[:40]}"
+    handle = shm.create_shared_memory_region("test", key, REGION_BYTES)
+    yield key, handle
+    shm.destroy_shared_memory_region(handle)
+
+
+def _refused(call, status: str, message: str) -> None:
+    with pytest.raises(InferenceServerException, match=message) as refused:
+        call()
+    assert refused.value.status() == f"StatusCode.{status}"
+
+
+def test_inputs_and_outputs_travel_through_shared_memory(client, holdout, region) -> None:
+    key, handle = region
+    images = holdout[0][:2]  # 6,272 bytes in, 80 bytes out
+    shm.set_shared_memory_region(handle, [images])
+    client.register_system_shared_memory("io", key, REGION_BYTES)
+    try:
+        image = grpcclient.InferInput("image", list(images.shape), "FP32")
+        image.set_shared_memory("io", images.nbytes)
+        logits = grpcclient.InferRequestedOutput("logits")
+        logits.set_shared_memory("io", 80, offset=6400)
+        result = client.infer(MODEL, [image], outputs=[logits])
+        placed = result.get_output("logits").parameters
+        assert (placed["shared_memory_region"].string_param,
+                placed["shared_memory_offset"].int64_param) == ("io", 6400)
+        assert_served(shm.get_contents_as_numpy(handle, np.float32, [2, 10], 6400),
+                      result.get_response().parameters["device"].string_param, images)
+        status = client.get_system_shared_memory_status().regions
+        assert (status["io"].key, status["io"].byte_size) == (key, REGION_BYTES)
+    finally:
+        client.unregister_system_shared_memory("io")
+    assert not client.get_system_shared_memory_status().regions
+    assert "system_shared_memory" in client.get_server_metadata().extensions
+
+
+@pytest.mark.parametrize("key, message", [
+    ("/../etc/passwd", "key: '/../etc/passwd' received, expected a POSIX shared memory name"),
+    ("/hetserve-no-such-region", "cannot open shared memory '/hetserve-no-such-region'")])
+def test_keys_outside_dev_shm_or_missing_are_refused(client, key, message) -> None:
+    _refused(lambda: client.register_system_shared_memory("bad", key, 64), "INVALID_ARGUMENT",
+             message)
+
+
+def test_a_symbolic_link_in_dev_shm_is_not_followed(client, tmp_path) -> None:
+    target = tmp_path / "not-shared-memory"
+    target.write_bytes(bytes(64))
+    link = SHM_ROOT / f"hetserve-test-link-{os.getpid()}"
+    link.symlink_to(target)
+    try:
+        _refused(lambda: client.register_system_shared_memory("link", f"/{link.name}", 64),
+                 "INVALID_ARGUMENT", f"cannot open shared memory '/{link.name}'")
+    finally:
+        link.unlink()
+
+
+def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, region) -> None:
+    key, _ = region
+    image = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
+    image.set_shared_memory("nowhere", 3136)
+    _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+             "input 'image': shared memory region 'nowhere' is not registered")
+    client.register_system_shared_memory("small", key, 1024)
+    try:
+        _refused(lambda: client.register_system_shared_memory("small", key, 1024),
+                 "ALREADY_EXISTS", "'small' is already registered")
+        image.set_shared_memory("small", 3136)
+        _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+                 "byte_size 3136 received, region 'small' holds 1024 bytes")
+        image.set_shared_memory("small", 1024)
+        _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+                 "its shared memory holds 1024 bytes, 3136 expected")
+        image.set_data_from_numpy(holdout[0][:1])
+        logits = grpcclient.InferRequestedOutput("logits")
+        logits.set_shared_memory("small", 8)
+        _refused(lambda: client.infer(MODEL, [image], outputs=[logits]), "INVALID_ARGUMENT",
+                 "output 'logits': shared_memory_byte_size 8 received, the output needs 40")
+    finally:
+        client.unregister_system_shared_memory("small")
+
+
+def test_shared_memory_callers_are_the_socket_s_users_or_the_token_s_holders() -> None:
+    assert caller("unix:/run/user/1000/hetserve/grpc.sock", token=False) == "unix"
+    for peer in ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"):
+        assert caller(peer, token=True) == "token"
+        with pytest.raises(PermissionDeniedError, match="needs the daemon's token"):
+            caller(peer, token=False)
+    with pytest.raises(PermissionDeniedError, match="'ipv4:10.1.2.3:5555' is not on this node"):
+        caller("ipv4:10.1.2.3:5555", token=True)

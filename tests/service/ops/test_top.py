@@ -1,0 +1,54 @@
+"""`hetserve top` against a real daemon under load, and its histogram quantiles."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from service.ops.top import quantile
+from tests.conftest import ROOT, Daemon
+from tests.deploy.conftest import Load
+from tests.service.conftest import node_devices
+
+
+def test_quantile_interpolates_within_buckets_like_prometheus() -> None:
+    buckets = {0.1: 10.0, 0.2: 30.0, math.inf: 40.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.15)  # rank 20: half-way through (0.1, 0.2]
+    assert quantile(0.125, buckets) == pytest.approx(0.05)  # rank 5: half-way through (0, 0.1]
+    assert quantile(0.9, buckets) == 0.2  # in +Inf: the highest finite bound
+    assert math.isnan(quantile(0.5, {0.1: 0.0, math.inf: 0.0}))
+
+
+def test_top_shows_the_node_under_load(daemon: Daemon,
+                                       holdout: tuple[np.ndarray, np.ndarray]) -> None:
+    load = Load(daemon.url, holdout[0])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "service", "top", "--url", daemon.metrics_url,
+             "--interval", "1", "--once"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        load.stop()
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    model = next(r for r in rows if r[:1] == ["mnist_cnn"] and len(r) == 6)
+    assert float(model[1].replace(",", "")) > 0  # requests/s
+    served = node_devices()[0]  # the example model's device on this node (gpu0 or cpu0)
+    device = next(r for r in rows if r[:2] == [served, served.rstrip("0123456789")])
+    source, up, watts = device[2], device[3], float(device[5].replace(",", ""))
+    assert up == "1" and watts > 0
+    assert float(device[8]) > 0  # GFLOP/s per watt
+    if source == "model*":  # no sensor here: the figure is marked as an estimate
+        assert "* estimate" in done.stdout
+    per_inference = next(r for r in rows if r[:2] == ["mnist_cnn", served])
+    assert float(per_inference[3]) > 0
+
+
+def test_top_reports_an_unreachable_daemon() -> None:
+    done = subprocess.run([sys.executable, "-m", "service", "top", "--url",
+                           "http://127.0.0.1:1/metrics", "--once"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "cannot read http://127.0.0.1:1/metrics" in done.stderr

@@ -1,0 +1,84 @@
+"""The architecture as the tree shows it: service's rooms import only downwards (ops -> workers
+-> grpc -> core -> the shared modules), and no package of the project imports in a cycle, not
+even through a function-level or TYPE_CHECKING import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("service", "accelerators", "spark_jobs", "kernels")
+# service's rooms, lowest first; a module may import its own room's and lower ones'.
+RANKS = {"service.errors": 0, "service.settings": 0, "service.contract": 0,
+         "service.core": 1, "service.grpc": 2, "service.workers": 3, "service.ops": 4}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project's modules that `name` imports anywhere in its source."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                imported.add(target)
+    return imported
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _rank(module: str) -> int | None:
+    for prefix, rank in RANKS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    return None
+
+
+def test_service_rooms_import_only_downwards() -> None:
+    upward = [f"{a} imports {b}" for a, targets in _graph().items() for b in targets
+              if _rank(a) is not None and _rank(b) is not None and _rank(b) > _rank(a)]
+    assert not upward, upward
+
+
+def test_no_module_imports_in_a_cycle() -> None:
+    graph = _graph()
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
