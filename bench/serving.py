@@ -2,19 +2,24 @@
 Poisson rate sweep, and streaming, against
   echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
   daemon    `hetserve serve` on the example model (dynamic batching on),
+  waitidle  the same with the window kept while every instance is idle (the rule before
+            `queue_delay_when_idle`'s default),
   unbatched the same daemon and model with dynamic_batching removed,
   nocompute the daemon with an engine that computes nothing (bench/null_engine.py): the serving
             core's own cost, as when the model runs on an accelerator instead of these cores,
+  nocompute2 the same with --workers 2 (two front-end processes and the device owner),
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo. The
 client is --clients processes (bench/load_client.py: each its own event loop and channel; a
 load point's concurrency, rate or stream window is split among them and their raw latencies
 merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
 latency, each load point reports the server's CPU time per answered request (from /proc: the
-server process and its children), the server cores it kept busy and the req/s per server core,
-and the client's CPU per request; the table ends with the bound that the model's own CPU time
-puts on the daemon. Where Triton's perf_analyzer is installed (on PATH or PERF_ANALYZER), it
-drives every target at the same concurrencies too (a C++ client); otherwise a note says so.
+server process and its children; its main process alone, the device owner with --workers), the
+server cores it kept busy and the req/s per server core, and the client's CPU per request; the
+table ends with the bound that the model's own CPU time puts on the daemon, and at concurrency
+1 what each target adds to echo's latency and the model's own time. Where Triton's perf_analyzer
+is installed (on PATH or PERF_ANALYZER), it drives every target at the same concurrencies too (a
+C++ client); otherwise a note says so.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--clients N] [--json out.json]
 """
@@ -44,15 +49,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # --- running it -------------------------------------------------------------------------------
 
 
-def model_repository(folder: Path, batching: bool = True, devices: str = "") -> Path:
-    """A copy of the example model's repository, without dynamic batching or on other devices."""
+def model_repository(folder: Path, batching: bool = True, **parameters: str) -> Path:
+    """A copy of the example model's repository, without dynamic batching or with parameters
+    (e.g. other devices)."""
     shutil.copytree(ROOT / "models" / MODEL, folder / MODEL)
     config = folder / MODEL / "config.pbtxt"
     text = config.read_text()
     if not batching:
         text = re.sub(r"dynamic_batching \{.*\}\n", "", text)
-    if devices:
-        text += f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n'
+    text += "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+                    for k, v in parameters.items())
     config.write_text(text)
     return folder
 
@@ -62,13 +68,17 @@ def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
     if kind == "echo":
         return [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
     models = {"daemon": lambda: ROOT / "models",
+              "waitidle": lambda: model_repository(tmp / kind, queue_delay_when_idle="true"),
               "unbatched": lambda: model_repository(tmp / kind, batching=False),
-              "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
+              "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0"),
+              "nocompute2": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
     args = [sys.executable, "-m", "service", "serve", "--models", str(models),
             "--port", str(port), "--socket", "", "--metrics-port", "0",
             "--intra-op-threads", str(threads), "--log-level", "WARNING"]
-    if kind == "nocompute":
+    if kind.startswith("nocompute"):
         args += ["--engine-modules", "null_engine"]
+    if kind == "nocompute2":  # the others: HETSERVE_WORKERS, else the daemon's default
+        args += ["--workers", "2"]
     return args
 
 
@@ -94,16 +104,25 @@ def process_tree_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
     return sum(stats[p][1] for p in tree if p in stats) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of one process alone, not its children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def metered(pid: int, run: Callable[[], dict]) -> dict:
     """A load point, with the server's and the clients' CPU time per answered request: unlike
     throughput on a shared machine, they do not depend on how much CPU each side was given. The
-    server's cores busy and req/s per server core say how far its processes scale."""
-    server, wall = process_tree_cpu_s(pid), time.monotonic()
+    server's cores busy and req/s per server core say how far its processes scale; the main
+    process's own CPU is the device owner's where front-end processes serve gRPC (--workers)."""
+    server, main, wall = process_tree_cpu_s(pid), process_cpu_s(pid), time.monotonic()
     result = run()
     server, wall = process_tree_cpu_s(pid) - server, time.monotonic() - wall
+    main = process_cpu_s(pid) - main
     answered = max(result["requests"], 1)
     client_s = result.pop("client_cpu_s", 0.0)
     return result | {"server_cpu_us": 1e6 * server / answered,
+                     "main_cpu_us": 1e6 * main / answered,
                      "client_cpu_us": 1e6 * client_s / answered,
                      "server_cores": server / wall,
                      "rps_per_server_core": result["requests"] / server if server else 0.0}
@@ -170,8 +189,9 @@ def model_ceiling(image: np.ndarray, threads: int, seconds: float) -> dict:
 def _table(results: dict) -> str:
     echo = results["echo"]
     lines = ["| target | load | req/s | x echo | p50 ms | p99 ms | server CPU µs/req | x echo "
-             "| server cores | req/s per server core | client CPU µs/req | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| server cores | req/s per server core | main process CPU µs/req "
+             "| client CPU µs/req | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for target, runs in results.items():
         if target in ("args", "onnxruntime", "perf_analyzer"):
             continue
@@ -183,13 +203,23 @@ def _table(results: dict) -> str:
             rows.append((f"stream, window {runs['stream']['window']}", runs["stream"],
                          echo["stream"]))
         for load, r, e in rows:
-            lines.append(_row(target, load, r, e) + f" {r['client_cpu_us']:.0f} | " + (
+            lines.append(_row(target, load, r, e) + f" {r['main_cpu_us']:.0f} | "
+                         f"{r['client_cpu_us']:.0f} | " + (
                 ", ".join(f"{n} {k}" for k, n in r["errors"].items()) or "0") + " |")
     ceiling = results["onnxruntime"]
     model_us = 1e6 / ceiling["batch_16_img_per_s"]
     lines.append(f"\nONNX Runtime alone, same run: {ceiling['batch_1_img_per_s']:.0f} img/s at "
                  f"batch 1, {ceiling['batch_16_img_per_s']:.0f} at batch 16 ({model_us:.0f} µs "
                  "of one core per image)")
+    if 1 in results["args"]["concurrency"]:  # the latency an idle server adds to one request
+        at_1 = results["args"]["concurrency"].index(1)
+        model_1_ms = 1e3 / ceiling["batch_1_img_per_s"]
+        for target, runs in results.items():
+            if target not in ("args", "onnxruntime", "perf_analyzer", "echo"):
+                p50 = runs["closed"][at_1]["p50_ms"]
+                excess = p50 - echo["closed"][at_1]["p50_ms"] - model_1_ms
+                lines.append(f"Concurrency 1, {target}: p50 {p50:.2f} ms = echo's p50 + the model "
+                             f"in-process at batch 1 ({model_1_ms:.2f} ms) + {excess:.2f} ms")
     # Client and server share the machine's cores: where echo saturates them, a daemon that
     # added nothing but the model's own CPU time to echo's would reach this share of echo.
     for c, e in zip(results["args"]["concurrency"], echo["closed"], strict=True):

@@ -1,12 +1,16 @@
 """Dynamic batching: concurrent requests of one model share a model run.
 
-One FIFO queue per priority level (level 1 first). The wait window opens when the oldest waiting
-request arrived; a batch leaves when it is full (max_batch_size, or the largest preferred size) or
-when the window closes, and only when a device slot is free, so batches grow while devices are
-busy. Requests whose gRPC deadline or REJECT queue timeout passes are answered DEADLINE_EXCEEDED
-the moment it passes and never reach a device; DELAY requests move behind every other request;
-cancelled ones are dropped. A full level refuses at once. Requests that carry several samples are
-packed whole and their outputs split back in order.
+One FIFO queue per priority level (level 1 first). A batch leaves only when a device slot is
+free, so batches grow while devices are busy. When every slot is free (the devices idle), what
+is queued leaves at once, as waiting would only delay it, unless the devices were busy more than
+half the time lately (_worth_waiting). Otherwise the wait window opens when the oldest waiting
+request arrived, and a batch leaves when it is full (max_batch_size, or the largest preferred
+size) or when the window closes, to the microsecond (service/core/precise_timer.py).
+`max_queue_delay_microseconds` stays the upper bound of every wait. Requests whose gRPC deadline
+or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the moment it passes and never
+reach a device; DELAY requests move behind every other request; cancelled ones are dropped. A
+full level refuses at once. Requests that carry several samples are packed whole and their
+outputs split back in order.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from service.core.batch_buffers import BatchBuffers
+from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Tensors
@@ -68,6 +73,10 @@ class DynamicBatcher:
         self._wanted = 1  # samples the dispatcher waits for
         self._slots = asyncio.Semaphore(slots)  # batches in flight at once
         self._running: set[asyncio.Task] = set()
+        self._window_open = True  # false from a window's close to the end of its wait
+        self._timer = PreciseTimer(self._loop, self._close_window)
+        self._idle_since = float("-inf")  # loop.time() when the last running batch ended
+        self._last_run_s = 0.0  # how long that batch ran
         self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
 
     def queued(self) -> int:
@@ -108,6 +117,7 @@ class DynamicBatcher:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, *self._running, return_exceptions=True)
+        self._timer.close()
         for queue in (*self._levels, self._delayed):
             while queue:
                 _settle(queue.popleft(), error=ModelUnavailableError(
@@ -142,6 +152,8 @@ class DynamicBatcher:
 
     def _ran(self, task: asyncio.Task) -> None:
         self._running.discard(task)
+        if not self._running:
+            self._idle_since = self._loop.time()
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             log.error("model %r: a batch failed unexpectedly", self.model,
@@ -151,23 +163,42 @@ class DynamicBatcher:
         while True:
             while not any(self._levels) and not self._delayed:
                 await self._wait_for(1)
-            oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
-            close_at = oldest + self.policy.max_queue_delay_s
-            remaining = close_at - self._loop.time()
-            if self.queued() < self.policy.dispatch_size and remaining > 0:
-                try:
-                    async with asyncio.timeout(remaining):
-                        await self._wait_for(self.policy.dispatch_size)
-                except TimeoutError:
-                    pass
+            if self._worth_waiting():
+                oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
+                close_at = oldest + self.policy.max_queue_delay_s
+                if self.queued() < self.policy.dispatch_size and close_at > self._loop.time():
+                    await self._wait_until(close_at, self.policy.dispatch_size)
             batch = self._take()
             if batch:
                 return batch
 
+    def _worth_waiting(self) -> bool:
+        """Whether waiting out the window can grow the batch to good effect: while a batch runs
+        (requests queue behind it anyway), or when the devices have just stopped, idle for less
+        time than the last batch ran (over half busy lately: arrivals come quickly and running
+        them one by one would cost throughput). Otherwise waiting only delays the request."""
+        return bool(self._running) or self.policy.delay_when_idle or \
+            self._loop.time() - self._idle_since < self._last_run_s
+
+    async def _wait_until(self, deadline: float, samples: int) -> None:
+        """Until `samples` are queued or the loop's clock reaches `deadline`, to the
+        microsecond (PreciseTimer: asyncio's own timers wake up to a millisecond late)."""
+        self._timer.arm(deadline)
+        try:
+            await self._wait_for(samples)
+        finally:
+            self._timer.disarm()
+            self._window_open = True
+
+    def _close_window(self) -> None:
+        self._window_open = False
+        self._arrived.set()
+
     async def _wait_for(self, samples: int) -> None:
-        """Until `samples` are queued; submit wakes this only then, not on every arrival."""
+        """Until `samples` are queued (or an open window closes); submit wakes this only then,
+        not on every arrival."""
         self._wanted = samples
-        while self.queued() < samples:
+        while self.queued() < samples and self._window_open:
             self._arrived.clear()
             await self._arrived.wait()
 
@@ -221,6 +252,7 @@ class DynamicBatcher:
         finally:
             self._buffers.release(buffers)
         ran = time.monotonic()
+        self._last_run_s = ran - started
         if len(batch) == 1:  # nothing to split (and unbatched models have no batch axis)
             _settle(batch[0], result=answer)
         else:

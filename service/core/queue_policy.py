@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2
 
+from service.errors import ConfigError
+
 _REJECT = model_config_pb2.ModelQueuePolicy.REJECT
+MAX_QUEUE_DELAY_US = 10_000_000
+_WHEN_IDLE = "queue_delay_when_idle"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,9 @@ class BatchPolicy:
     max_batch_size: int  # 0: the model has no batch axis, so every request runs alone
     batching: bool  # false without dynamic_batching: each request runs on its own
     max_queue_delay_s: float
+    # The window also while every instance is idle (the `queue_delay_when_idle` parameter):
+    # off by default, so that a request to an idle device runs at once.
+    delay_when_idle: bool
     preferred_batch_sizes: tuple[int, ...]
     default_priority: int  # 1-based level
     levels: tuple[QueuePolicy, ...]  # index 0 is priority level 1, the highest
@@ -57,6 +64,16 @@ class BatchPolicy:
                     default_max_queue_size: int) -> BatchPolicy:
         dyn = config.dynamic_batching
         batching = config.HasField("dynamic_batching") and config.max_batch_size > 0
+        if dyn.max_queue_delay_microseconds > MAX_QUEUE_DELAY_US:
+            raise ConfigError(
+                f"model {config.name!r}: dynamic_batching.max_queue_delay_microseconds "
+                f"{dyn.max_queue_delay_microseconds} is above {MAX_QUEUE_DELAY_US} (10 s); a "
+                "batching window is a few milliseconds at most")
+        when_idle = config.parameters[_WHEN_IDLE].string_value \
+            if _WHEN_IDLE in config.parameters else "false"
+        if when_idle not in ("true", "false"):
+            raise ConfigError(f"model {config.name!r}: parameters[{_WHEN_IDLE!r}] "
+                              f"{when_idle!r}; expected 'true' or 'false'")
         count = max(dyn.priority_levels, 1)
         default = QueuePolicy.from_config(dyn.default_queue_policy, default_max_queue_size)
         levels = tuple(
@@ -65,6 +82,7 @@ class BatchPolicy:
         default_priority = dyn.default_priority_level or (count + 1) // 2
         return cls(max_batch_size=config.max_batch_size, batching=batching,
                    max_queue_delay_s=dyn.max_queue_delay_microseconds / 1e6 if batching else 0.0,
+                   delay_when_idle=when_idle == "true",
                    preferred_batch_sizes=tuple(dyn.preferred_batch_size) if batching else (),
                    default_priority=min(default_priority, count), levels=levels,
                    default_queue=default)

@@ -79,7 +79,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
     became_ready: set[asyncio.Task] = set()
 
-    def on_catalog(message: msg.Catalog, payload: bytes) -> None:
+    def on_catalog(message: msg.Catalog, payload: memoryview) -> None:
         catalog.update(owner, message, payload)
         plane.ready = True
         if serving:

@@ -1,5 +1,5 @@
 """The private channel between a front-end process and the device owner, over a socketpair:
-frames of one typed message (service/workers/messages.py) and an optional binary payload.
+frames of typed messages (service/workers/messages.py), each with an optional binary payload.
 Request tensors do not travel here: they lie in the front-end's arena (service/workers/arena.py)
 and the message names their places; outputs (a few logits per sample) travel in the reply's
 payload. Nothing from the network is unpickled."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -24,27 +25,32 @@ from service.grpc.handlers import status_of
 from service.workers import messages as msg
 from service.workers.arena import Arena
 
-_PREFIX = struct.Struct("<II")  # message bytes, payload bytes
+_PREFIX = struct.Struct("<II")  # header bytes (the messages), payload bytes (theirs, in order)
+log = logging.getLogger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
 M = TypeVar("M")
 
 
 class Channel(asyncio.Protocol, Generic[M]):
-    """One end of the socketpair, receiving messages of type `M`. Frames sent in one event-loop
-    iteration leave in one write (the answers of a batch, the requests decoded meanwhile); each
-    message received is handed to `on_message` as it is parsed, with no task per message."""
+    """One end of the socketpair, receiving messages of type `M`. The messages sent in one
+    event-loop iteration (the requests decoded meanwhile, the answers of a batch) leave as one
+    frame, in one write and one encoding, and wake the other side once; each message received
+    is handed to `on_message` with its payload as it is parsed, with no task per message. A
+    frame that does not decode closes the channel: the other process is ours, so it is a bug
+    there, and it is started again (service/workers/frontends.py)."""
 
-    def __init__(self, kind: type[M], on_message: Callable[[M, bytes], None]) -> None:
-        self._decode = msgspec.msgpack.Decoder(kind).decode
+    def __init__(self, kind: type[M], on_message: Callable[[M, memoryview], None]) -> None:
+        self._decode = msgspec.msgpack.Decoder(tuple[list[kind], list[int]]).decode
         self._on_message = on_message
         self._received = bytearray()
-        self._outgoing: list[bytes] = []
+        self._messages: list[msgspec.Struct] = []  # to send, with their payloads
+        self._payloads: list[bytes] = []
         self._transport: asyncio.Transport | None = None
         self.closed = asyncio.Event()
 
     @classmethod
     async def open(cls, sock: socket.socket, kind: type[M],
-                   on_message: Callable[[M, bytes], None]) -> Channel[M]:
+                   on_message: Callable[[M, memoryview], None]) -> Channel[M]:
         _, channel = await asyncio.get_running_loop().create_unix_connection(
             lambda: cls(kind, on_message), sock=sock)
         return channel
@@ -57,31 +63,44 @@ class Channel(asyncio.Protocol, Generic[M]):
 
     def data_received(self, data: bytes) -> None:
         self._received += data
-        buffer, at = self._received, 0
+        buffer, at, frames = self._received, 0, []
         while len(buffer) - at >= _PREFIX.size:
-            message_bytes, payload_bytes = _PREFIX.unpack_from(buffer, at)
-            end = at + _PREFIX.size + message_bytes + payload_bytes
+            header_bytes, payload_bytes = _PREFIX.unpack_from(buffer, at)
+            end = at + _PREFIX.size + header_bytes + payload_bytes
             if len(buffer) < end:
                 break
             body = at + _PREFIX.size
-            message = self._decode(memoryview(buffer)[body:body + message_bytes])
-            payload = bytes(buffer[body + message_bytes:end])
+            frames.append((bytes(buffer[body:body + header_bytes]),
+                           bytes(buffer[body + header_bytes:end])))
             at = end
-            self._on_message(message, payload)
         del buffer[:at]
+        for header, payload in frames:
+            try:
+                messages, sizes = self._decode(header)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                log.error("a frame from the other process does not decode (%s): closing", e)
+                self.close()
+                return
+            view, start = memoryview(payload), 0
+            for message, size in zip(messages, sizes, strict=True):
+                self._on_message(message, view[start:start + size])
+                start += size
 
     def send(self, message: msgspec.Struct, payload: bytes = b"") -> None:
         if self.closed.is_set() or self._transport is None:
             return
-        data = _encode(message)
-        if not self._outgoing:
+        if not self._messages:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outgoing += (_PREFIX.pack(len(data), len(payload)), data, payload)
+        self._messages.append(message)
+        self._payloads.append(payload)
 
     def _flush(self) -> None:
         if not self.closed.is_set():
-            self._transport.write(b"".join(self._outgoing))
-        self._outgoing.clear()
+            sizes = [len(p) for p in self._payloads]
+            header = _encode((self._messages, sizes))
+            self._transport.write(b"".join(
+                [_PREFIX.pack(len(header), sum(sizes)), header, *self._payloads]))
+        self._messages, self._payloads = [], []
 
     def close(self) -> None:
         if self._transport is not None:
@@ -124,7 +143,7 @@ class OwnerSide:
                 answer.cancel()
             self.channel.close()
 
-    def _on_message(self, message: msg.ToOwner, _: bytes) -> None:
+    def _on_message(self, message: msg.ToOwner, _: memoryview) -> None:
         match message:
             case msg.Infer():
                 self._infer(message)

@@ -28,7 +28,7 @@ from service.workers.owner_channel import Channel
 
 
 class OwnerClient:
-    def __init__(self, arena: Arena, on_catalog: Callable[[msg.Catalog, bytes], None],
+    def __init__(self, arena: Arena, on_catalog: Callable[[msg.Catalog, memoryview], None],
                  on_share: Callable[[msg.Registered | msg.Released], None]) -> None:
         self._arena, self._on_catalog, self._on_share = arena, on_catalog, on_share
         self._ids = itertools.count()
@@ -60,7 +60,7 @@ class OwnerClient:
                         "the daemon's device owner process has gone; retry"))
             self._pending.clear()
 
-    def _on_message(self, message: msg.ToFrontend, payload: bytes) -> None:
+    def _on_message(self, message: msg.ToFrontend, payload: memoryview) -> None:
         """Matches answers to requests; the owner's state (loading, catalog, regions registered
         elsewhere) goes to the front-end."""
         match message:
@@ -84,7 +84,7 @@ class OwnerClient:
             case msg.Reply():
                 future.set_result(_answer(message, payload))
             case msg.Statistics():
-                future.set_result(payload)
+                future.set_result(bytes(payload))
             case msg.Done():
                 future.set_result(None)
 
@@ -145,7 +145,7 @@ class OwnerClient:
         return request_id, future
 
 
-def _answer(reply: msg.Reply, payload: bytes) -> Answer:
+def _answer(reply: msg.Reply, payload: memoryview) -> Answer:
     outputs, start = {}, 0
     for name, dtype, shape, size in reply.outputs:
         outputs[name] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
@@ -178,11 +178,11 @@ class RemoteBatcher:
 class Catalog(ModelTable[RemoteModel]):
     """The owner's served models, as its catalog message lists them."""
 
-    def update(self, owner: OwnerClient, catalog: msg.Catalog, payload: bytes) -> None:
+    def update(self, owner: OwnerClient, catalog: msg.Catalog, payload: memoryview) -> None:
         models: dict[str, dict[int, RemoteModel]] = {}
         start = 0
         for version, size in zip(catalog.versions, catalog.sizes):
-            config = model_config_pb2.ModelConfig.FromString(payload[start:start + size])
+            config = model_config_pb2.ModelConfig.FromString(bytes(payload[start:start + size]))
             start += size
             spec = ModelSpec.from_config(config, version)
             models.setdefault(spec.name, {})[version] = RemoteModel(

@@ -16,12 +16,14 @@ from service.core.batcher import DynamicBatcher
 from service.core.queue_policy import BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer
-from service.errors import DeadlineExceededError, QueueFullError
+from service.errors import ConfigError, DeadlineExceededError, QueueFullError
 
 
 def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microseconds: 50000",
-            max_queue_size: int = 100) -> BatchPolicy:
-    text = f"max_batch_size: {max_batch_size}\n"
+            max_queue_size: int = 100, parameters: dict[str, str] | None = None) -> BatchPolicy:
+    text = f"max_batch_size: {max_batch_size}\n" + "".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+        for k, v in (parameters or {}).items())
     if batching is not None:
         text += f"dynamic_batching {{ {batching} }}\n"
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
@@ -208,3 +210,56 @@ def test_policy_from_config_and_the_effective_config() -> None:
     policy.effective(config)
     assert config.dynamic_batching.default_priority_level == 2
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 64
+
+
+def test_a_request_to_idle_devices_runs_at_once_whatever_the_window() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 10000000"), runs)
+        out = await asyncio.wait_for(b.submit(_x(1), 1), 5.0)  # far below the 10 s window
+        await b.close()
+        return runs, out
+    runs, out = asyncio.run(main())
+    assert runs == [[1]] and out.outputs["y"].tolist() == [2]
+
+
+def test_batches_form_while_a_device_is_busy() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000"), runs, delay_s=0.3,
+                     slots=2)
+        first = asyncio.create_task(b.submit(_x(1), 1))
+        await asyncio.sleep(0.05)  # running, alone: every slot was free
+        second = asyncio.create_task(b.submit(_x(2), 1))
+        await asyncio.sleep(0.05)  # a slot is free, but the window waits for more
+        third = asyncio.create_task(b.submit(_x(3), 1))
+        await asyncio.gather(first, second, third)
+        await b.close()
+        return runs
+    assert asyncio.run(main()) == [[1], [2, 3]]
+
+
+def test_queue_delay_when_idle_keeps_the_window_for_idle_devices_too() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000",
+                             parameters={"queue_delay_when_idle": "true"}), runs)
+        first = asyncio.create_task(b.submit(_x(1), 1))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(first, b.submit(_x(2), 1))
+        await b.close()
+        return runs
+    assert asyncio.run(main()) == [[1, 2]]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dynamic_batching { max_queue_delay_microseconds: 10000001 }",
+     r"max_queue_delay_microseconds 10000001 is above 10000000 \(10 s\)"),
+    ('dynamic_batching { } parameters { key: "queue_delay_when_idle" value: { string_value: '
+     '"yes" } }', r"parameters\['queue_delay_when_idle'\] 'yes'; expected 'true' or 'false'"),
+])
+def test_a_bad_window_fails_the_model_naming_the_field(text, message) -> None:
+    config = text_format.Parse(f'name: "m" max_batch_size: 8 {text}',
+                               model_config_pb2.ModelConfig())
+    with pytest.raises(ConfigError, match=message):
+        BatchPolicy.from_config(config, 100)

@@ -84,10 +84,11 @@ def test_default_is_one_process_up_to_three_cpus(monkeypatch: pytest.MonkeyPatch
 
 
 def test_two_workers_batch_together_and_answer_as_one_daemon(serve, holdout) -> None:
-    # A batch leaves only with two requests (or after 10 s): each front-end below has one
-    # request in flight at a time, so every batch of two holds one from each front-end.
+    # A batch leaves only with two requests (or after 10 s), even to an idle device: each
+    # front-end below has one request in flight at a time, so every batch of two holds one from
+    # each front-end.
     daemon, _ = serve(8, "preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000",
-                      "--workers", "2")
+                      "--workers", "2", queue_delay_when_idle="true")
     assert sorted(frontends(daemon.process.pid)) == [0, 1]
     sockets = [daemon.socket_url, f"unix:{daemon.socket}.1"]
     images = holdout[0]
