@@ -37,7 +37,8 @@ async def measure(models: Path, concurrency: int, seconds: float, image: np.ndar
     await registry.load_all()
     plane = DataPlane(registry)
     plane.ready = True
-    servicer = InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings))
+    servicer = InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
+                                 settings)
     request = infer_request(image)
     done = 0
 

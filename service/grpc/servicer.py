@@ -21,6 +21,7 @@ from service.errors import HetserveError
 from service.grpc import codec, shared_memory
 from service.grpc.handlers import status_of
 from service.grpc.shared_memory import SharedMemoryRegions
+from service.settings import Settings
 
 pb = service_pb2
 
@@ -39,12 +40,13 @@ class _Call:
 
 class InferenceServicer:
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 token: bool = False, stream_window: int = 256) -> None:
+                 settings: Settings) -> None:
         self._plane = plane
         self._metrics = metrics
         self._regions = regions
-        self._token = token  # TCP calls carry the daemon's token: shared memory allowed there
-        self._stream_window = stream_window
+        # TCP calls carry the daemon's token: shared memory allowed there
+        self._token = bool(settings.token_file)
+        self._stream_window = settings.max_stream_inflight
         self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._durations: dict[str, Histogram] = {}  # per served model, like _counters
         # Fixed for the process: read the package metadata once, not per call.
@@ -124,8 +126,8 @@ class InferenceServicer:
         callback on each request's answer puts its reply on the stream, no task per request.
         Messages arrive as bytes: one that does not parse gets its own error reply and the
         stream goes on. A stream that ends early (the client gone) withdraws what it queued.
-        At most `stream_window` requests are read ahead of the replies sent: a client that reads
-        no replies stops being read (gRPC's flow control), it does not fill the daemon's memory."""
+        At most `max_stream_inflight` requests are read ahead of the replies sent: a client that
+        reads no replies stops being read (gRPC's flow control) instead of filling memory."""
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         waiting: set[asyncio.Future] = set()
         window = asyncio.Semaphore(self._stream_window)

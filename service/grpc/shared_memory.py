@@ -99,11 +99,11 @@ class RegionNames:
                                      "registered; unregister it first, or choose another name")
         if self._counts[caller] >= self._limits.per_caller:
             raise LimitError(f"name: {self._counts[caller]} regions are registered by this "
-                                 f"client, its limit (--max-shm-regions-per-client); unregister "
-                                 "some first")
+                             "client, its limit (--max-shm-regions-per-client); unregister "
+                             "some first")
         if len(self._owners) >= self._limits.total:
             raise LimitError(f"name: {len(self._owners)} regions are registered, the "
-                                 "daemon's limit (--max-shm-regions); retry later")
+                             "daemon's limit (--max-shm-regions); retry later")
 
     def reserve(self, name: str, caller: str) -> None:
         self.check(name, caller)
@@ -123,9 +123,6 @@ class RegionNames:
             del self._owners[n]
             self._counts[caller] -= 1
         return released
-
-    def owns(self, name: str, caller: str | None) -> bool:
-        return caller is not None and self._owners.get(name) == caller
 
 
 class SharedMemoryRegions:
@@ -159,7 +156,7 @@ class SharedMemoryRegions:
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):
                 raise LimitError("key: the daemon has no descriptor left for another "
-                                     "region; retry later") from None
+                                 "region; retry later") from None
             raise InvalidInputError(f"key: cannot open shared memory {key!r}: "
                                     f"{e.strerror}") from None
         try:

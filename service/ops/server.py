@@ -55,8 +55,8 @@ async def serve(settings: Settings) -> None:
         if workers == 1:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
-            front: GrpcFront | Frontends = GrpcFront(settings, token, InferenceServicer(
-                plane, metrics, regions, bool(token), settings.max_stream_inflight), plane)
+            front: GrpcFront | Frontends = GrpcFront(
+                settings, token, InferenceServicer(plane, metrics, regions, settings), plane)
         else:
             front = Frontends(settings, workers, plane, metrics)
         addresses = await front.start(cleanup)

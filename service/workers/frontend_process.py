@@ -44,8 +44,7 @@ class FrontendServicer(InferenceServicer):
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
                  owner: OwnerClient, settings: Settings) -> None:
-        super().__init__(plane, metrics, regions, bool(settings.token_file),
-                         settings.max_stream_inflight)
+        super().__init__(plane, metrics, regions, settings)
         self._owner = owner
 
     async def SystemSharedMemoryRegister(self, request, context):

@@ -49,7 +49,7 @@ async def _serving(models: Path) -> AsyncIterator[Served]:
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     handlers.add_to_server(InferenceServicer(
-        plane, metrics, SharedMemoryRegions.from_settings(settings)), server)
+        plane, metrics, SharedMemoryRegions.from_settings(settings), settings), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
