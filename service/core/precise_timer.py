@@ -34,19 +34,27 @@ class PreciseTimer:
         if self._fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create failed")
         self._loop, self._on_deadline = loop, on_deadline
+        self._spec = _Itimerspec()  # reused: building one costs more than the system call
+        self._pointer = ctypes.byref(self._spec)
+        self._armed = False
         loop.add_reader(self._fd, self._fired)
 
     def arm(self, deadline: float) -> None:
         """At `deadline` (loop.time()); a deadline already past fires at once."""
         seconds = max(deadline, 1e-9)  # zero would disarm it
-        self._set(_Itimerspec(_Timespec(0, 0), _Timespec(int(seconds),
-                                                         int(seconds % 1 * 1e9) or 1)))
+        self._spec.it_value.tv_sec = int(seconds)
+        self._spec.it_value.tv_nsec = int(seconds % 1 * 1e9) or 1
+        self._set()
+        self._armed = True
 
     def disarm(self) -> None:
-        self._set(_Itimerspec())
+        if self._armed:  # else it fired already: nothing to undo
+            self._spec.it_value.tv_sec = self._spec.it_value.tv_nsec = 0
+            self._set()
+            self._armed = False
 
-    def _set(self, spec: _Itimerspec) -> None:
-        if _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) < 0:
+    def _set(self) -> None:
+        if _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, self._pointer, None) < 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def _fired(self) -> None:
@@ -54,6 +62,7 @@ class PreciseTimer:
             os.read(self._fd, 8)  # the expiry count: reading it makes the fd quiet again
         except BlockingIOError:  # disarmed or re-armed after it became readable
             return
+        self._armed = False
         self._on_deadline()
 
     def close(self) -> None:
