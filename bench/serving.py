@@ -93,7 +93,7 @@ def process_tree_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
     stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
     for path in proc.glob("[0-9]*/stat"):
         try:
-            fields = path.read_text().rsplit(")", 1)[1].split()
+            fields = _stat(path)
         except OSError:  # the process ended meanwhile
             continue
         stats[int(path.parent.name)] = (int(fields[1]), sum(map(int, fields[11:15])))
@@ -106,8 +106,13 @@ def process_tree_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) of one process alone, not its children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat(Path(f"/proc/{pid}/stat"))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: Path) -> list[str]:
+    """The fields of a /proc/<pid>/stat after the command name (which may hold spaces)."""
+    return path.read_text().rsplit(")", 1)[1].split()
 
 
 def metered(pid: int, run: Callable[[], dict]) -> dict:

@@ -196,16 +196,15 @@ class SharedMemoryRegions:
     def unregister(self, name: str, caller: str) -> list[str]:
         """Releases `caller`'s region `name` (all of them for an empty name); the names."""
         released = self.names.release(name, caller)
-        self.drop(released)
+        for name in released:
+            self._regions.pop(name).close()
         return released
 
     def drop(self, names: list[str]) -> None:
         """Closes regions released elsewhere (by the device owner, for another front-end)."""
         for name in names:
-            region = self._regions.pop(name, None)
-            if region is not None:
-                self.names.release(name, region.caller)
-                region.close()
+            if name in self._regions:
+                self.unregister(name, self._regions[name].caller)
 
     def status(self, name: str, caller: str) -> list[Region]:
         if not name:
