@@ -12,8 +12,17 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-# A response's parameters: the device that ran the request.
+# A response's parameters: the device that ran the request, and what running it cost: the
+# joules attributed to it (double), where the power figure came from (a sensor, or `model`: an
+# estimate), how the joules were attributed (ENERGY_METHOD), and the FLOPs it ran (int64).
 DEVICE_PARAMETER = "device"
+ENERGY_PARAMETER = "energy_joules"
+POWER_SOURCE_PARAMETER = "power_source"
+ENERGY_METHOD_PARAMETER = "energy_method"
+FLOPS_PARAMETER = "flops"
+# The batch's run time on the device times the device's full-load watts, shared among the
+# batches running on it side by side, split across the batch's rows (padding included).
+ENERGY_METHOD = "busy-time-share"
 
 
 def batch_buckets(max_batch_size: int, preferred: Iterable[int] = ()) -> tuple[int, ...]:
