@@ -3,8 +3,8 @@ nodes), Dropout and Identity dropped, zero Pads and input normalizations (x - k,
 folded into the convolution after them, BatchNormalization folded into the convolution before
 it (any other runs as a per-channel scale and shift), gated activations recognised
 (x * Sigmoid(x) is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm,
-MatMul, Add or BatchNormalization that feeds them. Ops the engine cannot run are reported at
-load time, naming the op and the node."""
+MatMul, Add or BatchNormalization that feeds them. Ops outside ONNX's default domain are
+reported at load time, naming the op and the node."""
 
 from __future__ import annotations
 
@@ -17,17 +17,6 @@ from onnx import numpy_helper
 from accelerators.opencl import qdq
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
-# Ops lowered to kernels, and ops evaluated on the host when all their inputs are constant
-# (shape arithmetic) or that only rename a buffer (reshapes).
-KERNEL_OPS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool", "LRN",
-              "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Relu", "LeakyRelu",
-              "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Concat", "Softmax", "Transpose",
-              "Split", "ReduceMean"}
-VIEW_OPS = {"Flatten", "Reshape", "Squeeze", "Unsqueeze"}
-HOST_OPS = {"Shape", "Gather", "Cast", "ConstantOfShape", "Slice", "Constant"}
-QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}  # see qdq.py
-FOLDED_OPS = {"Pad"}  # into the Conv that reads it
-SUPPORTED = KERNEL_OPS | VIEW_OPS | HOST_OPS | QDQ_OPS | FOLDED_OPS
 # "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
 ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
 # Ops an activation that follows them is fused into.
@@ -42,7 +31,10 @@ def load_graph(path: Path) -> Graph:
     nodes = []
     for i, n in enumerate(model.graph.node):
         name = n.name or f"{n.op_type}_{i}"
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED | _DROPPED:
+        # Any ONNX op is accepted here: one whose inputs are constants or shapes is evaluated
+        # on the host for each batch size, any other is refused by the lowering if it has no
+        # kernel (lowering.py), which the engine runs at load for batch 1.
+        if n.domain not in ("", "ai.onnx"):
             raise UnsupportedModelError(
                 f"op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of node {name!r} is not "
                 f"supported by the OpenCL engine")
@@ -104,19 +96,11 @@ def _drop_passthrough(graph: Graph) -> None:
         graph.fused[n.op] += 1
 
 
-def _sole_consumer(graph: Graph, node: Node) -> Node | None:
-    out = node.outputs[0]
-    users = graph.consumers(out)
-    if len(users) != 1 or out in {name for name, _ in graph.outputs}:
-        return None
-    return users[0]
-
-
 def _fold_pad_into_conv(graph: Graph) -> None:
     """A zero Pad of the spatial axes whose only reader is a Conv (tf2onnx's explicit SAME
     padding) becomes that Conv's own padding."""
     for pad in [n for n in graph.nodes if n.op == "Pad"]:
-        conv = _sole_consumer(graph, pad)
+        conv = graph.sole_consumer(pad)
         if conv is None or conv.op != "Conv" or conv.inputs[0] != pad.outputs[0] \
                 or conv.attrs.get("auto_pad", "NOTSET") != "NOTSET":
             continue
@@ -146,7 +130,7 @@ def _fold_affine_into_conv(graph: Graph) -> None:
     where no padding mixes zeros in. Saves a launch and a pass over the tensor per op."""
     c = graph.consts
     for node in reversed([n for n in graph.nodes if n.op in ("Add", "Sub", "Mul", "Div")]):
-        conv = _sole_consumer(graph, node)
+        conv = graph.sole_consumer(node)
         if conv is None or conv.op != "Conv" or conv.inputs[0] != node.outputs[0] \
                 or node.inputs[1] not in c or node.inputs[0] in c \
                 or conv.attrs.get("group", 1) != 1 or any(conv.attrs.get("pads", [])) \
@@ -178,7 +162,7 @@ def _fold_batch_norm(graph: Graph) -> None:
     """BN(conv(x, W, b)) = conv(x, W * s, (b - mean) * s + beta), s = gamma / sqrt(var + eps)."""
     c = graph.consts
     for conv in [n for n in graph.nodes if n.op == "Conv"]:
-        bn = _sole_consumer(graph, conv)
+        bn = graph.sole_consumer(conv)
         if bn is None or bn.op != "BatchNormalization" or len(bn.outputs) > 1 and any(
                 bn.outputs[1:]) or not all(i in c for i in bn.inputs[1:] + conv.inputs[1:]):
             continue
@@ -204,7 +188,7 @@ def _fuse_gates(graph: Graph) -> None:
                 abs(gate.attrs.get("alpha", 0.2) - 1 / 6) < 1e-6
                 and abs(gate.attrs.get("beta", 0.5) - 0.5) < 1e-6):
             continue
-        mul = _sole_consumer(graph, gate)
+        mul = graph.sole_consumer(gate)
         if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted(
                 [gate.inputs[0], gate.outputs[0]]):
             continue
@@ -216,7 +200,7 @@ def _fuse_gates(graph: Graph) -> None:
 
 def _fuse_activations(graph: Graph) -> None:
     for node in [n for n in graph.nodes if n.op in FUSING]:
-        act = _sole_consumer(graph, node)
+        act = graph.sole_consumer(node)
         if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
             continue
         if act.op == "Clip" and not all(i in graph.consts for i in act.inputs[1:] if i):

@@ -37,6 +37,14 @@ class Graph:
     def consumers(self, name: str) -> list[Node]:
         return [n for n in self.nodes if name in n.inputs]
 
+    def sole_consumer(self, node: Node) -> Node | None:
+        """The one node reading `node`'s first output, unless others or the graph's outputs do."""
+        out = node.outputs[0]
+        users = self.consumers(out)
+        if len(users) != 1 or out in {name for name, _ in self.outputs}:
+            return None
+        return users[0]
+
     def producer(self, name: str) -> Node | None:
         return next((n for n in self.nodes if name in n.outputs), None)
 
