@@ -45,6 +45,8 @@
 #define ACT_HARD_SIGMOID 5  // max(0, min(1, a * x + b))
 #define ACT_HARD_SWISH 6    // x * hard_sigmoid(x) with a = 1/6, b = 1/2
 #define ACT_SILU 7          // x * sigmoid(x): EfficientNet's Swish, Sigmoid and Mul in ONNX
+#define ACT_GELU 8          // x * Phi(x) = x (1 + erf(x / sqrt(2))) / 2: transformers' exact GELU
+#define ACT_GELU_TANH 9     // x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2
 
 inline float activate(float x, int act, float a, float b) {
     switch (act) {
@@ -55,6 +57,9 @@ inline float activate(float x, int act, float a, float b) {
     case ACT_HARD_SIGMOID: return clamp(fma(a, x, b), 0.0f, 1.0f);
     case ACT_HARD_SWISH: return x * clamp(fma(x, 1.0f / 6.0f, 0.5f), 0.0f, 1.0f);
     case ACT_SILU: return x / (1.0f + exp(-x));
+    case ACT_GELU: return 0.5f * x * (1.0f + erf(x * M_SQRT1_2_F));
+    case ACT_GELU_TANH:
+        return 0.5f * x * (1.0f + tanh(0.7978845608f * fma(0.044715f * x, x * x, x)));
     default: return x;
     }
 }

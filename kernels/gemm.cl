@@ -37,6 +37,9 @@ inline VEC activate_vec(VEC x, const int act, const float a, const float b) {
     case ACT_HARD_SIGMOID: return clamp(x * a + b, 0.0f, 1.0f);
     case ACT_HARD_SWISH: return x * clamp(x * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
     case ACT_SILU: return x / ((VEC)(1.0f) + exp(-x));
+    case ACT_GELU: return 0.5f * x * (1.0f + erf(x * M_SQRT1_2_F));
+    case ACT_GELU_TANH:
+        return 0.5f * x * (1.0f + tanh(0.7978845608f * fma(0.044715f * x, x * x, x)));
     default: return x;
     }
 }

@@ -14,13 +14,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from accelerators.opencl import qdq
+from accelerators.opencl import fusions, qdq
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
-# "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid.
-ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu"}
+# "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid. "Gelu" is
+# opset 20's, also what fusions.py makes of GELU's spelled-out forms.
+ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu",
+               "Gelu"}
 # Ops an activation that follows them is fused into.
-FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization"}
+FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization", "LayerNormalization",
+          "InstanceNormalization", "GroupNormalization"}
 _DROPPED = {"Dropout", "Identity"}
 
 
@@ -52,6 +55,7 @@ def load_graph(path: Path) -> Graph:
     _fold_pad_into_conv(graph)
     _fold_affine_into_conv(graph)
     _fold_batch_norm(graph)
+    fusions.fuse_patterns(graph)
     _fuse_gates(graph)
     _fuse_activations(graph)
     qdq.fuse_quantized(graph)

@@ -13,7 +13,8 @@ from accelerators.opencl.ir import Node
 WG_1D, GEMM_WG, VN = 64, 4, 16
 GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-items
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
-       "HardSwish": 6, "Silu": 7}  # kernels/common.cl's ACT_*
+       "HardSwish": 6, "Silu": 7, "Gelu": 8}  # kernels/common.cl's ACT_*
+ACT_GELU_TANH = 9  # Gelu with approximate="tanh"
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
 
@@ -123,6 +124,8 @@ def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
     if act is None:
         return [np.int32(0), np.float32(0), np.float32(0)]
     a = b = 0.0
+    if act.op == "Gelu" and act.attrs.get("approximate", "none") == "tanh":
+        return [np.int32(ACT_GELU_TANH), np.float32(0), np.float32(0)]
     if act.op == "LeakyRelu":
         a = act.attrs.get("alpha", 0.01)
     elif act.op == "HardSigmoid":

@@ -24,11 +24,12 @@ from accelerators.opencl.launch import (
 )
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
+from accelerators.opencl.norm_lowering import NormLowering
 from accelerators.opencl.pipeline_lowering import PipelineLowering
 from accelerators.opencl.quant_lowering import QuantLowering
 
 
-class Lowering(MatMulLowering, LayoutLowering, QuantLowering, PipelineLowering):
+class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, PipelineLowering):
     def __init__(self, graph: Graph, batch: int, build: Build) -> None:
         self.graph, self.out, self.build = graph, Lowered(dtype=build.dtype), build
         self.tiling, self.pipelined = build.tiling, build.pipelined

@@ -95,6 +95,8 @@ OTHERS = [
     ("Transpose", [(2, 3, 4)], {}, {"perm": [2, 0, 1]}),
     ("BatchNormalization", [(2, 3, 4, 4)], {"scale": (3,), "bias": (3,), "mean": (3,),
                                            "var": (3,)}, {}),
+    ("LayerNormalization", [(2, 5, 24)], {"scale": (24,), "bias": (24,)}, {}),
+    ("InstanceNormalization", [(2, 3, 5, 5)], {"scale": (3,), "bias": (3,)}, {}),
 ]
 
 

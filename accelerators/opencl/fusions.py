@@ -1,0 +1,168 @@
+"""Patterns that exporters spell as several elementwise ops, recognised at load and rewritten into
+one op: GELU in its exact form (x * (1 + erf(x / sqrt 2)) * 0.5, torch's export before opset 20)
+and its tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activations), and
+LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (as
+exporters emit it before opset 17) becomes one `LayerNormalization`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from accelerators.opencl.ir import Graph, Node
+
+_TOL = 1e-4  # constants of the patterns as exporters round them (1.4142135, 0.044715, ...)
+
+
+def fuse_patterns(graph: Graph) -> None:
+    _fuse_gelu(graph)
+    _fuse_layer_norm(graph)
+
+
+def _scalar(graph: Graph, name: str, value: float) -> bool:
+    """`name` is a constant holding one value close to `value`."""
+    c = graph.consts.get(name)
+    return c is not None and c.size == 1 and abs(float(c.reshape(-1)[0]) - value) <= _TOL * max(
+        1.0, abs(value))
+
+
+def _internal(graph: Graph, nodes: list[Node]) -> bool:
+    """Each node's output is read by one node alone (the next of its pattern)."""
+    return all(graph.sole_consumer(n) is not None and len(n.outputs) == 1 for n in nodes)
+
+
+def _other(node: Node, name: str) -> str | None:
+    """The input of a two-input node that is not `name`."""
+    if len(node.inputs) != 2 or name not in node.inputs:
+        return None
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def _scaled_by(graph: Graph, node: Node | None, value: float) -> str | None:
+    """The x of `node` = Mul(x, value), Mul(value, x) or Div(x, 1 / value)."""
+    if node is None:
+        return None
+    if node.op == "Mul":
+        for x, k in (node.inputs, node.inputs[::-1]):
+            if _scalar(graph, k, value):
+                return x
+    if node.op == "Div" and _scalar(graph, node.inputs[1], 1 / value):
+        return node.inputs[0]
+    return None
+
+
+def _gelu_tail(graph: Graph, core: Node, x: str) -> list[Node] | None:
+    """The nodes after erf or tanh: Add(core, 1), then Mul by x and by 0.5 in either order
+    (x * (1 + core) * 0.5 or (x * 0.5) * (1 + core)); the last one's output is the GELU's."""
+    add = graph.sole_consumer(core)
+    if add is None or add.op != "Add" or not _scalar(graph, _other(add, core.outputs[0]) or "",
+                                                       1.0):
+        return None
+    mul = graph.sole_consumer(add)
+    if mul is None or mul.op != "Mul":
+        return None
+    other = _other(mul, add.outputs[0])
+    if other == x:  # x * (1 + core), then * 0.5
+        half = graph.sole_consumer(mul)
+        if half is None or _scaled_by(graph, half, 0.5) != mul.outputs[0]:
+            return None
+        return [add, mul, half]
+    half = graph.producer(other or "")
+    if half is None or _scaled_by(graph, half, 0.5) != x or len(graph.consumers(other)) != 1:
+        return None
+    return [add, half, mul]
+
+
+def _tanh_argument(graph: Graph, tanh: Node) -> tuple[str, list[Node]] | None:
+    """x and the nodes of sqrt(2 / pi) * (x + 0.044715 * x^3) read by `tanh`."""
+    outer = graph.producer(tanh.inputs[0])
+    inner = graph.producer(_scaled_by(graph, outer, math.sqrt(2 / math.pi)) or "")
+    if inner is None or inner.op != "Add":
+        return None
+    for x, cube_term in (inner.inputs, inner.inputs[::-1]):
+        scaled = graph.producer(cube_term)
+        cube = graph.producer(_scaled_by(graph, scaled, 0.044715) or "")
+        if cube is None:
+            continue
+        nodes = [outer, inner, scaled, cube]
+        if cube.op == "Pow" and cube.inputs[0] == x and _scalar(graph, cube.inputs[1], 3.0):
+            return x, nodes
+        square = graph.producer(_other(cube, x) or "") if cube.op == "Mul" else None
+        if square is not None and square.op == "Mul" and square.inputs == [x, x]:
+            return x, nodes + [square]
+    return None
+
+
+def _fuse_gelu(graph: Graph) -> None:
+    for core in [n for n in graph.nodes if n.op in ("Erf", "Tanh")]:
+        if core.op == "Erf":
+            scaled = graph.producer(core.inputs[0])
+            x = _scaled_by(graph, scaled, 1 / math.sqrt(2))
+            found = (x, [scaled]) if x is not None else None
+        else:
+            found = _tanh_argument(graph, core)
+        if found is None:
+            continue
+        x, head = found
+        tail = _gelu_tail(graph, core, x)
+        inner = head + [core] + (tail or [])[:-1]
+        if tail is None or not _internal(graph, inner):
+            continue
+        last = tail[-1]
+        for n in inner:
+            graph.nodes.remove(n)
+        approximate = "none" if core.op == "Erf" else "tanh"
+        last.op, last.inputs, last.attrs = "Gelu", [x], {"approximate": approximate}
+        graph.fused[f"Gelu({approximate})"] += 1
+
+
+def _reduce_axes(graph: Graph, node: Node | None) -> list[int] | None:
+    """The axes of a ReduceMean that keeps its dims (attribute, or opset 18's input)."""
+    if node is None or node.op != "ReduceMean" or not node.attrs.get("keepdims", 1):
+        return None
+    axes = node.attrs.get("axes") if len(node.inputs) < 2 else graph.consts.get(node.inputs[1])
+    return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
+
+
+def _fuse_layer_norm(graph: Graph) -> None:
+    """Div(d, Sqrt(Add(ReduceMean(Pow(d, 2)), eps))) with d = Sub(x, ReduceMean(x)) over the same
+    axes, then optionally Mul by a constant scale and Add a constant bias."""
+    for div in [n for n in graph.nodes if n.op == "Div"]:
+        sub, sqrt = graph.producer(div.inputs[0]), graph.producer(div.inputs[1])
+        if sub is None or sub.op != "Sub" or sqrt is None or sqrt.op != "Sqrt":
+            continue
+        x, d = sub.inputs[0], sub.outputs[0]
+        mean = graph.producer(sub.inputs[1])
+        add_eps = graph.producer(sqrt.inputs[0])
+        if add_eps is None or add_eps.op != "Add" or mean is None or mean.inputs[0] != x:
+            continue
+        eps = next((graph.consts[k] for k in add_eps.inputs if k in graph.consts), None)
+        var = graph.producer(_other(add_eps, next(
+            (k for k in add_eps.inputs if k in graph.consts), "")) or "")
+        square = graph.producer(var.inputs[0]) if var is not None else None
+        axes = _reduce_axes(graph, mean)
+        if eps is None or eps.size != 1 or square is None or axes is None \
+                or _reduce_axes(graph, var) != axes or not (
+                    square.op == "Pow" and square.inputs[0] == d
+                    and _scalar(graph, square.inputs[1], 2.0)
+                    or square.op == "Mul" and square.inputs == [d, d]):
+            continue
+        inner = [mean, sub, square, var, add_eps, sqrt]
+        if not _internal(graph, [mean, square, var, add_eps, sqrt]) \
+                or {n.name for n in graph.consumers(d)} != {square.name, div.name}:
+            continue
+        inputs, last = [x], div
+        for op in ("Mul", "Add"):  # the affine part, where its operand is a constant
+            after = graph.sole_consumer(last)
+            k = _other(after, last.outputs[0]) if after is not None and after.op == op else None
+            if k not in graph.consts:
+                break
+            inputs.append(k)
+            inner.append(last)
+            last = after
+        for n in inner:
+            graph.nodes.remove(n)
+        last.op, last.inputs = "LayerNormalization", inputs
+        last.attrs = {"epsilon": float(eps.reshape(-1)[0]), "reduce_axes": axes}
+        graph.fused["LayerNormalization(decomposed)"] += 1

@@ -1,0 +1,185 @@
+"""Lowering of the normalizations over rows (LayerNormalization, InstanceNormalization,
+GroupNormalization: kernels/normalization.cl's `norm_rows`, one work-group per row), of GELU
+(an activation) and of 2-D Resize (`resize2d`, its coordinate tables computed here)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from accelerators.opencl.ir import Node, UnsupportedModelError
+from accelerators.opencl.launch import WG_1D, Dyn, Ref, activation_args, ints
+
+RESIZE_MODES = ("nearest", "linear")
+COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                    "half_pixel_symmetric")
+# How a nearest source coordinate is rounded (ONNX's nearest_mode).
+NEAREST = {"round_prefer_floor": lambda x: np.ceil(x - 0.5), "round_prefer_ceil":
+           lambda x: np.floor(x + 0.5), "floor": np.floor, "ceil": np.ceil}
+
+
+def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
+    """The first of `axes` if they are the trailing axes of a tensor of `rank`, else an error."""
+    axes = sorted(int(a) % rank for a in axes)
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: attribute axes {axes} of a "
+                                    f"rank-{rank} tensor: only trailing axes are supported")
+    return axes[0]
+
+
+def _source_coordinates(mode: str, size: int, out: int, scale: float) -> np.ndarray:
+    """Where each output position of one axis samples the input (ONNX Resize's
+    coordinate_transformation_mode)."""
+    r = np.arange(out, dtype=np.float64)
+    if mode == "align_corners":
+        return r * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    if mode == "asymmetric":
+        return r / scale
+    if mode == "pytorch_half_pixel" and out == 1:
+        return np.zeros(out)
+    offset = 0.0
+    if mode == "half_pixel_symmetric":
+        offset = size / 2 * (1 - out / (scale * size))
+    return offset + (r + 0.5) / scale - 0.5
+
+
+class NormLowering:
+    """Mixed into lowering.Lowering, whose graph, values, _new, _ref, _emit and _activation
+    these methods use."""
+
+    def _norm_rows(self, node: Node, x: Dyn, scale: np.ndarray, bias: np.ndarray, cols: int,
+                   period: int, stride: int) -> None:
+        """x as rows of `cols` values, each normalized; value j of row r scaled by
+        scale[((r % period) * cols + j) // stride] (kernels/normalization.cl)."""
+        for output in node.outputs[1:]:  # LayerNormalization's mean and inverse deviation
+            if output and self.graph.consumers(output):
+                raise UnsupportedModelError(f"{node.op} node {node.name!r}: output {output!r} "
+                                            f"(the mean or deviation) is read; unsupported")
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
+        rows = math.prod(x.shape) // cols
+        self._emit(node, "norm_rows", rows * WG_1D, [
+            Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
+            self._ref(bias, f"{node.name}:bias"), Ref(out.storage), *ints(cols, period, stride),
+            np.float32(node.attrs.get("epsilon", 1e-5)), *activation_args(node, self.values)],
+            8 * math.prod(x.shape))
+
+    def _affine(self, node: Node, args: list, size: int, what: str) -> tuple[np.ndarray, ...]:
+        """The scale and bias inputs (1 and 0 where absent), constant, as `size` values."""
+        values = []
+        for i, default in ((1, 1.0), (2, 0.0)):
+            v = args[i] if len(args) > i and args[i] is not None else np.full(size, default)
+            if isinstance(v, Dyn):
+                raise UnsupportedModelError(f"{node.op} node {node.name!r}: input "
+                                            f"{node.inputs[i]!r} is not constant")
+            v = np.asarray(v, np.float64)
+            while v.ndim > 1 and v.shape[0] == 1:
+                v = v[0]
+            if v.size not in (1, size):
+                raise UnsupportedModelError(f"{node.op} node {node.name!r}: input "
+                                            f"{node.inputs[i]!r} of shape {list(v.shape)} is "
+                                            f"not one value per {what} ({size})")
+            values.append(np.broadcast_to(v.reshape(-1), (size,)))
+        return tuple(values)
+
+    def _layernormalization(self, node: Node, args: list) -> None:
+        """Over the axes from `axis` on (the decomposed form: its ReduceMean's axes)."""
+        x = args[0]
+        rank = len(x.shape)
+        if "reduce_axes" in node.attrs:
+            axis = first_trailing_axis(node, node.attrs["reduce_axes"], rank)
+        else:
+            axis = node.attrs.get("axis", -1) % rank
+        cols = math.prod(x.shape[axis:])
+        scale, bias = self._affine(node, args, cols, "normalized value")
+        self._norm_rows(node, x, scale, bias, cols, 1, 1)
+
+    def _instancenormalization(self, node: Node, args: list) -> None:
+        """Per sample and channel over the spatial axes; rank 3 too (GroupNorm as torch exports
+        it: Reshape to (n, groups, -1), InstanceNormalization, Reshape, Mul, Add)."""
+        x = args[0]
+        if len(x.shape) < 3:
+            raise UnsupportedModelError(f"InstanceNormalization node {node.name!r}: input of "
+                                        f"rank {len(x.shape)}; rank >= 3 (n, c, ...) supported")
+        c, plane = x.shape[1], math.prod(x.shape[2:])
+        scale, bias = self._affine(node, args, c, "channel")
+        self._norm_rows(node, x, scale, bias, plane, c, plane)
+
+    def _groupnormalization(self, node: Node, args: list) -> None:
+        """Opset 18's scale and bias per group or opset 21's per channel."""
+        x, groups = args[0], node.attrs["num_groups"]
+        if len(x.shape) < 3 or x.shape[1] % groups:
+            raise UnsupportedModelError(f"GroupNormalization node {node.name!r}: attribute "
+                                        f"num_groups {groups} does not divide the channels of "
+                                        f"a {list(x.shape)} input")
+        c, plane = x.shape[1], math.prod(x.shape[2:])
+        per_group = len(args) > 1 and np.size(args[1]) == groups != c
+        scale, bias = self._affine(node, args, groups if per_group else c, "channel or group")
+        if per_group:
+            scale, bias = (np.repeat(v, c // groups) for v in (scale, bias))
+        self._norm_rows(node, x, scale, bias, c // groups * plane, groups, plane)
+
+    def _gelu(self, node: Node, args: list) -> None:
+        if node.attrs.get("approximate", "none") not in ("none", "tanh"):
+            raise UnsupportedModelError(f"Gelu node {node.name!r}: attribute approximate "
+                                        f"{node.attrs['approximate']!r} is not none or tanh")
+        self._activation(node, args)
+
+    def _resize(self, node: Node, args: list) -> None:
+        """Nearest or linear over the two spatial axes of an NCHW tensor."""
+        x, a = args[0], node.attrs
+        mode = a.get("mode", "nearest")
+        coordinates = a.get("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = a.get("nearest_mode", "round_prefer_floor")
+        refused = [f"{k} {v!r}" for k, v, ok in (
+            ("mode", mode, RESIZE_MODES), ("coordinate_transformation_mode", coordinates,
+                                           COORDINATE_MODES),
+            ("nearest_mode", nearest_mode, NEAREST), ("antialias", a.get("antialias", 0), (0,)),
+            ("keep_aspect_ratio_policy", a.get("keep_aspect_ratio_policy", "stretch"),
+             ("stretch",))) if v not in ok]
+        if self.graph.opset < 11 or len(x.shape) != 4 or refused:
+            raise UnsupportedModelError(
+                f"Resize node {node.name!r}: attribute {', '.join(refused)} unsupported" if refused
+                else f"Resize node {node.name!r}: opset {self.graph.opset}, rank "
+                     f"{len(x.shape)}: only opset 11+ over rank 4 (NCHW) is supported")
+        scales, sizes = self._resize_targets(node, args, x.shape)
+        n, c, h, w = x.shape
+        if sizes[:2] != [n, c]:
+            raise UnsupportedModelError(f"Resize node {node.name!r}: resizes the batch or "
+                                        f"channel axis ({list(x.shape)} -> {sizes})")
+        tables = []
+        for axis, name in ((2, "ys"), (3, "xs")):
+            at = _source_coordinates(coordinates, x.shape[axis], sizes[axis], scales[axis])
+            if mode == "nearest":
+                first = np.clip(NEAREST[nearest_mode](at), 0, x.shape[axis] - 1)
+                second, weight = first, np.zeros_like(at)
+            else:
+                floor = np.floor(at)
+                first, second = (np.clip(floor + i, 0, x.shape[axis] - 1) for i in (0, 1))
+                weight = at - floor
+            tables += [self._ref(np.stack([first, second], 1), f"{node.name}:{name}", np.int32),
+                       self._ref(weight, f"{node.name}:{name}:weight", np.float32)]
+        oh, ow = sizes[2:]
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
+        self._emit(node, "resize2d", (oh * ow, n * c), [
+            Ref(x.storage), Ref(out.storage), *tables, *ints(h, w, oh, ow)])
+
+    def _resize_targets(self, node: Node, args: list, shape: tuple[int, ...]
+                        ) -> tuple[list[float], list[int]]:
+        """Per axis: the scale and the output size, from the scales or the sizes input."""
+        scales = args[2] if len(args) > 2 and args[2] is not None and np.size(args[2]) else None
+        sizes = args[3] if len(args) > 3 and args[3] is not None and np.size(args[3]) else None
+        if isinstance(scales, Dyn) or isinstance(sizes, Dyn) or (scales is None) == (
+                sizes is None):
+            raise UnsupportedModelError(f"Resize node {node.name!r}: one of scales and sizes "
+                                        f"must be given, as a constant")
+        axes = [int(ax) % len(shape) for ax in node.attrs.get("axes", range(len(shape)))]
+        full_scales, full_sizes = [1.0] * len(shape), list(shape)
+        for i, ax in enumerate(axes):
+            if scales is not None:
+                full_scales[ax] = float(scales[i])
+                full_sizes[ax] = int(math.floor(shape[ax] * full_scales[ax]))
+            else:
+                full_sizes[ax] = int(sizes[i])
+                full_scales[ax] = full_sizes[ax] / shape[ax]
+        return full_scales, full_sizes

@@ -1,0 +1,70 @@
+// Normalizations over rows (LayerNormalization, InstanceNormalization, GroupNormalization) and
+// 2-D Resize. A row is normalized by one work-group of WG_1D work-items: each sums a strided
+// share of the row, and the shares meet in a local-memory tree of log2(WG_1D) fixed steps
+// (WG_1D is a power of two), so FPGA compilers see fixed trip counts in the reduction.
+
+// The sum over the work-group of each work-item's `v`, returned to every work-item.
+inline float group_sum(float v, __local float* scratch) {
+    const int lid = get_local_id(0);
+    scratch[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG_1D / 2; s > 0; s >>= 1) {
+        if (lid < s) scratch[lid] += scratch[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);  // every work-item has read it before scratch is reused
+    return total;
+}
+
+// out = act((x - mean) / sqrt(var + eps) * scale[c] + bias[c]) over rows of `cols` values, one
+// work-group per row; mean and variance in two passes (no cancellation in E[x^2] - E[x]^2).
+// The affine index c of value j of row r is ((r % period) * cols + j) / stride:
+// LayerNormalization (per value of the row): period 1, stride 1; InstanceNormalization (per
+// channel, a row is one channel's plane): period C, stride cols; GroupNormalization (per
+// channel, a row is one group's channels): period groups, stride the plane's size.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void norm_rows(__global const DATA* x, __global const DATA* scale, __global const DATA* bias,
+               __global DATA* out, const int cols, const int period, const int stride,
+               const float eps, const int act, const float a, const float b) {
+    __local float scratch[WG_1D];
+    const int row = get_group_id(0), lid = get_local_id(0);
+    __global const DATA* in = x + row * cols;
+    float part = 0.0f;
+    for (int j = lid; j < cols; j += WG_1D) part += LOAD_DATA(in, j);
+    const float mean = group_sum(part, scratch) / cols;
+    part = 0.0f;
+    for (int j = lid; j < cols; j += WG_1D) {
+        const float d = LOAD_DATA(in, j) - mean;
+        part = fma(d, d, part);
+    }
+    const float inv = rsqrt(group_sum(part, scratch) / cols + eps);
+    const int first = (row % period) * cols;
+    for (int j = lid; j < cols; j += WG_1D) {
+        const int c = (first + j) / stride;
+        const float v = (LOAD_DATA(in, j) - mean) * inv;
+        STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out,
+                   row * cols + j);
+    }
+}
+
+// 2-D Resize of (n * c) planes, nearest or bilinear: each output row oy reads input rows
+// ys[2 oy] and ys[2 oy + 1] mixed by yw[oy] (the second's weight), each output column likewise
+// from xs and xw. The host computes these tables for the ONNX coordinate mode (nearest: both
+// indices equal, weight 0), so one kernel without mode branches serves every mode.
+// Dimensions: the output pixel, then the plane.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void resize2d(__global const DATA* x, __global DATA* out, __global const int* ys,
+              __global const float* yw, __global const int* xs, __global const float* xw,
+              const int h, const int w, const int oh, const int ow) {
+    const int p = get_global_id(0), plane = get_global_id(1);
+    if (p >= oh * ow) return;
+    const int oy = p / ow, ox = p % ow;
+    __global const DATA* in = x + plane * h * w;
+    const int y0 = ys[2 * oy] * w, y1 = ys[2 * oy + 1] * w;
+    const int x0 = xs[2 * ox], x1 = xs[2 * ox + 1];
+    const float fy = yw[oy], fx = xw[ox];
+    const float top = mix(LOAD_DATA(in, y0 + x0), LOAD_DATA(in, y0 + x1), fx);
+    const float bottom = mix(LOAD_DATA(in, y1 + x0), LOAD_DATA(in, y1 + x1), fx);
+    STORE_DATA(mix(top, bottom, fy), out, plane * oh * ow + p);
+}
