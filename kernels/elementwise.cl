@@ -1,10 +1,12 @@
 // Elementwise kernels over up to 4-D tensors with numpy broadcasting: the caller passes the
-// output's dims and each input's strides, 0 along a broadcast axis. Dimension 0 of the range
-// spans the last two axes, dimension 1 the first two: two divisions per element, not six.
+// output's dims and each input's strides, 0 along a broadcast axis (higher ranks merged into
+// 4 axes, elementwise_lowering.py). Dimension 0 of the range spans the last two axes,
+// dimension 1 the first two: two divisions per element, not six.
 #define OP_ADD 0
 #define OP_SUB 1
 #define OP_MUL 2
 #define OP_DIV 3
+#define OP_POW 4
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void binary4d(__global const DATA* x, __global const DATA* y, __global DATA* out,
@@ -23,7 +25,8 @@ void binary4d(__global const DATA* x, __global const DATA* y, __global DATA* out
     case OP_ADD: r = u + v; break;
     case OP_SUB: r = u - v; break;
     case OP_MUL: r = u * v; break;
-    default: r = u / v; break;
+    case OP_DIV: r = u / v; break;
+    default: r = pow(u, v); break;
     }
     STORE_DATA(activate(r, act, a, b), out, i);
 }
@@ -33,6 +36,36 @@ void activation(__global const DATA* x, __global DATA* out, const int total,
                 const int act, const float a, const float b) {
     const int i = get_global_id(0);
     if (i < total) STORE_DATA(activate(LOAD_DATA(x, i), act, a, b), out, i);
+}
+
+// One-input math that is no fused activation (launch.UNARY): kept out of activate(), which
+// every GEMM and convolution epilogue inlines, so those kernels do not carry its logic on FPGAs.
+#define UNARY_NEG 0
+#define UNARY_SQRT 1
+#define UNARY_RECIPROCAL 2
+#define UNARY_SQUARE 3
+#define UNARY_ERF 4
+#define UNARY_TANH 5
+#define UNARY_EXP 6
+#define UNARY_ABS 7
+
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void unary(__global const DATA* x, __global DATA* out, const int total, const int op) {
+    const int i = get_global_id(0);
+    if (i >= total) return;
+    const float v = LOAD_DATA(x, i);
+    float r;
+    switch (op) {
+    case UNARY_NEG: r = -v; break;
+    case UNARY_SQRT: r = sqrt(v); break;
+    case UNARY_RECIPROCAL: r = 1.0f / v; break;
+    case UNARY_SQUARE: r = v * v; break;
+    case UNARY_ERF: r = erf(v); break;
+    case UNARY_TANH: r = tanh(v); break;
+    case UNARY_EXP: r = exp(v); break;
+    default: r = fabs(v); break;
+    }
+    STORE_DATA(r, out, i);
 }
 
 // Copies `outer` blocks of `inner` values into a wider tensor: Concat along any axis.

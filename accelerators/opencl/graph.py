@@ -55,6 +55,7 @@ def load_graph(path: Path) -> Graph:
     _fold_pad_into_conv(graph)
     _fold_affine_into_conv(graph)
     _fold_batch_norm(graph)
+    _fuse_matmul_bias(graph)
     fusions.fuse_patterns(graph)
     _fuse_gates(graph)
     _fuse_activations(graph)
@@ -182,6 +183,25 @@ def _fold_batch_norm(graph: Graph) -> None:
         conv.outputs = [bn.outputs[0]]
         graph.nodes.remove(bn)
         graph.fused["BatchNormalization"] += 1
+
+
+def _fuse_matmul_bias(graph: Graph) -> None:
+    """MatMul(x, W) + b, W a constant matrix and b a constant row (a Linear layer as torch
+    exports it on (n, tokens, dim) activations): b is added in the GEMM's epilogue."""
+    c = graph.consts
+    for mm in [n for n in graph.nodes if n.op == "MatMul"]:
+        add = graph.sole_consumer(mm)
+        w = c.get(mm.inputs[1])
+        if add is None or add.op != "Add" or w is None or w.ndim != 2 or mm.inputs[0] in c:
+            continue
+        bias = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        b = c.get(bias)
+        if b is None or b.size != w.shape[1] or b.shape[-1] != w.shape[1]:
+            continue
+        mm.inputs.append(bias)
+        mm.outputs = [add.outputs[0]]
+        graph.nodes.remove(add)
+        graph.fused["MatMul+Add"] += 1
 
 
 def _fuse_gates(graph: Graph) -> None:

@@ -1,6 +1,7 @@
-"""Ops evaluated on the host while a launch plan is compiled: shape arithmetic on constants
-(folded for each batch size, so `Shape -> Gather -> Concat -> Reshape` chains become constants),
-and the output shapes of reshapes and of windowed ops."""
+"""What is computed on the host while a launch plan is compiled: every node whose inputs are
+known there (constants, and shapes, for each batch size, so any exporter's shape code such as
+`Shape -> Gather -> Equal -> Where -> Expand` becomes constants), and the output shapes of
+reshapes and of windowed ops."""
 
 from __future__ import annotations
 
@@ -8,45 +9,28 @@ import math
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from accelerators.opencl.ir import Node, UnsupportedModelError
 
 
-def fold(node: Node, args: list[np.ndarray | None], opset: int) -> np.ndarray:
-    """The output of `node` whose inputs are all constants (None: an omitted optional input)."""
-    op, a = node.op, node.attrs
-    x = args[0] if args else None
-    if op == "Gather":
-        return np.take(x, args[1], axis=a.get("axis", 0))
-    if op == "Cast":
-        return x.astype(onnx.helper.tensor_dtype_to_np_dtype(a["to"]))
-    if op == "ConstantOfShape":
-        value = a.get("value", np.zeros(1, np.float32))
-        return np.full(tuple(int(d) for d in x), value.reshape(-1)[0], value.dtype)
-    if op == "Slice":
-        starts, ends = args[1], args[2]
-        axes = args[3] if len(args) > 3 and args[3] is not None else range(len(starts))
-        steps = args[4] if len(args) > 4 and args[4] is not None else [1] * len(starts)
-        index = [slice(None)] * x.ndim
-        for s, e, ax, st in zip(starts, ends, axes, steps):
-            index[int(ax)] = slice(int(s), int(e), int(st))
-        return x[tuple(index)]
-    if op in ("Add", "Sub", "Mul", "Div"):
-        f = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op]
-        out = f(x, args[1])
-        return out.astype(x.dtype) if op != "Div" or x.dtype.kind == "f" else x // args[1]
-    if op == "Sum":
-        return np.sum(args, axis=0).astype(x.dtype)
-    if op == "Concat":
-        return np.concatenate(args, axis=a["axis"])
-    if op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze"):
-        return x.reshape(view_shape(node, x.shape, args[1:], opset))
-    if op == "Relu":
-        return np.maximum(x, 0)
-    if op == "Transpose":
-        return np.transpose(x, a.get("perm"))
-    raise UnsupportedModelError(
-        f"op {op!r} of node {node.name!r} is supported on constants only in the OpenCL engine")
+def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """The outputs of `node` whose inputs are all known on the host (None: an omitted optional
+    input), by ONNX's reference evaluator: any op, at the model's opset. An activation fused
+    into it (graph.py) is the caller's to apply."""
+    inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(args)]
+    attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
+             for k, v in node.attrs.items() if k != "activation"}
+    proto = onnx.helper.make_node(node.op, inputs, [f"out{i}" for i in range(len(node.outputs))],
+                                  **attrs)
+    try:
+        outs = ReferenceEvaluator(proto, opsets={"": opset}).run(
+            None, {name: v for name, v in zip(inputs, args) if name})
+    except Exception as e:  # the reference evaluator's errors have no common base
+        raise UnsupportedModelError(f"op {node.op!r} of node {node.name!r} could not be "
+                                    f"evaluated on its constant inputs: {e}") from e
+    return [np.asarray(v) for v in outs]
 
 
 def view_shape(node: Node, shape: tuple[int, ...], args: list, opset: int) -> tuple[int, ...]:

@@ -1,10 +1,13 @@
-"""Lowering of the ops that move data without arithmetic on it (Transpose, Slice and Split of
-activations: ShuffleNet's channel shuffle and channel split) to one kernel, `gather_strided`,
-which copies a strided view of rank <= 6 into a contiguous tensor."""
+"""Lowering of the ops that move data without arithmetic on it (Transpose, Slice, Split, Expand
+and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's heads,
+a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of rank <= 6
+into a contiguous tensor (a broadcast axis is one of stride 0)."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn, Ref, ints
@@ -16,30 +19,42 @@ def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return [math.prod(shape[i + 1:]) for i in range(len(shape))]
 
 
-def _merged(shape: tuple[int, ...], strides: list[int]) -> tuple[tuple, tuple]:
-    """The same view with fewer axes: size-1 axes dropped, and an axis merged into the next
-    when stepping over all of the next is one step of it (e.g. h and w of a channel shuffle)."""
+def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
+    """The strides that read a contiguous tensor of `shape` numpy-broadcast to `out`."""
+    own = [0 if d == 1 else s for d, s in zip(shape, contiguous_strides(shape))]
+    return [0] * (len(out) - len(shape)) + own
+
+
+def merged(shape: tuple[int, ...], *strides: list[int]) -> tuple[tuple, list[tuple]]:
+    """The same views of `shape` with fewer axes: size-1 axes dropped, and an axis merged into
+    the next when, in every view, stepping over all of the next is one step of it (h and w of a
+    channel shuffle; the tokens and samples of a bias added to (n, tokens, dim))."""
     dims: list[int] = []
-    steps: list[int] = []
-    for d, s in zip(shape, strides):
+    steps: list[list[int]] = [[] for _ in strides]
+    for i, d in enumerate(shape):
         if d == 1:
             continue
-        if dims and steps[-1] == d * s:
-            dims[-1], steps[-1] = dims[-1] * d, s
+        if dims and all(st[-1] == d * s[i] for st, s in zip(steps, strides)):
+            dims[-1] *= d
+            for st, s in zip(steps, strides):
+                st[-1] = s[i]
         else:
             dims.append(d)
-            steps.append(s)
-    return tuple(dims) or (1,), tuple(steps) or (0,)
+            for st, s in zip(steps, strides):
+                st.append(s[i])
+    if not dims:
+        return (1,), [(0,)] * len(strides)
+    return tuple(dims), [tuple(st) for st in steps]
 
 
 class LayoutLowering:
     """Mixed into lowering.Lowering, whose values, _new and _emit these methods use."""
 
-    def _gather(self, node: Node, x: Dyn, output: str, shape: tuple[int, ...],
+    def _strided_copy(self, node: Node, x: Dyn, output: str, shape: tuple[int, ...],
                 strides: list[int], offset: int) -> None:
         """output[i] = x[offset + sum(i_k * strides_k)] over `shape`."""
         out = self.values[output] = self._new(output, tuple(shape))
-        dims, steps = _merged(shape, strides)
+        dims, (steps,) = merged(shape, strides)
         if len(dims) > MAX_RANK:
             raise UnsupportedModelError(
                 f"{node.op} node {node.name!r}: rank {len(dims)} > {MAX_RANK}")
@@ -54,7 +69,7 @@ class LayoutLowering:
         rank = len(x.shape)
         perm = list(node.attrs.get("perm", range(rank - 1, -1, -1)))
         src = contiguous_strides(x.shape)
-        self._gather(node, x, node.outputs[0], tuple(x.shape[p] for p in perm),
+        self._strided_copy(node, x, node.outputs[0], tuple(x.shape[p] for p in perm),
                      [src[p] for p in perm], 0)
 
     def _slice_axes(self, node: Node, x: Dyn, ranges: dict[int, tuple[int, int, int]],
@@ -66,7 +81,7 @@ class LayoutLowering:
             shape[axis] = len(range(start, stop, step))
             strides[axis] = src[axis] * step
             offset += start * src[axis]
-        self._gather(node, x, output, tuple(shape), strides, offset)
+        self._strided_copy(node, x, output, tuple(shape), strides, offset)
 
     def _slice(self, node: Node, args: list) -> None:
         x = args[0]
@@ -108,3 +123,32 @@ class LayoutLowering:
             if output:
                 self._slice_axes(node, x, {axis: (start, start + part, 1)}, output)
             start += part
+
+    def _expand(self, node: Node, args: list) -> None:
+        x, target = args
+        if isinstance(target, Dyn):
+            raise UnsupportedModelError(f"Expand node {node.name!r}: the shape must be constant")
+        shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in target))
+        if math.prod(shape) == math.prod(x.shape):  # at most leading 1s added: a view
+            self.values[node.outputs[0]] = Dyn(shape, x.storage)
+            return
+        self._strided_copy(node, x, node.outputs[0], shape, broadcast_strides(x.shape, shape), 0)
+
+    def _gather(self, node: Node, args: list) -> None:
+        """Constant indices, one or a list stepping evenly along the axis (a ViT's class token,
+        x[:, 0]; a row of attention's packed q, k, v): a strided view of the data."""
+        x, indices = args
+        if isinstance(indices, Dyn) or np.ndim(indices) > 1:
+            raise UnsupportedModelError(f"Gather node {node.name!r}: only constant scalar or 1-D "
+                                        f"indices are supported on an activation")
+        axis = node.attrs.get("axis", 0) % len(x.shape)
+        flat = [int(i) % x.shape[axis] for i in np.ravel(indices)]
+        step = flat[1] - flat[0] if len(flat) > 1 else 1
+        if not flat or any(b - a != step for a, b in zip(flat, flat[1:])):
+            raise UnsupportedModelError(f"Gather node {node.name!r}: indices that do not step "
+                                        f"evenly along axis {axis} are not supported")
+        src = contiguous_strides(x.shape)
+        kept = () if np.ndim(indices) == 0 else (len(flat),)
+        self._strided_copy(node, x, node.outputs[0], x.shape[:axis] + kept + x.shape[axis + 1:],
+                           src[:axis] + [src[axis] * step] * len(kept) + src[axis + 1:],
+                           flat[0] * src[axis])

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from accelerators.opencl.host_ops import fold, view_shape, window
+from accelerators.opencl.elementwise_lowering import ElementwiseLowering
+from accelerators.opencl.host_ops import evaluate, view_shape, window
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 from accelerators.opencl.launch import (
-    BINARY,
     WG_1D,
     Build,
     Dyn,
@@ -29,11 +29,15 @@ from accelerators.opencl.pipeline_lowering import PipelineLowering
 from accelerators.opencl.quant_lowering import QuantLowering
 
 
-class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, PipelineLowering):
+class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering, QuantLowering,
+               PipelineLowering):
     def __init__(self, graph: Graph, batch: int, build: Build) -> None:
         self.graph, self.out, self.build = graph, Lowered(dtype=build.dtype), build
         self.tiling, self.pipelined = build.tiling, build.pipelined
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
+        # Folded values that depend on this batch size (on a Shape): their device copies are
+        # keyed apart from other batch sizes' (the engine shares constants between plans).
+        self.batch, self.per_batch = batch, set[str]()
         for name, dims in graph.inputs:
             shape = tuple(batch if d == -1 else d for d in dims)
             self.values[name] = self.out.inputs[name] = self._new(name, shape)
@@ -44,12 +48,11 @@ class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, Pipe
             missing = [i for i, v in zip(node.inputs, args) if i and v is None]
             if missing:
                 raise UnsupportedModelError(f"node {node.name!r} reads unknown {missing}")
-            if all(not isinstance(v, Dyn) for v in args) and node.op != "Shape":
-                self.values[node.outputs[0]] = fold(node, args, self.graph.opset)
-            elif node.op == "Shape":
-                shape = args[0].shape
-                start, end = node.attrs.get("start", 0), node.attrs.get("end", len(shape))
-                self.values[node.outputs[0]] = np.array(shape[start:end], np.int64)
+            if node.op in ("Shape", "Size") and isinstance(args[0], Dyn):
+                args = [np.broadcast_to(np.float32(0), args[0].shape)]  # only its shape is read
+                self.per_batch.update(node.outputs)
+            if all(not isinstance(v, Dyn) for v in args):
+                self._fold(node, args)
             elif node.op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze"):
                 shape = view_shape(node, args[0].shape, args[1:], self.graph.opset)
                 self.values[node.outputs[0]] = Dyn(shape, args[0].storage)
@@ -57,7 +60,9 @@ class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, Pipe
                 lower = getattr(self, f"_{node.op.lower()}", None)
                 if lower is None:
                     raise UnsupportedModelError(
-                        f"op {node.op!r} of node {node.name!r} is supported on constants only")
+                        f"op {node.op!r} (domain 'ai.onnx') of node {node.name!r} is not "
+                        f"supported by the OpenCL engine on activations (only where its inputs "
+                        f"are constants or shapes)")
                 lower(node, args)
         for name, _ in self.graph.outputs:
             value = self.values[name]
@@ -65,6 +70,18 @@ class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, Pipe
                 raise UnsupportedModelError(f"graph output {name!r} is a constant")
             self.out.outputs[name] = value
         return self.out
+
+    def _fold(self, node: Node, args: list) -> None:
+        """A node whose inputs are all known on the host (constants, shapes) becomes constants,
+        its fused activation applied."""
+        outs = evaluate(node, args, self.graph.opset)
+        act = node.attrs.get("activation")
+        if act is not None:
+            outs[0] = evaluate(act, [outs[0]] + [self.values.get(i) if i else None
+                                                 for i in act.inputs[1:]], self.graph.opset)[0]
+        self.values.update(zip(node.outputs, outs))
+        if self.per_batch.intersection(node.inputs):
+            self.per_batch.update(node.outputs)
 
     # --- buffers
     def _new(self, name: str, shape: tuple[int, ...], itemsize: int | None = None) -> Dyn:
@@ -77,6 +94,8 @@ class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, Pipe
         """A device constant, by default of the build's float type."""
         if isinstance(value, Dyn):
             return Ref(value.storage)
+        if key in self.per_batch:
+            key = f"{key}@batch{self.batch}"
         self.out.consts.setdefault(key, np.ascontiguousarray(value, dtype or self.build.dtype))
         return Ref(key)
 
@@ -155,32 +174,6 @@ class Lowering(MatMulLowering, LayoutLowering, NormLowering, QuantLowering, Pipe
             Ref(x.storage), Ref(out.storage), *ints(c, hw, a["size"]),
             np.float32(a.get("alpha", 1e-4)), np.float32(a.get("beta", 0.75)),
             np.float32(a.get("bias", 1.0))])
-
-    def _binary(self, node: Node, args: list) -> None:
-        if len(args) == 1:  # a one-input Sum is its input
-            self.values[node.outputs[0]] = args[0]
-            return
-        if len(args) != 2:
-            raise UnsupportedModelError(f"node {node.name!r}: {node.op} of {len(args)} inputs "
-                                        f"is supported only with 1 or 2")
-        shapes = [tuple(v.shape) for v in args]
-        shape = np.broadcast_shapes(*shapes)
-        if len(shape) > 4:
-            raise UnsupportedModelError(f"node {node.name!r}: {node.op} over rank "
-                                        f"{len(shape)} > 4")
-        dims = (1,) * (4 - len(shape)) + tuple(shape)
-        strides = []
-        for s in shapes:
-            s = (1,) * (4 - len(s)) + s
-            contiguous = [math.prod(s[i + 1:]) for i in range(4)]
-            strides += [0 if s[i] == 1 and dims[i] != 1 else contiguous[i] for i in range(4)]
-        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
-        refs = [self._ref(v, i) for v, i in zip(args, node.inputs)]
-        self._emit(node, "binary4d", (dims[2] * dims[3], dims[0] * dims[1]), [
-            *refs, Ref(out.storage), *ints(*dims[1:], *strides, BINARY[node.op]),
-            *activation_args(node, self.values)])
-
-    _add = _sub = _mul = _div = _sum = _binary
 
     def _activation(self, node: Node, args: list) -> None:
         x = args[0]

@@ -1,7 +1,10 @@
 """Lowering of the matrix-product ops (Conv, Gemm, MatMul) to im2col and the GEMM kernels:
-register tiles on CPUs, local-memory tiles on GPUs and FPGAs, split K for one wide row."""
+register tiles on CPUs, local-memory tiles on GPUs and FPGAs, split K for one wide row; MatMul
+of N-D activations (attention) as one batched GEMM."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from accelerators.opencl.launch import (
     ints,
     round_up,
 )
+from accelerators.opencl.layout_lowering import broadcast_strides, merged
 
 
 class MatMulLowering:
@@ -106,20 +110,22 @@ class MatMulLowering:
 
     def _gemm_node(self, node: Node, args: list, alpha: float, beta: float,
                    trans_b: bool) -> None:
+        """An activation, its leading axes taken as rows (MatMul on (n, tokens, dim)), times a
+        constant matrix, plus an optional constant row."""
         x, w = args[0], args[1]
-        if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(w, np.ndarray) \
+        if not isinstance(x, Dyn) or len(x.shape) < 2 or not isinstance(w, np.ndarray) \
                 or w.ndim != 2 or node.attrs.get("transA", 0):
             raise UnsupportedModelError(
-                f"{node.op} node {node.name!r}: only a 2-D activation times a constant 2-D "
+                f"{node.op} node {node.name!r}: only an activation times a constant 2-D "
                 f"matrix (transA=0) is supported")
         wkey = f"{node.inputs[1]}:T" if trans_b or alpha != 1 else node.inputs[1]
         if wkey not in self.graph.derived:  # transposed once, whatever the batch size
             self.graph.derived[wkey] = np.ascontiguousarray(
                 (w.T if trans_b else w) * np.float32(alpha), np.float32)
         wt = self.graph.derived[wkey]
-        m, k = x.shape
+        m, k = math.prod(x.shape[:-1]), x.shape[-1]
         n = wt.shape[1]
-        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (m, n))
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], (*x.shape[:-1], n))
         bias = None
         if len(args) > 2 and args[2] is not None:
             c = np.asarray(args[2], np.float32) * np.float32(beta)
@@ -156,4 +162,41 @@ class MatMulLowering:
         self._gemm_node(node, args, a.get("alpha", 1.0), a.get("beta", 1.0), a.get("transB", 0))
 
     def _matmul(self, node: Node, args: list) -> None:
-        self._gemm_node(node, args[:2], 1.0, 0.0, False)
+        """`args`: A, B and a constant row that graph.py fused in (a Linear layer's bias)."""
+        a, b = args[0], args[1]
+        if isinstance(a, Dyn) and len(a.shape) >= 2 and isinstance(b, np.ndarray) \
+                and b.ndim == 2:
+            self._gemm_node(node, args, 1.0, 1.0, False)
+            return
+        self._batched_matmul(node, a, b)
+
+    def _batched_matmul(self, node: Node, a: Dyn | np.ndarray, b: Dyn | np.ndarray) -> None:
+        """Either or both operands activations, with numpy's broadcasting of the batch axes
+        (attention's Q x K^T and weights x V): one GEMM launch whose z walks the batch axes,
+        merged into the kernel's two levels (batch, group) with a stride each, 0 where an
+        operand is broadcast."""
+        sa, sb = tuple(a.shape), tuple(b.shape)
+        if not sa or not sb:
+            raise UnsupportedModelError(f"MatMul node {node.name!r}: a scalar operand")
+        a2 = (1,) + sa if len(sa) == 1 else sa  # numpy's promotion of 1-D operands
+        b2 = sb + (1,) if len(sb) == 1 else sb
+        (m, k), (k2, n) = a2[-2:], b2[-2:]
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+        if k != k2:
+            raise UnsupportedModelError(f"MatMul node {node.name!r}: shapes {list(sa)} and "
+                                        f"{list(sb)} do not multiply")
+        shape = batch + (m,) * (len(sa) > 1) + (n,) * (len(sb) > 1)
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        dims, (za, zb, zc) = merged(
+            batch, *([s * size for s in broadcast_strides(own[:-2], batch)]
+                     for own, size in ((a2, m * k), (b2, k * n), (batch + (m, n), m * n))))
+        if len(dims) > 2:
+            raise UnsupportedModelError(f"MatMul node {node.name!r}: batch axes {list(batch)} "
+                                        f"of {list(sa)} x {list(sb)} do not merge into two")
+        if len(dims) == 1:
+            dims, za, zb, zc = (dims[0], 1), (za[0], 0), (zb[0], 0), (zc[0], 0)
+        z = dims[0] * dims[1]
+        self._launch_gemm(node, self._ref(a, node.inputs[0]), self._ref(b, node.inputs[1]), None,
+                          Ref(out.storage), m, n, k, (k, n, n), dims[1],
+                          (za[0], za[1], zb[0], zb[1], zc[0], zc[1], z), BIAS_NONE,
+                          activation_args(node, self.values), 2 * z * m * n * k)

@@ -21,9 +21,20 @@ def test_an_unsupported_op_is_named_with_its_node_at_load(engine_for) -> None:
     x = np.zeros((1, 4), np.float32)
     model = single_op("Relu", {"x": x}, {}, x.shape)
     model.graph.node[0].output[0] = "r"
-    model.graph.node.append(helper.make_node("Tanh", ["r"], ["y"], name="the_tanh"))
-    with pytest.raises(UnsupportedModelError, match="op 'Tanh'.*node 'the_tanh'"):
+    model.graph.node.append(helper.make_node("Hardmax", ["r"], ["y"], name="the_hardmax"))
+    with pytest.raises(UnsupportedModelError, match="op 'Hardmax'.*node 'the_hardmax'"):
         engine_for(model)
+
+
+def test_an_op_is_accepted_where_it_folds_and_refused_where_it_needs_a_kernel(engine_for
+                                                                             ) -> None:
+    """Hardmax on a constant is evaluated at load; on an activation it would need a kernel."""
+    x = np.zeros((1, 4), np.float32)
+    model = single_op("Add", {"x": x}, {"k": np.arange(4, dtype=np.float32)[None]}, x.shape)
+    model.graph.node[0].input[1] = "h"
+    model.graph.node.insert(0, helper.make_node("Hardmax", ["k"], ["h"], name="on_a_constant"))
+    got = engine_for(model).run({"x": x}, ["y"])["y"]
+    np.testing.assert_array_equal(got, [[0, 0, 0, 1]])
 
 
 def test_engine_factory_builds_opencl_engines(tmp_path) -> None:
