@@ -27,20 +27,21 @@ DEVICES = ('parameters { key: "devices" value: { string_value: "opencl:cpu0, onn
 
 
 def _repository(root: Path) -> Path:
-    """MNIST, and `tanh_net` (Tanh: not an op of the OpenCL engine), both preferring OpenCL."""
+    """MNIST, and `hardmax_net` (Hardmax: not an op of the OpenCL engine), both preferring
+    OpenCL."""
     repo = root / "models"
     shutil.copytree(MODELS / MODEL, repo / MODEL)
     config = repo / MODEL / "config.pbtxt"
     config.write_text(config.read_text() + DEVICES)
     x = np.zeros((1, 4), np.float32)
-    model = single_op("Tanh", {"x": x}, {}, x.shape)
+    model = single_op("Hardmax", {"x": x}, {}, x.shape)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     model.ir_version = 8
-    (repo / "tanh_net" / "1").mkdir(parents=True)
-    onnx.save(model, str(repo / "tanh_net" / "1" / "model.onnx"))
-    (repo / "tanh_net" / "config.pbtxt").write_text(
-        'name: "tanh_net"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    (repo / "hardmax_net" / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / "hardmax_net" / "1" / "model.onnx"))
+    (repo / "hardmax_net" / "config.pbtxt").write_text(
+        'name: "hardmax_net"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n' + DEVICES)
     return repo
@@ -51,8 +52,8 @@ def test_devices_command_says_which_models_each_device_runs(tmp_path) -> None:
         [sys.executable, "-m", "service", "devices", "--json", "--models",
          str(_repository(tmp_path))], capture_output=True, text=True, check=True).stdout)
     assert listed["models"]["opencl:cpu0"][MODEL] == "yes"
-    assert listed["models"]["onnxruntime:cpu0"] == {MODEL: "yes", "tanh_net": "yes"}
-    assert "op 'Tanh'" in listed["models"]["opencl:cpu0"]["tanh_net"]
+    assert listed["models"]["onnxruntime:cpu0"] == {MODEL: "yes", "hardmax_net": "yes"}
+    assert "op 'Hardmax'" in listed["models"]["opencl:cpu0"]["hardmax_net"]
 
 
 def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
@@ -71,13 +72,13 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
             x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
             tensor = grpcclient.InferInput("x", [2, 4], "FP32")
             tensor.set_data_from_numpy(x)
-            got = client.infer("tanh_net", [tensor]).as_numpy("y")
-            np.testing.assert_allclose(got, np.tanh(x), rtol=1e-5)  # on whichever device
+            got = client.infer("hardmax_net", [tensor]).as_numpy("y")
+            np.testing.assert_array_equal(got, np.eye(4)[x.argmax(1)])  # on whichever device
         assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
         body = urllib.request.urlopen(daemon.metrics_url).read().decode()
         assert f'hetserve_inferences_total{{device="cpu0",engine="opencl",kind="cpu",' \
                f'model="{MODEL}"}} 64.0' in body
         # The fallback, on whichever device onnxruntime finds (a GPU node's GPU).
-        assert re.search(r'engine="onnxruntime",kind="\w+",model="tanh_net"', body)
+        assert re.search(r'engine="onnxruntime",kind="\w+",model="hardmax_net"', body)
     finally:
         assert daemon.stop() == 0
