@@ -128,7 +128,7 @@ def vit(form: str, rng: np.random.Generator) -> onnx.ModelProto:
 @pytest.mark.parametrize("local_tiles", [False, True])
 def test_vit_encoder_block(engine_for, form, local_tiles) -> None:
     model = vit(form, fresh_rng()[0])
-    check_batches(engine_for, model, {"image": ("n", 3, IMAGE, IMAGE)}, batches=(1, 2) if SMALL_GRID else (1, 2, 5),
-                  local_tiles=local_tiles)
+    check_batches(engine_for, model, {"image": ("n", 3, IMAGE, IMAGE)},
+                  batches=(1, 2) if SMALL_GRID else (1, 2, 5), local_tiles=local_tiles)
     fused = engine_for(model).graph.fused
     assert fused["MatMul+Add"] == 3 and fused["Gelu(none)"] == 1, fused
