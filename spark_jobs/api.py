@@ -9,6 +9,11 @@
                             batch_size=1024, input_tensor_shapes=[[784]])
     df.withColumn("pred", udf("tensor"))
 
+    from spark_jobs import energy                               # what scoring cost
+    meter = energy.meter(spark)
+    scored = score_dataframe(spark, df, "mnist_cnn", energy=meter, energy_column=True)
+    summary = energy.write_parquet(spark, scored, "out.parquet", meter)  # and its JSON inside
+
 `df` has `id` and `tensor` (raw bytes or an array of numbers per row), or is what
 `spark.read.format("image")` gives (`images=True`). Each executor talks to its own node's daemon;
 a daemon reached over TCP with TLS takes `credentials=Credentials(root_certificates=CA_PEM,
@@ -60,7 +65,9 @@ def score_options(spark: SparkSession, model: str, *, address: str | None = None
                   model_repository: str | None = None,
                   credentials: Credentials = NO_CREDENTIALS, **options) -> ScoreOptions:
     """Reads the model's interface through the driver's daemon; `options` are ScoreOptions'
-    (batch_size, inflight, priority, top_k, keep_errors, images, retry)."""
+    (batch_size, inflight, priority, top_k, keep_errors, images, retry, energy: an
+    accumulator from spark_jobs.energy.meter that sums what the replies say the rows cost,
+    energy_column: each row's share of the joules in `energy_joules`)."""
     daemon = node_daemon(spark, address, model_repository)
     interface = ModelInterface.fetch(locate(daemon, credentials), model, credentials)
     return ScoreOptions(daemon, interface, credentials=credentials, **options)
@@ -141,7 +148,8 @@ def score_with(frame: DataFrame, options: ScoreOptions, profile: object | None =
     """score_dataframe with the options made once (a stream's micro-batches share them)."""
     if options.images and "image" in frame.columns:
         frame = image_columns(frame)
-    schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors)
+    schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors,
+                           options.energy_column)
     scorer = functools.partial(score_frames if pandas else score_batches, options=options)
     mapper = frame.mapInPandas if pandas else frame.mapInArrow
     return mapper(scorer, schema, profile=profile) if profile is not None \
@@ -166,7 +174,9 @@ def make_predict_fn(model: str, *, address: str | None = None, batch_size: int |
     """The `make_predict_fn` argument of pyspark.ml.functions.predict_batch_udf: on each
     executor it returns a function from a batch of flat tensors to labels and softmax scores
     (return type PREDICT_RETURN_TYPE), inferred by this node's daemon at `address` (default:
-    the node's $HETSERVE_DAEMON, else the user's socket)."""
+    the node's $HETSERVE_DAEMON, else the user's socket). It collects no energy:
+    predict_batch_udf keeps the function from task to task, and an accumulator captured in it
+    would count only in the first task of each Python worker."""
 
     def make() -> Callable[[np.ndarray], dict[str, np.ndarray]]:
         target = resolve_address(address)

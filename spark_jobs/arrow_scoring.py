@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from service import contract
 from spark_jobs.client import Inference, ModelInterface
 from spark_jobs.images import decode_image
-from spark_jobs.scoring import ScoreOptions, top_k
+from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, top_k
 
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
@@ -83,7 +83,8 @@ def decode_images(batch: pa.RecordBatch, model: ModelInterface
 
 
 def output_batch(batch: pa.RecordBatch, result: Inference, good: np.ndarray,
-                 errors: dict[int, str], k: int, keep_errors: bool = False) -> pa.RecordBatch:
+                 errors: dict[int, str], k: int, keep_errors: bool = False,
+                 energy_column: bool = False) -> pa.RecordBatch:
     """The scored rows as output_schema says, with nulls in the malformed rows' places."""
     top, scores = top_k(result, int(good.sum()), k)
     k = top.shape[1]  # the classes there are, where fewer than asked
@@ -101,6 +102,10 @@ def output_batch(batch: pa.RecordBatch, result: Inference, good: np.ndarray,
         "device": pa.array(device, pa.string()),
         "model_version": pa.array([result.model_version or None] * batch.num_rows,
                                   pa.string())}
+    if energy_column:
+        joules = np.full(batch.num_rows, np.nan)
+        joules[good] = result.joules
+        columns[ENERGY_COLUMN] = pa.array(joules, pa.float64(), from_pandas=True)  # NaN: null
     if keep_errors:
         columns["error"] = pa.array([errors.get(i) for i in range(batch.num_rows)],
                                     pa.string())
@@ -131,4 +136,7 @@ def score_batches(batches: Iterator[pa.RecordBatch], options: ScoreOptions
 
 def _finish(batch: pa.RecordBatch, good: np.ndarray, errors: dict[int, str], call: Future,
             options: ScoreOptions) -> pa.RecordBatch:
-    return output_batch(batch, call.result(), good, errors, options.top_k, options.keep_errors)
+    result = call.result()
+    options.account(result)
+    return output_batch(batch, result, good, errors, options.top_k, options.keep_errors,
+                        options.energy_column)

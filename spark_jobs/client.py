@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from service import contract
 from service.errors import shown
 from spark_jobs import staging
+from spark_jobs.cost import Cost
 
 log = logging.getLogger(__name__)
 UNAVAILABLE = str(grpc.StatusCode.UNAVAILABLE)
@@ -154,6 +155,15 @@ class Inference:
     logits: np.ndarray
     model_version: str
     devices: np.ndarray  # per sample (object): where it ran (None from servers that do not say)
+    costs: tuple[Cost, ...] = ()  # per request, in the samples' order (none: no daemon's)
+
+    @property
+    def joules(self) -> np.ndarray:
+        """Per sample: its share of its request's joules (NaN where the reply does not say)."""
+        if not self.costs:
+            return np.full(len(self.devices), np.nan)
+        return np.repeat([np.nan if c.joules is None else c.joules / c.rows for c in self.costs],
+                         [c.rows for c in self.costs])
 
 
 _Connection = tuple[grpcclient.InferenceServerClient, "dict | None"]
@@ -245,12 +255,11 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         results = list(pool.map(one, starts))
     logits = [_output(model, r, min(step, len(samples) - s)) for s, r in zip(starts, results)]
     replies = [r.get_response() for r in results]
-    device = contract.DEVICE_PARAMETER
-    devices = np.array([reply.parameters[device].string_param
-                        if device in reply.parameters else None for reply in replies], object)
+    costs = tuple(Cost.of(reply, len(out)) for reply, out in zip(replies, logits))
     return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
                      replies[-1].model_version if replies else "",
-                     np.repeat(devices, [len(out) for out in logits]))
+                     np.repeat(np.array([c.device for c in costs], object),
+                               [c.rows for c in costs]), costs)
 
 
 def _output(model: ModelInterface, result: grpcclient.InferResult, rows: int) -> np.ndarray:

@@ -6,6 +6,7 @@ so the same code serves local folders, HDFS and object stores."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -43,11 +44,25 @@ def replace(spark: SparkSession, staging: str, path: str) -> None:
         fs.delete(backup, True)
 
 
-def write_parquet(spark: SparkSession, frame: DataFrame, path: str) -> None:
-    """Writes `frame` to `path` whole, or leaves `path` as it was."""
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    fs, p = _path(spark, path)
+    stream = fs.create(p, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def write_parquet(spark: SparkSession, frame: DataFrame, path: str,
+                  beside: Callable[[], dict[str, str]] | None = None) -> None:
+    """Writes `frame` to `path` whole, or leaves `path` as it was. `beside()`, called once the
+    frame is written (so that it can describe it), gives files (name: text) that go into the
+    output folder beside the part files and appear with them."""
     staging = staging_path(path)
     try:
         frame.write.parquet(staging)
+        for name, text in (beside() if beside else {}).items():
+            write_text(spark, f"{staging}/{name}", text)
         replace(spark, staging, path)
     finally:
         delete(spark, staging)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from service import contract
 from spark_jobs.images import decode_image
-from spark_jobs.scoring import ScoreOptions, top_k
+from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, top_k
 
 
 def _tensor(value: object, dtype: np.dtype) -> np.ndarray:
@@ -56,6 +56,7 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
     good = np.ones(len(frame), bool)
     good[list(errors)] = False
     result = options.infer(address, samples[good])
+    options.account(result)
     top, top_scores = top_k(result, int(good.sum()), options.top_k)
     return pd.DataFrame({
         "id": frame["id"].to_numpy(),
@@ -64,6 +65,8 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
         "top_scores": _spread(list(top_scores), good),
         "device": _spread(result.devices, good),
         "model_version": result.model_version or None,
+        **({ENERGY_COLUMN: pd.array(_spread(result.joules, good), dtype="Float64")}
+           if options.energy_column else {}),  # NaN (not said) and None alike: null
         **({"error": [errors.get(i) for i in range(len(frame))]}
            if options.keep_errors else {})})
 

@@ -7,7 +7,10 @@ folder of image files (`--format image`, read by Spark's `image` source, id = fi
 and normalized as the model's config.pbtxt says, see docs/spark.md).
 Output: Parquet with `id`, `label` (top-1 class), `top_labels` and `top_scores` (the k best
 classes and their softmax scores), `device` (where the daemon ran the row) and
-`model_version`. The output appears whole when the job succeeds, or not at all.
+`model_version` (`energy_joules` too, each row's share of its request's joules, with
+--energy-column). The output appears whole when the job succeeds, or not at all, with the job's
+energy summary inside (`_hetserve_energy.json`: rows, joules, joules per row and GFLOP/s per
+watt by device and power source), which the job also prints.
 Each executor uses its own node's daemon; where none answers, the job starts one per host and
 stops the ones it started at the end.
 """
@@ -19,10 +22,11 @@ import logging
 import time
 from pathlib import Path
 
+from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs import output
+from spark_jobs import energy, output
 from spark_jobs.api import image_columns, job_session, score_dataframe
 from spark_jobs.client import Credentials
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
@@ -54,6 +58,9 @@ def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
                              "level, so that online traffic keeps its latency)")
     parser.add_argument("--top-k", type=int, default=5,
                         help="classes kept per row in top_labels/top_scores (default: 5)")
+    parser.add_argument("--energy-column", action="store_true",
+                        help="add energy_joules to the output: each row's share of the joules "
+                             "its request cost (the job's energy summary is written either way)")
     parser.add_argument("--tls-ca", metavar="PEM",
                         help="reach a daemon's TCP port over TLS, trusting this CA certificate "
                              "(a path on every node); a unix socket needs no TLS")
@@ -68,6 +75,7 @@ def scoring_options(args: argparse.Namespace) -> dict[str, object]:
             "model_repository": None if args.no_start_daemon
             else str(args.model_repository.resolve()),
             "priority": args.priority, "top_k": args.top_k,
+            "energy_column": args.energy_column,
             # absolute: executors run elsewhere than the driver's working directory
             "credentials": Credentials(*(str(Path(f).resolve()) if f else None
                                          for f in (args.tls_ca, args.token_file)))}
@@ -97,7 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
+def score(spark: SparkSession, args: argparse.Namespace,
+          energy_meter: Accumulator | None = None) -> DataFrame:
+    """The input scored, adding what the rows cost to `energy_meter` (energy.meter)."""
     if args.format == "image":
         frame = image_columns(
             spark.read.format("image").option("dropInvalid", True).load(args.input))
@@ -108,21 +118,24 @@ def score(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
         spark, frame, args.model,
         profile=task_profile(args.task_resource, dynamic) if args.task_resource else None,
         keep_errors=args.errors is not None, images=args.format == "image",
-        **scoring_options(args))
+        energy=energy_meter, **scoring_options(args))
 
 
-def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace) -> None:
-    """Each output is written whole or not at all; the scored rows first, then the errors."""
+def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace,
+          energy_meter: Accumulator | None = None) -> dict | None:
+    """Each output is written whole or not at all; the scored rows first, with the summary of
+    `energy_meter` inside (energy.ENERGY_FILE), then the errors. Returns the summary."""
     if args.errors is None:
-        output.write_parquet(spark, scored, args.output)
-        return
+        return energy.write_parquet(spark, scored, args.output, energy_meter)
     staging = output.staging_path(args.output)
     try:
         scored.write.parquet(staging)  # scores every row once
         both = spark.read.parquet(staging)
         failed = F.col("error").isNotNull()
-        output.write_parquet(spark, both.filter(~failed).drop("error"), args.output)
+        summary = energy.write_parquet(spark, both.filter(~failed).drop("error"), args.output,
+                                       energy_meter)
         output.write_parquet(spark, both.filter(failed).select("id", "error"), args.errors)
+        return summary
     finally:
         output.delete(spark, staging)
 
@@ -131,13 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with job_session("hetserve-score", args.daemon, daemon_repository(args)) as spark:
         start = time.perf_counter()
-        scored = score(spark, args)
+        spent = energy.meter(spark)
+        scored = score(spark, args, spent)
         log.info("scoring %s through the node-local daemons", args.input)
-        write(spark, scored, args)
+        summary = write(spark, scored, args, spent)
         elapsed = time.perf_counter() - start
         rows = spark.read.parquet(args.output).count()
         log.info("scored %d rows in %.2f s (%.0f rows/s) into %s", rows, elapsed,
                  rows / elapsed, args.output)
+        for line in energy.describe(summary):
+            log.info("%s", line)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyspark import Accumulator
 
 from spark_jobs.client import (
     NO_CREDENTIALS,
@@ -19,15 +20,19 @@ from spark_jobs.client import (
     infer,
 )
 from spark_jobs.daemon import NodeDaemon
+from spark_jobs.energy import tally
 from spark_jobs.resources import task_resources
 
 log = logging.getLogger(__name__)
+ENERGY_COLUMN = "energy_joules"  # a row's share of the joules its request cost
 
 
-def output_schema(id_type: str, keep_errors: bool = False) -> str:
+def output_schema(id_type: str, keep_errors: bool = False, energy_column: bool = False) -> str:
     """The output rows, keeping the input's id type (a long, or an image's path)."""
     return (f"id {id_type}, label int, top_labels array<int>, top_scores array<float>, "
-            f"device string, model_version string" + (", error string" if keep_errors else ""))
+            f"device string, model_version string"
+            + (f", {ENERGY_COLUMN} double" if energy_column else "")
+            + (", error string" if keep_errors else ""))
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class ScoreOptions:
     images: bool = False  # rows come from Spark's `image` source
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     credentials: Credentials = NO_CREDENTIALS  # for a daemon reached over TCP with TLS
+    energy: Accumulator | None = None  # sums what the replies say they cost (energy.meter)
+    energy_column: bool = False  # each row's share of its request's joules, ENERGY_COLUMN
 
     @property
     def level(self) -> int:
@@ -62,6 +69,12 @@ class ScoreOptions:
     def infer(self, address: str, samples: np.ndarray) -> Inference:
         return infer(address, self.model, samples, self.batch_size, self.inflight, self.level,
                      self.retry, self.recover(), self.credentials)
+
+    def account(self, result: Inference) -> None:
+        """Adds what a call cost to the job's energy; from the task's own thread (an
+        accumulator is not thread-safe)."""
+        if self.energy is not None:
+            self.energy.add(tally(result.costs))
 
 
 def locate(daemon: NodeDaemon, credentials: Credentials = NO_CREDENTIALS) -> str:

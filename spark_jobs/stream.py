@@ -8,19 +8,22 @@ Requests: JSON lines or Parquet files with `id` and `tensor` (an array of number
 also hold raw bytes, see --schema). Each micro-batch goes to `OUTPUT/batch_id=N/`, written whole
 into a hidden staging folder and moved into place: a batch that Spark replays after a failure or
 a restart (foreachBatch is at-least-once) replaces its own folder, so the sink holds every
-request exactly once. Read it with spark.read.parquet(OUTPUT).
+request exactly once. Read it with spark.read.parquet(OUTPUT). Each batch's folder holds its
+energy summary (`_hetserve_energy.json`, which Spark's reader skips), also logged per batch;
+--energy-column adds each row's share of the joules, `energy_joules`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spark_jobs import output
+from spark_jobs import energy
 from spark_jobs.api import job_session, score_options, score_with
 from spark_jobs.score import add_scoring_arguments, daemon_repository, scoring_options
 from spark_jobs.scoring import ScoreOptions
@@ -50,9 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def write_batch(batch: DataFrame, batch_id: int, options: ScoreOptions, sink: str) -> None:
-    """foreachBatch: idempotent by batch id, so a replayed batch replaces, never adds."""
-    scored = score_with(batch, options)
-    output.write_parquet(batch.sparkSession, scored, f"{sink.rstrip('/')}/batch_id={batch_id}")
+    """foreachBatch: idempotent by batch id, so a replayed batch replaces, never adds (its
+    energy summary too, which goes inside the batch's folder)."""
+    spent = energy.meter(batch.sparkSession)
+    scored = score_with(batch, dataclasses.replace(options, energy=spent))
+    summary = energy.write_parquet(batch.sparkSession, scored,
+                                   f"{sink.rstrip('/')}/batch_id={batch_id}", spent)
+    for line in energy.describe(summary):
+        log.info("micro-batch %d %s", batch_id, line)
 
 
 def start(spark: SparkSession, args: argparse.Namespace) -> StreamingQuery:

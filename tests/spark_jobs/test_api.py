@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from pyspark.ml.functions import predict_batch_udf
 
+from spark_jobs import energy
 from spark_jobs.api import (
     PREDICT_RETURN_TYPE,
     make_predict_fn,
@@ -24,13 +26,17 @@ def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, h
     frame = spark.read.parquet(str(write_digits(tmp_path / "d.parquet", images, labels)))
     frame = frame.select("id", "tensor").cache()
 
+    pandas_energy, arrow_energy = energy.meter(spark), energy.meter(spark)
     by_pandas = frame.mapInPandas(score_pandas_fn(spark, "mnist_cnn", address=daemon.socket_url,
-                                                  top_k=3),
-                                  output_schema("bigint")).toPandas().sort_values("id")
+                                                  top_k=3, energy=pandas_energy,
+                                                  energy_column=True),
+                                  output_schema("bigint", energy_column=True)) \
+        .toPandas().sort_values("id")
     by_arrow = frame.mapInArrow(score_arrow_fn(spark, "mnist_cnn", address=daemon.socket_url),
                                 output_schema("bigint")).toPandas().sort_values("id")
     by_default = score_dataframe(spark, frame, "mnist_cnn", address=daemon.socket_url,
-                                 top_k=3).toPandas().sort_values("id")
+                                 top_k=3, energy=arrow_energy, energy_column=True) \
+        .toPandas().sort_values("id")
     predict = predict_batch_udf(make_predict_fn("mnist_cnn", address=daemon.socket_url),
                                 return_type=PREDICT_RETURN_TYPE, batch_size=100,
                                 input_tensor_shapes=[[784]])
@@ -46,5 +52,10 @@ def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, h
     for column in ("id", "label", "top_labels", "device", "model_version"):
         assert by_default[column].map(str).tolist() == by_pandas[column].map(str).tolist()
     assert (by_udf["label"].to_numpy() == labels).mean() >= 0.9
+    # Both paths sum what the rows cost across tasks, as each row's share says.
+    for used, scored in ((pandas_energy, by_pandas), (arrow_energy, by_default)):
+        summary = energy.summarize(used.value)
+        assert summary["rows"] == 300 and summary["joules"] > 0
+        assert summary["joules"] == pytest.approx(scored["energy_joules"].sum(), rel=1e-9)
     np.testing.assert_allclose(np.stack(by_pandas["top_scores"])[:, 0],
                                np.stack(by_udf["scores"]).max(axis=1), rtol=1e-5)

@@ -4,14 +4,18 @@ samples, malformed rows are named or kept as error rows, and a batch's output li
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyspark import Accumulator
 
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import ModelInterface
 from spark_jobs.daemon import NodeDaemon
-from spark_jobs.scoring import ScoreOptions
+from spark_jobs.energy import TallyParam
+from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +90,23 @@ def test_a_task_whose_node_has_no_daemon_and_may_not_start_one_fails_naming_it(o
     with pytest.raises(RuntimeError, match=f"no hetserve daemon answers at {nobody} and the "
                                            "job was not allowed to start one"):
         _score(ScoreOptions(NodeDaemon(nobody, None, "test"), options.model), batch)
+
+
+def test_energy_is_tallied_by_device_and_source_and_spread_over_the_rows(options, holdout):
+    images = holdout[0][:300]
+    batch = pa.RecordBatch.from_pydict({"id": pa.array(range(300), pa.int64()),
+                                        "tensor": pa.array([x.tobytes() for x in images])})
+    used = Accumulator(-1, {}, TallyParam())  # a driver-side accumulator, without Spark
+    scored = pa.Table.from_batches(_score(dataclasses.replace(
+        options, energy=used, energy_column=True, batch_size=64), batch.slice(0, 100),
+        batch.slice(100)))
+    joules = np.asarray(scored.column(ENERGY_COLUMN))
+    assert scored.schema.field(ENERGY_COLUMN).type == pa.float64()
+    assert (joules > 0).all()
+    (device, source), (rows, total, flops) = next(iter(used.value.items()))
+    assert len(used.value) == 1 and (device, rows) == ("cpu0", 300)
+    assert source == "model"  # no power sensor on these machines: the daemon's estimate
+    assert total == pytest.approx(joules.sum(), rel=1e-9)
+    assert flops == 300 * 24_140_586  # the example model's FLOPs per sample
+    without = _score(options, batch)[0]
+    assert ENERGY_COLUMN not in without.schema.names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from PIL import Image
 from pyspark.errors import PythonException
 
+from spark_jobs import energy
+from spark_jobs.energy import ENERGY_FILE
 from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS, ROOT
 from tests.spark_jobs.conftest import SPARK_CONF, write_digits
@@ -24,9 +27,15 @@ def _args(daemon, tmp_path: Path, *args: str):
 
 
 def _run(spark, daemon, tmp_path: Path, *args: str) -> pd.DataFrame:
+    """score.py's scoring and output, its energy summary included."""
     options = _args(daemon, tmp_path, *args)
-    write(spark, score(spark, options), options)
+    used = energy.meter(spark)
+    write(spark, score(spark, options, used), options, used)
     return pd.read_parquet(options.output)
+
+
+def _summary(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "scored.parquet" / ENERGY_FILE).read_text())
 
 
 def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
@@ -46,6 +55,25 @@ def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
     np.testing.assert_allclose(top_scores.sum(axis=1), 1.0, rtol=1e-5)
     assert set(scored["model_version"]) == {"1"}
     assert set(scored["device"]) == {"cpu0"}  # as the daemon's replies name it
+
+
+def test_the_jobs_energy_is_written_inside_its_output_and_equals_the_rows_shares(
+        spark, daemon, holdout, tmp_path):
+    source = write_digits(tmp_path / "digits.parquet", holdout[0][:500], holdout[1][:500])
+    scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64",
+                  "--energy-column")
+    summary = _summary(tmp_path)
+    assert summary["rows"] == len(scored) == 500 and summary["unmetered_rows"] == 0
+    assert scored["energy_joules"].notna().all() and (scored["energy_joules"] > 0).all()
+    assert summary["joules"] > 0
+    assert summary["joules"] == pytest.approx(scored["energy_joules"].sum(), rel=1e-9)
+    assert summary["joules_per_row"] == pytest.approx(summary["joules"] / 500)
+    assert summary["gflops_per_watt"] == pytest.approx(500 * 24_140_586 / summary["joules"] / 1e9)
+    # No power sensor on these machines: the daemon's `model` estimate, and said to be one.
+    assert list(summary["by_source"]) == ["model"] and summary["estimate"]
+    assert summary["by_device"]["cpu0"] == summary["by_source"]["model"]
+    assert "estimates" in summary["estimate_note"]
+    assert "energy_joules" not in _run(spark, daemon, tmp_path, "--input", str(source)).columns
 
 
 def test_array_tensors_and_image_folders_give_the_same_labels(spark, daemon, holdout, tmp_path):
@@ -92,6 +120,7 @@ def test_malformed_rows_go_to_the_error_output_when_asked(spark, daemon, tmp_pat
     scored = _run(spark, daemon, tmp_path, "--input", str(_malformed(tmp_path)),
                   "--errors", str(errors))
     assert sorted(scored["id"]) == [1, 3] and "error" not in scored.columns
+    assert _summary(tmp_path)["rows"] == 2  # the rows scored, not the malformed one
     failed = pd.read_parquet(errors)
     assert failed["id"].tolist() == [2]
     assert failed["error"][0].startswith("row id 2: tensor holds 700 values, 784 expected")
@@ -115,5 +144,7 @@ def test_spark_submit_starts_a_daemon_when_none_answers_and_stops_it(holdout, tm
     assert f"no daemon answered at unix:{socket}; started one there" in output
     assert "stopped 1 daemon(s) that" in output
     assert len(pd.read_parquet(out)) == 200
+    assert "energy: 200 rows, " in output and "(estimate): figures from power source" in output
+    assert json.loads((out / ENERGY_FILE).read_text())["rows"] == 200
     leftovers = subprocess.run(["pgrep", "-f", str(socket)], capture_output=True)
     assert leftovers.returncode == 1, "the daemon the job started is still running"

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from spark_jobs.energy import ENERGY_FILE
 from spark_jobs.stream import parse_args, start
 
 ROWS_PER_FILE = 40
@@ -34,7 +36,8 @@ def test_stopped_restarted_and_replayed_query_scores_every_request_once(
     requests, sink, checkpoint = (tmp_path / n for n in ("requests", "sink", "checkpoint"))
     requests.mkdir()
     common = ["--input", str(requests), "--output", str(sink), "--checkpoint", str(checkpoint),
-              "--daemon", daemon.socket_url, "--no-start-daemon", "--max-files-per-trigger", "1"]
+              "--daemon", daemon.socket_url, "--no-start-daemon", "--max-files-per-trigger", "1",
+              "--energy-column"]
     for n in range(3):
         _drop(requests, n, images)
 
@@ -70,3 +73,11 @@ def test_stopped_restarted_and_replayed_query_scores_every_request_once(
     scored = scored.sort_values("id")
     assert (scored["label"].to_numpy() == labels[:5 * ROWS_PER_FILE]).mean() >= 0.9
     assert not [p for p in sink.iterdir() if p.name.startswith(".")]  # no staging left
+
+    # Each micro-batch's energy, inside its folder: its rows and their shares of the joules.
+    for folder in sink.glob("batch_id=*"):
+        rows = pd.read_parquet(folder)
+        summary = json.loads((folder / ENERGY_FILE).read_text())
+        assert summary["rows"] == len(rows) > 0 and summary["estimate"]
+        assert summary["joules"] == pytest.approx(rows["energy_joules"].sum(), rel=1e-9)
+        assert summary["joules"] > 0
