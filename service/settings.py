@@ -89,6 +89,15 @@ class Settings:
         metadata={"doc": "idle:busy watts per device or kind for the estimate used where no "
                          "sensor can be read; the CPU's, unless set, scale with its CPU count "
                          "(10 W + 1 W per CPU idle, 20 W + 3 W per CPU busy)"})
+    power_budget_w: float | None = field(
+        default=None, metadata={"doc": "the node's power budget in watts: above it batches go to "
+                                       "the devices with the fewest joules per inference, then "
+                                       "low priority levels are held back, then all "
+                                       "(docs/observability.md); unset: none"})
+    response_energy: bool = field(
+        default=True, metadata={"doc": "each response carries its request's joules, their power "
+                                       "source, the attribution method and the FLOPs as "
+                                       "parameters (docs/observability.md)"})
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None,
@@ -113,11 +122,18 @@ def _parse(f: dataclasses.Field, raw: str) -> object:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.name}: {raw!r} is not an integer") from None
-    if kind == "float":
+    if kind in ("float", "float | None"):
         try:
             return float(raw)
         except ValueError:
             raise ValueError(f"{f.name}: {raw!r} is not a number") from None
     if kind.startswith("Path"):
         return Path(raw) if raw else None
+    if kind == "bool":
+        if raw.lower() not in _BOOLS:
+            raise ValueError(f"{f.name}: {raw!r} is not one of {sorted(_BOOLS)}")
+        return _BOOLS[raw.lower()]
     return raw
+
+
+_BOOLS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}

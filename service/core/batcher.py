@@ -10,7 +10,9 @@ size) or when the window closes, to the microsecond (service/core/precise_timer.
 or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the moment it passes and never
 reach a device; DELAY requests move behind every other request; cancelled ones are dropped. A
 full level refuses at once. Requests that carry several samples are packed whole and their
-outputs split back in order.
+outputs split back in order, each with its rows' part of the batch's cost. Over the node's
+power budget (service/core/power_budget.py) priority levels are held back, lowest first: their
+requests wait, within their deadlines, except those already behind the others (DELAY).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from service.core.batch_buffers import BatchBuffers
+from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
@@ -51,13 +54,14 @@ class _Pending:
     delay_after: float | None  # DELAY: moves behind every other request from then on
     timer: asyncio.TimerHandle | None = None
     taken: bool = False  # left the queue: claimed by a batch, answered, or cancelled
+    delayed: bool = False  # moved behind every other request
 
 
 class DynamicBatcher:
     def __init__(self, model: str, policy: BatchPolicy, run_batch: RunBatch, slots: int,
                  buffers: BatchBuffers, stats: ModelStatistics,
                  observe_queue_s: Callable[[float], None],
-                 on_expired: Callable[[], None]) -> None:
+                 on_expired: Callable[[], None], budget: PowerBudget | None = None) -> None:
         self.model = model
         self.policy = policy
         self._run_batch = run_batch
@@ -69,6 +73,10 @@ class DynamicBatcher:
         self._levels: list[deque[_Pending]] = [deque() for _ in policy.levels]
         self._delayed: deque[_Pending] = deque()
         self._queued = [0] * len(policy.levels)  # samples waiting per level
+        self._queued_delayed = [0] * len(policy.levels)  # of them, behind the others
+        self._budget = budget
+        if budget is not None:
+            budget.subscribe(self._arrived_now)
         self._arrived = asyncio.Event()
         self._wanted = 1  # samples the dispatcher waits for
         self._slots = asyncio.Semaphore(slots)  # batches in flight at once
@@ -110,11 +118,24 @@ class DynamicBatcher:
         pending.future.add_done_callback(lambda _, p=pending: self._leave(p))
         self._levels[level].append(pending)
         self._queued[level] += size
-        if self.queued() >= self._wanted:
+        if self._takeable() >= self._wanted:
             self._arrived.set()
         return pending.future
 
+    def _takeable(self) -> int:
+        """Samples a batch may take now: those of the levels the power budget does not hold."""
+        if self._budget is None or not self._budget.stage:
+            return self.queued()
+        return sum(delayed if self._budget.holds(level) else queued for level, (queued, delayed)
+                   in enumerate(zip(self._queued, self._queued_delayed)))
+
+    def _arrived_now(self) -> None:
+        """The power budget released levels: what they hold may be taken."""
+        self._arrived.set()
+
     async def close(self) -> None:
+        if self._budget is not None:
+            self._budget.unsubscribe(self._arrived_now)
         self._task.cancel()
         await asyncio.gather(self._task, *self._running, return_exceptions=True)
         self._timer.close()
@@ -130,6 +151,8 @@ class DynamicBatcher:
         if not pending.taken:
             pending.taken = True
             self._queued[pending.level] -= pending.size
+            if pending.delayed:
+                self._queued_delayed[pending.level] -= pending.size
 
     def _expire(self, pending: _Pending) -> None:
         if not pending.taken:
@@ -161,12 +184,13 @@ class DynamicBatcher:
 
     async def _next_batch(self) -> list[_Pending]:
         while True:
-            while not any(self._levels) and not self._delayed:
+            while not self._takeable():
                 await self._wait_for(1)
             if self._worth_waiting():
                 oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
                 close_at = oldest + self.policy.max_queue_delay_s
-                if self.queued() < self.policy.dispatch_size and close_at > self._loop.time():
+                if self._takeable() < self.policy.dispatch_size and \
+                        close_at > self._loop.time():
                     await self._wait_until(close_at, self.policy.dispatch_size)
             batch = self._take()
             if batch:
@@ -198,7 +222,7 @@ class DynamicBatcher:
         """Until `samples` are queued (or an open window closes); submit wakes this only then,
         not on every arrival."""
         self._wanted = samples
-        while self.queued() < samples and self._window_open:
+        while self._takeable() < samples and self._window_open:
             self._arrived.clear()
             await self._arrived.wait()
 
@@ -208,7 +232,9 @@ class DynamicBatcher:
         now = self._loop.time()
         batch: list[_Pending] = []
         total = 0
-        for queue in (*self._levels, self._delayed):
+        for level, queue in (*enumerate(self._levels), (None, self._delayed)):
+            if level is not None and self._budget is not None and self._budget.holds(level):
+                continue
             while queue:
                 pending = queue[0]
                 if pending.taken or pending.future.done():  # answered or cancelled
@@ -220,6 +246,8 @@ class DynamicBatcher:
                     continue
                 if (queue is not self._delayed and pending.delay_after is not None
                         and now >= pending.delay_after):
+                    pending.delayed = True
+                    self._queued_delayed[pending.level] += pending.size
                     self._delayed.append(queue.popleft())
                     continue
                 if batch and (total + pending.size > limit or not self.policy.batching):
@@ -260,7 +288,8 @@ class DynamicBatcher:
             for pending in batch:
                 _settle(pending, result=Answer({name: array[offset:offset + pending.size]
                                                 for name, array in answer.outputs.items()},
-                                               answer.device))
+                                               answer.device, answer.cost.share(pending.size,
+                                                                                total)))
                 offset += pending.size
         self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
                                  time.monotonic() - ran)

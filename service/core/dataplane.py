@@ -113,4 +113,4 @@ def select(answer: Answer, names: list[str]) -> Answer:
     """The answer with only the outputs named, in that order."""
     if names == list(answer.outputs):
         return answer  # the common case: every output, in the model's order
-    return Answer({name: answer.outputs[name] for name in names}, answer.device)
+    return Answer({name: answer.outputs[name] for name in names}, answer.device, answer.cost)

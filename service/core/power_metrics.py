@@ -34,12 +34,13 @@ class PowerCollector(Collector):
             labels=_DEVICE)
         models = CounterMetricFamily(
             "hetserve_model_energy_joules",
-            "A device's energy attributed to a model by its share of the busy time",
+            "A device's energy charged to a model's batches (their run time at the device's "
+            "full-load watts): the sum of its responses' energy_joules",
             labels=["model", *_SOURCE])
         engines = CounterMetricFamily(
             "hetserve_engine_energy_joules",
-            "A device's energy attributed to each engine running on it (two can share a GPU) by "
-            "its share of the busy time", labels=["engine", *_SOURCE])
+            "A device's energy charged to the batches of each engine running on it (two can "
+            "share a GPU)", labels=["engine", *_SOURCE])
         for meter in self._monitor.meters():
             r = meter.read()
             device = [r.device.name, r.device.kind]

@@ -25,6 +25,7 @@ from service.core.batcher import DynamicBatcher
 from service.core.metrics import Metrics
 from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
+from service.core.power_budget import PowerBudget
 from service.core.queue_policy import BatchPolicy
 from service.core.repository import ModelRepository, RepositoryEntry
 from service.core.router import POLICIES, Router
@@ -51,10 +52,12 @@ class LoadedModel:
 
 
 class ModelRegistry(ModelTable[LoadedModel]):
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics,
+                 power_budget: PowerBudget | None = None) -> None:
         super().__init__()
         self._settings = settings
         self._metrics = metrics
+        self._power_budget = power_budget
         self._repository = ModelRepository(settings.model_repository)
 
     async def load_all(self) -> None:
@@ -120,7 +123,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
         outputs = [o.name for o in spec.outputs]
         warmup_s = await self._warm_up(spec, workers, warmup, outputs)
         _log_gpu_memory(spec, workers, gpu_memory)
-        router = Router(name, workers, routing, budget_s, outputs, self._metrics)
+        router = Router(name, workers, routing, budget_s, outputs, self._metrics,
+                        self._power_budget)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
         slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
         buffers = BatchBuffers({t.name: (t.dims, contract.numpy_dtype(t.datatype))
@@ -129,7 +133,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         batcher = DynamicBatcher(
             name, policy, router.run, slots, buffers, stats,
             self._metrics.queue_duration.labels(model=name).observe,
-            self._metrics.expired.labels(model=name).inc)
+            self._metrics.expired.labels(model=name).inc, self._power_budget)
         config = model_config_pb2.ModelConfig()
         config.CopyFrom(entry.config)
         policy.effective(config)

@@ -4,7 +4,8 @@ Policies (the model's `policy` parameter):
 - prefer: the configured order; spill to the next device when the preferred one cannot finish
   the batch within the latency budget.
 - latency: least expected completion time.
-- efficiency: fewest joules per inference among devices that meet the latency budget.
+- efficiency: fewest joules per inference among devices that meet the latency budget; every
+  model's order while the node is over its power budget (service/core/power_budget.py).
 A device that fails a batch is marked unhealthy with backoff and the batch re-runs on the next
 device; a probe (one sample of the failed batch) brings it back. Only when every device fails
 does the batch fail.
@@ -17,6 +18,7 @@ import logging
 import time
 
 from service.core.metrics import Metrics
+from service.core.power_budget import PowerBudget
 from service.core.types import Answer, Tensors
 from service.core.worker import DeviceWorker
 from service.errors import DeviceError
@@ -28,8 +30,10 @@ _PROBE_EVERY_S = 0.25
 
 class Router:
     def __init__(self, model: str, workers: list[DeviceWorker], policy: str,
-                 latency_budget_s: float, outputs: list[str], metrics: Metrics) -> None:
+                 latency_budget_s: float, outputs: list[str], metrics: Metrics,
+                 power_budget: PowerBudget | None = None) -> None:
         self.model = model
+        self._power_budget = power_budget
         self.workers = workers  # in configured order
         self.policy = policy
         self.latency_budget_s = latency_budget_s
@@ -43,14 +47,14 @@ class Router:
         errors = []
         for worker in self.candidates(size):
             try:
-                result = await worker.run(inputs, self._outputs, size)
+                answer = await worker.run(inputs, self._outputs, size)
             except DeviceError as e:
                 errors.append(str(e))
                 self._failed(worker, inputs, size, e)
                 continue
             if not worker.healthy:  # a last-resort run on an unhealthy device worked
                 worker.mark_healthy()
-            return Answer(result, worker.device.name)
+            return answer
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
 
@@ -62,12 +66,14 @@ class Router:
         def fits(w: DeviceWorker) -> bool:
             return w.expected_completion_s(size) <= budget
 
-        if self.policy == "prefer":
+        policy = "efficiency" if self._power_budget and self._power_budget.by_energy \
+            else self.policy
+        if policy == "prefer":
             first = next((w for w in healthy if fits(w)), None)
             if first is None and healthy:
                 first = min(healthy, key=lambda w: w.expected_completion_s(size))
             ordered = ([first] if first else []) + [w for w in healthy if w is not first]
-        elif self.policy == "latency":
+        elif policy == "latency":
             ordered = sorted(healthy, key=lambda w: w.expected_completion_s(size))
         else:  # efficiency; an unmeasured device ranks first, so that it gets measured
             ordered = sorted([w for w in healthy if fits(w)],

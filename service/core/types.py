@@ -20,11 +20,26 @@ Tensors = dict[str, np.ndarray]  # tensors by name: a request's inputs, a model'
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What running a batch, or a request's rows of it, took (replies tell clients)."""
+
+    joules: float  # the device energy charged to it (accelerators/power/meter.py)
+    source: str  # where the watts came from: a sensor's name, or `model` for an estimate
+    flops: int
+
+    def share(self, rows: int, of: int) -> Cost:
+        """The part of a batch's cost that `rows` of its `of` rows caused; padding is shared by
+        the rows that caused it."""
+        return Cost(self.joules * rows / of, self.source, self.flops * rows // of)
+
+
+@dataclass(frozen=True)
 class Answer:
-    """A request's outputs, and the device that ran them (replies name it to clients)."""
+    """A request's outputs, the device that ran them and what it cost."""
 
     outputs: Tensors
     device: str
+    cost: Cost
 
 
 class Batcher(Protocol):

@@ -12,11 +12,10 @@ import queue
 import threading
 import time
 
-import numpy as np
-
 from accelerators.engine import Engine
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
+from service.core.types import Answer, Cost, Tensors
 from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
@@ -77,8 +76,7 @@ class DeviceWorker:
             return None
         return watts * self.seconds_per_sample
 
-    async def run(self, inputs: dict[str, np.ndarray], outputs: list[str],
-                  size: int) -> dict[str, np.ndarray]:
+    async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
         inline = self._inline(size)
         self.pending_samples += size
         try:
@@ -115,8 +113,7 @@ class DeviceWorker:
             except RuntimeError:  # the loop is closed: nobody waits for this batch
                 pass
 
-    def _timed_run(self, inputs: dict[str, np.ndarray], outputs: list[str],
-                   size: int) -> dict[str, np.ndarray]:
+    def _timed_run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
@@ -134,12 +131,13 @@ class DeviceWorker:
         self._compute.observe(busy_s)
         self._batch_size.observe(size)
         self._inferences.inc(size)
-        self._flops.inc(size * self._flops_per_sample)
-        self.meter.add_busy(self.model, busy_s, self.device.engine)
-        return result
+        flops = size * self._flops_per_sample
+        self._flops.inc(flops)
+        joules = self.meter.charge(self.model, busy_s, self.device.engine)
+        return Answer(result, self.device.name, Cost(joules, self.meter.source.source, flops))
 
-    def _run_on(self, engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str],
-                size: int) -> tuple[dict[str, np.ndarray], int]:
+    def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
+                size: int) -> tuple[Tensors, int]:
         """The outputs of a batch on one engine, and the padding rows it computed."""
         if self.buckets is None:
             return engine.run(inputs, outputs), 0
@@ -174,7 +172,7 @@ class DeviceWorker:
             thread.join()
 
 
-def _settle(done: asyncio.Future, result: dict[str, np.ndarray] | None,
+def _settle(done: asyncio.Future, result: Answer | None,
             error: BaseException | None) -> None:
     if done.done():  # the batch's caller is gone (the batcher closing)
         return

@@ -98,14 +98,22 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
 
 
 def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    answer: Answer, regions: SharedMemoryRegions, caller: str | None
-                    ) -> service_pb2.ModelInferResponse:
+                    answer: Answer, regions: SharedMemoryRegions, caller: str | None,
+                    energy: bool = True) -> service_pb2.ModelInferResponse:
     """Outputs requested in shared memory are written there (their raw entry stays empty, so
     that the others keep their places); every other output travels as raw bytes, which is all
-    tritonclient reads. The device that ran the request is the response parameter `device`."""
+    tritonclient reads. The device that ran the request, and with `energy` what it cost, are
+    response parameters (service.contract)."""
     response = service_pb2.ModelInferResponse(
         model_name=model_name, model_version=str(version), id=request.id)
-    response.parameters[contract.DEVICE_PARAMETER].string_param = answer.device
+    parameters = response.parameters
+    parameters[contract.DEVICE_PARAMETER].string_param = answer.device
+    if energy:
+        cost = answer.cost
+        parameters[contract.ENERGY_PARAMETER].double_param = cost.joules
+        parameters[contract.POWER_SOURCE_PARAMETER].string_param = cost.source
+        parameters[contract.ENERGY_METHOD_PARAMETER].string_param = contract.ENERGY_METHOD
+        parameters[contract.FLOPS_PARAMETER].int64_param = cost.flops
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     for name, array in answer.outputs.items():
         tensor = response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),

@@ -47,6 +47,7 @@ class InferenceServicer:
         # TCP calls carry the daemon's token: shared memory allowed there
         self._token = bool(settings.token_file)
         self._stream_window = settings.max_stream_inflight
+        self._energy = settings.response_energy
         self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._durations: dict[str, Histogram] = {}  # per served model, like _counters
         # Fixed for the process: read the package metadata once, not per call.
@@ -215,7 +216,7 @@ class InferenceServicer:
             # Inside: an output that does not fit its shared memory region fails the request.
             response = codec.encode_response(call.request, spec.name, spec.version,
                                              select(call.answer.result(), call.names),
-                                             self._regions, call.caller)
+                                             self._regions, call.caller, self._energy)
         except HetserveError as e:
             self._count(spec.name, e.status)
             raise

@@ -36,6 +36,8 @@ _SERVE_FLAGS = [
     ("--log-level", "log_level"),
     ("--power-sources", "power_sources"),
     ("--power-model", "power_model"),
+    ("--power-budget-w", "power_budget_w"),
+    ("--response-energy", "response_energy"),
 ]
 
 

@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from accelerators.power.meter import PowerMonitor
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.core.power_budget import SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
 from service.errors import StartupError
 from service.grpc import unix_socket
@@ -49,7 +50,9 @@ async def serve(settings: Settings) -> None:
         if settings.unix_socket:  # first taken, last let go: devices close before a successor
             _own_socket(settings, cleanup)
         metrics = Metrics(power)
-        registry = ModelRegistry(settings, metrics)
+        budget = None if settings.power_budget_w is None else \
+            PowerBudget(settings.power_budget_w, power, metrics.registry)
+        registry = ModelRegistry(settings, metrics, budget)
         cleanup.push_async_callback(registry.close)
         plane = DataPlane(registry)
         if workers == 1:
@@ -79,6 +82,11 @@ async def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, stop.set)
 
         await registry.load_all()
+        if budget is not None:
+            try:
+                check_budget(budget.budget_w, power)
+            except ValueError as e:
+                raise StartupError(str(e)) from None
         plane.ready = True
         await front.serving()
         log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
@@ -119,8 +127,13 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
         token = TokenFile(settings.token_file) if settings.token_file else None
     except ExposureError as e:
         raise StartupError(str(e)) from e
+    budget = settings.power_budget_w
+    if budget is not None and not budget > 0:
+        raise StartupError(f"power_budget_w: {budget:g} W received, expected watts above the "
+                           "node's idle power")
     try:
-        return token, PowerMonitor(settings.power_sources, settings.power_model)
+        return token, PowerMonitor(settings.power_sources, settings.power_model,
+                                   interval_s=1.0 if budget is None else SAMPLE_S)
     except ValueError as e:
         raise StartupError(str(e)) from e
 

@@ -84,11 +84,14 @@ class Catalog(_Message):
 
 
 class Reply(_Message):
-    """A request's outputs, in the payload in the order listed."""
+    """A request's outputs, in the payload in the order listed, and its cost (Cost's fields)."""
 
     id: int
     device: str
     outputs: list[OutputPlace]
+    joules: float
+    power_source: str
+    flops: int
 
 
 class Failed(_Message):

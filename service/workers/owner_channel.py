@@ -180,9 +180,12 @@ class OwnerSide:
         else:
             result = answer.result()
             arrays = [np.ascontiguousarray(a) for a in result.outputs.values()]
-            self.send(msg.Reply(request_id, result.device, [
-                (name, a.dtype.str, a.shape, a.nbytes) for name, a in zip(result.outputs, arrays)]),
-                b"".join(memoryview(a).cast("B") for a in arrays))  # the one copy of the outputs
+            places = [(name, a.dtype.str, a.shape, a.nbytes)
+                      for name, a in zip(result.outputs, arrays)]
+            cost = result.cost
+            self.send(msg.Reply(request_id, result.device, places, cost.joules, cost.source,
+                                cost.flops),
+                      b"".join(memoryview(a).cast("B") for a in arrays))  # the one copy of them
 
     def _statistics(self, m: msg.Stats) -> None:
         try:

@@ -20,7 +20,7 @@ from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Tensors
+from service.core.types import Answer, Cost, Tensors
 from service.errors import ModelUnavailableError, QueueFullError, StatusError
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -151,7 +151,7 @@ def _answer(reply: msg.Reply, payload: memoryview) -> Answer:
         outputs[name] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
                                       start).reshape(shape)
         start += size
-    return Answer(outputs, reply.device)
+    return Answer(outputs, reply.device, Cost(reply.joules, reply.power_source, reply.flops))
 
 
 @dataclass

@@ -29,8 +29,10 @@ class Control:
         self.path = path
         self.set()
 
-    def set(self, delay_s: float = 0.0, fail: bool = False) -> None:
-        self.path.write_text(json.dumps({"delay_s": delay_s, "fail": fail}))
+    def set(self, delay_s: float = 0.0, fail: bool = False,
+            delays: dict[str, float] | None = None) -> None:
+        self.path.write_text(json.dumps({"delay_s": delay_s, "fail": fail,
+                                         "delays": delays or {}}))
 
 
 def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,

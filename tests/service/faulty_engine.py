@@ -4,7 +4,8 @@ implements the same Engine protocol and is plugged in the way any extra engine i
 imports this module (`--engine-modules`), which registers `faulty:<device>`, e.g. `faulty:fpga0`.
 
 Each batch reads the JSON file named by HETSERVE_TEST_ENGINE_CONTROL:
-{"delay_s": seconds to add per batch, "fail": true to raise after computing}.
+{"delay_s": seconds to add per batch, "fail": true to raise after computing, and optionally
+"delays": {device name: its own seconds per batch}, for devices of different speeds}.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class FaultyEngine:
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         control = json.loads(self._control.read_text()) if self._control.exists() else {}
-        time.sleep(control.get("delay_s", 0.0))
+        time.sleep(control.get("delays", {}).get(self.device.name, control.get("delay_s", 0.0)))
         result = self._inner.run(inputs, outputs)
         if control.get("fail"):
             raise RuntimeError(f"{self.device.name}: simulated device fault mid-batch")

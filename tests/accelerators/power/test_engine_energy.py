@@ -1,5 +1,5 @@
-"""Energy of a device shared by two engines (ONNX Runtime CUDA and OpenCL on one GPU), split by
-each engine's busy time; the CPU estimate scaled from the CPU count."""
+"""Energy of a device shared by two engines (ONNX Runtime CUDA and OpenCL on one GPU), charged to
+each engine by its batches; the CPU estimate scaled from the CPU count."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ def test_a_shared_devices_energy_is_split_between_engines_by_busy_time() -> None
     meter.add_model("m", "onnxruntime")
     meter.add_model("m", "opencl")
     meter.sample(0.0)
-    meter.add_busy("m", 0.1, "onnxruntime")
-    meter.add_busy("m", 0.3, "opencl")
-    meter.sample(1.0)  # 40% busy: 50 + 0.4 × 200 = 130 J, split 1:3
+    meter.charge("m", 0.1, "onnxruntime")
+    meter.charge("m", 0.3, "opencl")
+    meter.sample(1.0)  # 40% busy: 50 + 0.4 × 200 = 130 J, 100 J of it in the batches' runs
     reading = meter.read()
-    assert reading.engine_energy_j == {"onnxruntime": pytest.approx(32.5),
-                                       "opencl": pytest.approx(97.5)}
-    assert reading.model_energy_j == {"m": pytest.approx(130.0)}
+    assert reading.energy_j == pytest.approx(130.0)
+    assert reading.engine_energy_j == {"onnxruntime": pytest.approx(25.0),
+                                       "opencl": pytest.approx(75.0)}
+    assert reading.model_energy_j == {"m": pytest.approx(100.0)}
 
 
 def test_the_cpu_estimate_scales_with_the_cpus_and_stays_an_estimate() -> None:

@@ -17,23 +17,32 @@ from tests.accelerators.power.test_sources import write
 CPU = Device("cpu0", "cpu", "onnxruntime")
 
 
-def test_energy_is_attributed_to_models_by_busy_time() -> None:
+def test_each_batch_is_charged_its_run_time_at_full_load_watts() -> None:
     meter = DeviceMeter(CPU, ModelEstimate(10.0, 50.0))
     meter.add_model("idle_model")
     meter.sample(0.0)
-    meter.add_busy("a", 0.3)
-    meter.add_busy("b", 0.1)
-    meter.sample(1.0)  # 40% busy: 10 + 0.4 × 40 = 26 W for 1 s, split 3:1
+    assert meter.charge("a", 0.3) == pytest.approx(15.0)  # 0.3 s at 50 W
+    assert meter.charge("b", 0.1) == pytest.approx(5.0)
+    meter.sample(1.0)  # 40% busy: 10 + 0.4 × 40 = 26 W for 1 s, 6 J of it idle
     reading = meter.read()
     assert (reading.up, reading.source, reading.power_w) == (True, "model", pytest.approx(26.0))
     assert reading.energy_j == pytest.approx(26.0)
     assert reading.busy_s == pytest.approx(0.4)
-    assert reading.model_energy_j == {"idle_model": 0.0, "a": pytest.approx(19.5),
-                                      "b": pytest.approx(6.5)}
+    assert reading.model_energy_j == {"idle_model": 0.0, "a": pytest.approx(15.0),
+                                      "b": pytest.approx(5.0)}
     meter.sample(2.0)  # nothing ran: 10 J of idle energy, no model's
     reading = meter.read()
     assert reading.energy_j == pytest.approx(36.0)
-    assert sum(reading.model_energy_j.values()) == pytest.approx(26.0)
+    assert sum(reading.model_energy_j.values()) == pytest.approx(20.0)
+
+
+def test_batches_side_by_side_share_the_devices_watts() -> None:
+    meter = DeviceMeter(CPU, ModelEstimate(10.0, 50.0))
+    meter.sample(0.0)
+    meter.charge("a", 0.8)
+    meter.charge("a", 0.8)
+    meter.sample(1.0)  # two instances, 1.6 busy seconds in one: each batch gets 50 / 1.6 W
+    assert meter.charge("a", 0.8) == pytest.approx(25.0)
 
 
 def test_a_failing_sensor_turns_the_device_down_and_keeps_totals(tmp_path: Path) -> None:
@@ -57,7 +66,7 @@ def test_busy_watts_for_routing_are_full_utilization_watts_from_either_source(
     meter = DeviceMeter(CPU, HwmonPower(power))
     meter.sample(0.0)
     assert meter.busy_power_w() is None  # nothing measured yet
-    meter.add_busy("a", 0.5)
+    meter.charge("a", 0.5)
     meter.sample(1.0)  # 30 W while half busy: with nothing else known, power is taken as flat
     assert meter.busy_power_w() == pytest.approx(30.0)
     # A device drawing 20 W idle and 100 W flat out: the fit finds the 100 W, where energy per
@@ -66,7 +75,7 @@ def test_busy_watts_for_routing_are_full_utilization_watts_from_either_source(
     meter.sample(1.0)
     for t, busy in enumerate([0.0, 0.25, 0.5, 1.0, 0.25, 0.75], start=2):
         write(power, str(int((20 + 80 * busy) * 1e6)))
-        meter.add_busy("a", busy)
+        meter.charge("a", busy)
         meter.sample(float(t))
     assert meter.busy_power_w() == pytest.approx(100.0, rel=0.01)
 
@@ -93,7 +102,7 @@ def test_monitor_samples_on_its_thread_and_the_estimate_says_why() -> None:
         assert "rapl" in meter.source.reason
     monitor.start()
     try:
-        meter.add_busy("m", 0.01)
+        meter.charge("m", 0.01)
         time.sleep(0.3)
     finally:
         monitor.stop()

@@ -15,7 +15,7 @@ from service.core.batch_buffers import BatchBuffers
 from service.core.batcher import DynamicBatcher
 from service.core.queue_policy import BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer
+from service.core.types import Answer, Cost
 from service.errors import ConfigError, DeadlineExceededError, QueueFullError
 
 
@@ -35,7 +35,7 @@ def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
     async def run(inputs, size):
         runs.append(inputs["x"].tolist())
         await asyncio.sleep(delay_s)
-        return Answer({"y": inputs["x"] * 2}, "d0")
+        return Answer({"y": inputs["x"] * 2}, "d0", Cost(0.5 * size, "model", 100 * size))
     buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, policy.max_batch_size, slots)
     return DynamicBatcher("m", policy, run, slots, buffers, ModelStatistics(),
                           lambda s: None, lambda: None)
@@ -60,6 +60,9 @@ def test_requests_in_one_window_share_a_run_and_get_their_own_rows() -> None:
     assert runs == [[1, 2, 3, 4]]
     assert [o.outputs["y"].tolist() for o in out] == [[2], [4, 6], [8]]
     assert {o.device for o in out} == {"d0"}
+    # the batch's 2 J and 400 FLOPs, by rows
+    assert [o.cost for o in out] == [Cost(0.5, "model", 100), Cost(1.0, "model", 200),
+                                    Cost(0.5, "model", 100)]
 
 
 def test_a_full_batch_leaves_without_waiting_and_never_exceeds_max() -> None:
