@@ -91,8 +91,9 @@ def _line(name: str, figures: dict) -> str:
     def shown(value: float | None) -> str:
         return "-" if value is None else f"{value:.4g}"
 
+    per_row = figures["joules_per_row"]
     return (f"{name}: {figures['rows']:,} rows, {shown(figures['joules'])} J, "
-            f"{shown(figures['joules_per_row'])} J per row, "
+            f"{shown(None if per_row is None else 1e3 * per_row)} mJ per row, "
             f"{shown(figures['gflops_per_watt'])} GFLOP/s per W"
             + (" (estimate)" if figures["estimate"] else ""))
 

@@ -1,8 +1,10 @@
 """`make demo`: the daemon on this machine, the 1,000 held-out digits scored by the Spark job
-through it, the daemon's own metrics, then one online request with tritonclient."""
+through it and what that cost (the job's energy summary), the daemon's own metrics, then one
+online request with tritonclient."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,6 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import mnist_digits
 from service.settings import Settings
+from spark_jobs import energy
+from spark_jobs.cost import Cost
 from spark_jobs.daemon import DaemonProcess, is_ready
 from spark_jobs.scoring import softmax
 
@@ -68,6 +72,10 @@ def score_with_spark(address: str) -> None:
                                            on="id", suffixes=("", "_true"))
     print(f"   rows out: {len(result)}, distinct ids: {result['id'].nunique()}, "
           f"accuracy: {(result['label'] == result['label_true']).mean():.1%}")
+    summary = json.loads((scored / energy.ENERGY_FILE).read_text())
+    print(f"   what it cost ({scored.name}/{energy.ENERGY_FILE}):")
+    for line in energy.describe(summary):
+        print(f"   {line}")
 
 
 def summarize_metrics(url: str) -> None:
@@ -93,12 +101,18 @@ def online_request(address: str) -> None:
         tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
         tensor.set_data_from_numpy(images[:1])
         start = time.perf_counter()
-        logits = client.infer(MODEL, [tensor]).as_numpy("logits")
+        result = client.infer(MODEL, [tensor])
         elapsed_ms = (time.perf_counter() - start) * 1e3
-    p = softmax(logits)[0]
+    p = softmax(result.as_numpy("logits"))[0]
+    cost = Cost.of(result.get_response(), 1)
     print("\n== Online: one digit through tritonclient.grpc")
     print(f"   true label {labels[0]}, predicted {p.argmax()} (p={p.max():.3f}), "
           f"{elapsed_ms:.1f} ms round trip")
+    if cost.joules is not None:
+        print(f"   the reply's parameters: ran on {cost.device}, {1e3 * cost.joules:.3f} mJ "
+              f"(power source {cost.source}"
+              f"{', an estimate' if cost.source == energy.ESTIMATE else ''}), "
+              f"{cost.flops:,} FLOPs")
 
 
 if __name__ == "__main__":

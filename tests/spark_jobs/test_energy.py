@@ -44,9 +44,9 @@ def test_the_summary_gives_figures_by_device_and_source_and_says_what_is_estimat
     nvml = summary["by_source"]["nvml"]
     assert (nvml["rows"], nvml["joules"], nvml["gflops_per_watt"]) == (200, 1.0, 4.0)
     lines = describe(summary)
-    assert lines[0] == "energy: 400 rows, 3 J, 0.0075 J per row, 2.667 GFLOP/s per W (estimate)"
-    assert "  device gpu1: 100 rows, 0.5 J, 0.005 J per row, 4 GFLOP/s per W" in lines
-    assert "  source model: 200 rows, 2 J, 0.01 J per row, 2 GFLOP/s per W (estimate)" in lines
+    assert lines[0] == "energy: 400 rows, 3 J, 7.5 mJ per row, 2.667 GFLOP/s per W (estimate)"
+    assert "  device gpu1: 100 rows, 0.5 J, 5 mJ per row, 4 GFLOP/s per W" in lines
+    assert "  source model: 200 rows, 2 J, 10 mJ per row, 2 GFLOP/s per W (estimate)" in lines
     assert "  and 7 rows whose replies carried no energy" in lines
     assert lines[-1] == f"  (estimate): {ESTIMATE_NOTE}"
 
