@@ -7,6 +7,9 @@
 #define OP_MUL 2
 #define OP_DIV 3
 #define OP_POW 4
+#define OP_MAX 5
+#define OP_MIN 6
+#define OP_PRELU 7  // x >= 0 ? x : slope * x, the slope broadcast like any operand
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void binary4d(__global const DATA* x, __global const DATA* y, __global DATA* out,
@@ -26,7 +29,10 @@ void binary4d(__global const DATA* x, __global const DATA* y, __global DATA* out
     case OP_SUB: r = u - v; break;
     case OP_MUL: r = u * v; break;
     case OP_DIV: r = u / v; break;
-    default: r = pow(u, v); break;
+    case OP_POW: r = pow(u, v); break;
+    case OP_MAX: r = fmax(u, v); break;
+    case OP_MIN: r = fmin(u, v); break;
+    default: r = u >= 0.0f ? u : u * v; break;
     }
     STORE_DATA(activate(r, act, a, b), out, i);
 }
@@ -48,6 +54,9 @@ void activation(__global const DATA* x, __global DATA* out, const int total,
 #define UNARY_TANH 5
 #define UNARY_EXP 6
 #define UNARY_ABS 7
+#define UNARY_LOG 8
+#define UNARY_SOFTPLUS 9  // log(1 + exp(x)), without overflow for large x
+#define UNARY_MISH 10     // x * tanh(softplus(x))
 
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void unary(__global const DATA* x, __global DATA* out, const int total, const int op) {
@@ -63,7 +72,12 @@ void unary(__global const DATA* x, __global DATA* out, const int total, const in
     case UNARY_ERF: r = erf(v); break;
     case UNARY_TANH: r = tanh(v); break;
     case UNARY_EXP: r = exp(v); break;
-    default: r = fabs(v); break;
+    case UNARY_ABS: r = fabs(v); break;
+    case UNARY_LOG: r = log(v); break;
+    default: {
+        const float softplus = fmax(v, 0.0f) + log1p(exp(-fabs(v)));
+        r = op == UNARY_SOFTPLUS ? softplus : v * tanh(softplus);
+    }
     }
     STORE_DATA(r, out, i);
 }

@@ -1,6 +1,7 @@
-"""Lowering of elementwise math on activations: the binary ops with numpy broadcasting of any
-rank whose axes merge to at most 4 (`binary4d`), and one-input math that is no fused activation
-(`unary`: Neg, Sqrt, Reciprocal, Erf, Tanh, Exp, Abs, Pow by 2)."""
+"""Lowering of elementwise math on activations: the binary ops (Add, Sub, Mul, Div, Sum, Pow,
+Max, Min, PRelu) with numpy broadcasting of any rank whose axes merge to at most 4 (`binary4d`),
+and one-input math that is no fused activation (`unary`: Neg, Sqrt, Reciprocal, Erf, Tanh, Exp,
+Abs, Log, Softplus, Mish, Pow by 2)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class ElementwiseLowering:
             *refs, Ref(out.storage), *ints(*dims[1:], *strides[0], *strides[1], BINARY[node.op]),
             *activation_args(node, self.values)])
 
-    _add = _sub = _mul = _div = _sum = _binary
+    _add = _sub = _mul = _div = _sum = _max = _min = _prelu = _binary
 
     def _unary(self, node: Node, args: list, op: str | None = None) -> None:
         x = args[0]
@@ -46,7 +47,7 @@ class ElementwiseLowering:
         self._emit(node, "unary", total, [Ref(x.storage), Ref(out.storage),
                                           *ints(total, UNARY[op or node.op])])
 
-    _neg = _sqrt = _reciprocal = _erf = _tanh = _exp = _abs = _unary
+    _neg = _sqrt = _reciprocal = _erf = _tanh = _exp = _abs = _log = _softplus = _mish = _unary
 
     def _pow(self, node: Node, args: list) -> None:
         """By a constant 2 or 1/2 (LayerNorm's variance and its root, as exporters decompose

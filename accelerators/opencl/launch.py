@@ -15,9 +15,11 @@ GEMV_SPLIT_K = 1024  # one-row GEMMs with K at least this split K across work-it
 ACT = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5,
        "HardSwish": 6, "Silu": 7, "Gelu": 8}  # kernels/common.cl's ACT_*
 ACT_GELU_TANH = 9  # Gelu with approximate="tanh"
-BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0, "Pow": 4}  # elementwise.cl's OP_*
+BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0, "Pow": 4, "Max": 5, "Min": 6,
+          "PRelu": 7}  # elementwise.cl's OP_*
+# elementwise.cl's UNARY_*; "Square" is Pow by 2.
 UNARY = {"Neg": 0, "Sqrt": 1, "Reciprocal": 2, "Square": 3, "Erf": 4, "Tanh": 5, "Exp": 6,
-         "Abs": 7}  # elementwise.cl's UNARY_*; "Square" is Pow by 2
+         "Abs": 7, "Log": 8, "Softplus": 9, "Mish": 10}
 BIAS_NONE, BIAS_ROW, BIAS_COL = 0, 1, 2
 
 

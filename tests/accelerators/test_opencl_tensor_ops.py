@@ -84,7 +84,7 @@ BROADCASTS = [((2, 3, 4), (4,)), ((2, 3, 4, 5), (3, 1, 1)), ((1, 5), (4, 1)),
               ((2, 12, 9, 9), (1, 12, 9, 9))]
 
 
-@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow"])
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"])
 @pytest.mark.parametrize("x_shape, y_shape", BROADCASTS[:2] if SMALL_GRID else BROADCASTS,
                          ids=str)
 def test_broadcasting_of_any_rank(engine_for, op, x_shape, y_shape) -> None:
@@ -96,6 +96,15 @@ def test_broadcasting_of_any_rank(engine_for, op, x_shape, y_shape) -> None:
                   positive=op == "Pow")
 
 
+@pytest.mark.parametrize("slope", [(1, 6, 1, 1), (6, 1, 1), (1,)], ids=str)
+def test_prelu(engine_for, slope) -> None:
+    """PRelu with a slope per channel (face and other zoos' models) or one for all."""
+    consts = {"slope": fresh_rng()[0].uniform(0, 0.5, slope).astype(np.float32)}
+    model = graph([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": ("n", 6, 5, 4)},
+                  consts, ["y"])
+    check_batches(engine_for, model, {"x": ("n", 6, 5, 4)})
+
+
 def test_broadcasting_that_does_not_merge_into_four_axes_is_refused(engine_for) -> None:
     model = graph([helper.make_node("Add", ["x", "y"], ["z"], name="odd")],
                   {"x": (2, 3, 2, 3, 2), "y": (2, 1, 2, 1, 2)}, {}, ["z"])
@@ -105,15 +114,16 @@ def test_broadcasting_that_does_not_merge_into_four_axes_is_refused(engine_for) 
 
 @pytest.mark.parametrize("op, exponent", [("Neg", None), ("Sqrt", None), ("Reciprocal", None),
                                           ("Erf", None), ("Tanh", None), ("Exp", None),
-                                          ("Abs", None), ("Pow", 2.0), ("Pow", 0.5),
+                                          ("Abs", None), ("Log", None), ("Softplus", None),
+                                          ("Mish", None), ("Pow", 2.0), ("Pow", 0.5),
                                           ("Pow", 3.0)])
 @pytest.mark.parametrize("shape", [(2, 5, 7), (3, 4, 5, 6, 2)], ids=str)
 def test_one_input_math(engine_for, op, exponent, shape) -> None:
     consts = {} if exponent is None else {"e": np.float32(exponent)}
     model = graph([helper.make_node(op, ["x"] + list(consts), ["y"])], {"x": shape}, consts,
-                  ["y"])
+                  ["y"], opset=18 if op == "Mish" else 17)
     check_batches(engine_for, model, {"x": shape}, batches=(None,),
-                  positive=op in ("Sqrt", "Reciprocal", "Pow"))
+                  positive=op in ("Sqrt", "Reciprocal", "Log", "Pow"))
     kernels = {la.kernel for la in engine_for(model).plan(shape[0]).launches}
     assert kernels == {"binary4d" if exponent == 3.0 else "unary"}
 
