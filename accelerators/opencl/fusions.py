@@ -2,7 +2,9 @@
 one op: GELU in its exact form (x * (1 + erf(x / sqrt 2)) * 0.5, torch's export before opset 20)
 and its tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activations), and
 LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (as
-exporters emit it before opset 17) becomes one `LayerNormalization`."""
+exporters emit it before opset 17) becomes one `LayerNormalization`. An Einsum that is a batched
+matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with a Transpose
+of an operand whose last two axes are swapped."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ _TOL = 1e-4  # constants of the patterns as exporters round them (1.4142135, 0.0
 def fuse_patterns(graph: Graph) -> None:
     _fuse_gelu(graph)
     _fuse_layer_norm(graph)
+    _einsum_as_matmul(graph)
 
 
 def _scalar(graph: Graph, name: str, value: float) -> bool:
@@ -166,3 +169,26 @@ def _fuse_layer_norm(graph: Graph) -> None:
         last.op, last.inputs = "LayerNormalization", inputs
         last.attrs = {"epsilon": float(eps.reshape(-1)[0]), "reduce_axes": axes}
         graph.fused["LayerNormalization(decomposed)"] += 1
+
+
+def _einsum_as_matmul(graph: Graph) -> None:
+    """Two operands, the same leading (batch) axes in both and in the output, the output's last
+    two axes (i, j) one from each operand and the fourth letter (k) summed over."""
+    for node in [n for n in graph.nodes if n.op == "Einsum" and len(n.inputs) == 2]:
+        lhs, _, out = node.attrs.get("equation", "").replace(" ", "").partition("->")
+        a, _, b = lhs.partition(",")
+        batch, (i, j) = out[:-2], out[-2:] if len(out) >= 2 else ("", "")
+        k = "".join(set(a[-2:]) - {i})
+        if "." in lhs or not (len(a) == len(b) == len(out) >= 2) or a[:-2] != batch \
+                or b[:-2] != batch or len(k) != 1 or {i, k} != set(a[-2:]) \
+                or {k, j} != set(b[-2:]) or i == j or k in out:
+            continue
+        perm = list(range(len(out) - 2)) + [len(out) - 1, len(out) - 2]
+        for index, wanted in ((0, i + k), (1, k + j)):
+            if (a, b)[index][-2:] != wanted:
+                swapped = f"{node.name}:transposed{index}"
+                graph.nodes.insert(graph.nodes.index(node), Node(
+                    "Transpose", swapped, [node.inputs[index]], [swapped], {"perm": perm}))
+                node.inputs[index] = swapped
+        node.op, node.attrs = "MatMul", {}
+        graph.fused["Einsum->MatMul"] += 1

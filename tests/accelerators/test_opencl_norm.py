@@ -83,7 +83,7 @@ def test_decomposed_layer_norm_over_a_non_last_axis_is_refused(engine_for) -> No
         engine_for(model)
 
 
-def _gelu_nodes(form: str, x: str = "x", y: str = "y") -> tuple[list, dict]:
+def gelu_nodes(form: str, x: str = "x", y: str = "y") -> tuple[list, dict]:
     """GELU as torch exports it before opset 20: exact (Div by sqrt 2, Erf, Add 1, Mul x,
     Mul 0.5; `half_first`: x * 0.5 first) or tanh (with Pow(x, 3) or x * x * x)."""
     k = {"sqrt2": np.float32(math.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5),
@@ -112,7 +112,7 @@ def _gelu_nodes(form: str, x: str = "x", y: str = "y") -> tuple[list, dict]:
 
 @pytest.mark.parametrize("form", ["erf", "erf_half_first", "tanh_pow", "tanh_mul"])
 def test_gelu_is_one_activation(engine_for, form) -> None:
-    nodes, consts = _gelu_nodes(form)
+    nodes, consts = gelu_nodes(form)
     x = (fresh_rng()[0].standard_normal((3, 5, 17)) * 3).astype(np.float32)
     engine = check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
     approximate = "none" if form.startswith("erf") else "tanh"
@@ -129,7 +129,7 @@ def test_gelu_fuses_into_the_op_before_it(engine_for, producer) -> None:
     else:
         shape, consts = (2, 3, 9, 9), {"w": rng.standard_normal((8, 3, 3, 3)).astype(
             np.float32) * 0.3, "b": rng.standard_normal(8).astype(np.float32)}
-    nodes, k = _gelu_nodes("erf", "h")
+    nodes, k = gelu_nodes("erf", "h")
     nodes.insert(0, helper.make_node(producer, ["x", "w", "b"], ["h"]))
     x = rng.standard_normal(shape).astype(np.float32)
     engine = check(engine_for, graph(nodes, {"x": shape}, consts | k, ["y"]), x=x)
