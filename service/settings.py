@@ -110,6 +110,12 @@ class Settings:
         return cls(**{f.name: _parse(f, raw[f.name])
                       for f in dataclasses.fields(cls) if raw[f.name] is not None})
 
+    def to_env(self) -> dict[str, str]:
+        """The `HETSERVE_<FIELD>` variables that from_env reads back as these settings (how
+        front-end processes get theirs)."""
+        return {ENV_PREFIX + f.name.upper(): "" if getattr(self, f.name) is None
+                else str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
     @classmethod
     def docs(cls) -> dict[str, str]:
         return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
@@ -122,6 +128,8 @@ def _parse(f: dataclasses.Field, raw: str) -> object:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.name}: {raw!r} is not an integer") from None
+    if kind == "float | None" and not raw:
+        return None
     if kind in ("float", "float | None"):
         try:
             return float(raw)

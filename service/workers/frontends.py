@@ -39,7 +39,7 @@ from service.core.metrics import Metrics
 from service.errors import HetserveError, StartupError
 from service.grpc.front import set_health
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
-from service.settings import ENV_PREFIX, Settings
+from service.settings import Settings
 from service.workers import arena, owner_channel
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -89,9 +89,8 @@ class Frontends:
             self._metrics.registry.unregister(served_there)
         multiprocess.MultiProcessCollector(self._metrics.registry, path=metrics_dir)
         settings = dataclasses.replace(s, workers=1)
-        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, **{
-            ENV_PREFIX + f.name.upper(): "" if getattr(settings, f.name) is None
-            else str(getattr(settings, f.name)) for f in dataclasses.fields(settings)}}
+        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+                     **settings.to_env()}
         cleanup.push_async_callback(self._stop_all)
         loop = asyncio.get_running_loop()
         self._started = [loop.create_future() for _ in range(self._count)]

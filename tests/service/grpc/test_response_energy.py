@@ -1,6 +1,6 @@
 """Every response carries what its request cost, and the parts add up to the model's energy
-counter: a real daemon (one process and front-ends), tritonclient, requests of 1-3 rows batched
-together."""
+counter: a real daemon (one process, and front-ends), tritonclient, unary requests of 1-3 rows
+batched together and a stream's."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.conftest import MODEL, ROOT, Daemon, image_input
 from tests.service.conftest import node_devices, scrape, total
 
 REQUESTS = 600
+STREAMED = 20
 FLOPS_PER_IMAGE = count_flops(ROOT / "models" / MODEL / "1" / "model.onnx").total
 
 
@@ -44,6 +45,13 @@ def test_per_request_joules_add_up_to_the_models_energy(
             client.async_infer(MODEL, image_input(images[i % 100:i % 100 + n]), answered)
         for _ in range(min(16, REQUESTS)):
             done.acquire()
+        client.start_stream(answered)  # and through ModelStreamInfer
+        for i in range(STREAMED):
+            client.async_stream_infer(MODEL, image_input(images[i:i + 1]))
+            rows.append(1)
+        for _ in range(STREAMED):
+            done.acquire()
+        client.stop_stream()
         after = scrape(daemon.metrics_url)
     finally:
         client.close()
