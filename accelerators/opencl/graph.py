@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from accelerators.opencl import fusions, qdq
+from accelerators.opencl.host_ops import fold_constants
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 # "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid. "Gelu" is
@@ -52,6 +53,7 @@ def load_graph(path: Path) -> Graph:
         opset=opset)
     _drop_passthrough(graph)
     qdq.simplify_qdq(graph)
+    fold_constants(graph)
     _fold_pad_into_conv(graph)
     _fold_affine_into_conv(graph)
     _fold_batch_norm(graph)

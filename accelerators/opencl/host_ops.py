@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from accelerators.opencl.ir import Node, UnsupportedModelError
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 
 def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
@@ -31,6 +31,19 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
         raise UnsupportedModelError(f"op {node.op!r} of node {node.name!r} could not be "
                                     f"evaluated on its constant inputs: {e}") from e
     return [np.asarray(v) for v in outs]
+
+
+def fold_constants(graph: Graph) -> None:
+    """Nodes whose inputs are all constants (not shapes) are evaluated once, at load: the passes
+    after it see their results as constants, and no batch size evaluates them again. Ops of the
+    engine's own (FakeQuant, Silu) are not ONNX's and stay."""
+    for node in list(graph.nodes):
+        if not onnx.defs.has(node.op) or not all(i in graph.consts for i in node.inputs if i):
+            continue
+        outs = evaluate(node, [graph.consts[i] if i else None for i in node.inputs], graph.opset)
+        graph.consts.update((name, v) for name, v in zip(node.outputs, outs) if name)
+        graph.nodes.remove(node)
+        graph.fused["constant folded"] += 1
 
 
 def view_shape(node: Node, shape: tuple[int, ...], args: list, opset: int) -> tuple[int, ...]:

@@ -60,6 +60,22 @@ def test_class_token_shape_code_folds_per_batch(engine_for) -> None:
     assert {la.kernel for la in launches} == {"copy_strided"}
 
 
+def test_constant_subgraphs_fold_once_at_load(engine_for) -> None:
+    """A weight written as the Transpose of an initializer is a constant before the passes run:
+    its MatMul still takes the bias into its one launch."""
+    rng = fresh_rng()[0]
+    nodes = [helper.make_node("Transpose", ["w_t"], ["w"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Add", ["xw", "bias"], ["y"])]
+    consts = {"w_t": rng.standard_normal((9, 16), np.float32),
+              "bias": rng.standard_normal(9, np.float32)}
+    model = graph(nodes, {"x": ("n", 3, 16)}, consts, ["y"])
+    check_batches(engine_for, model, {"x": ("n", 3, 16)})
+    engine = engine_for(model)
+    assert engine.graph.fused["constant folded"] == 1 and engine.graph.fused["MatMul+Add"] == 1
+    assert len(engine.plan(2).launches) == 1
+
+
 def test_ceil_range_and_min_of_shapes_fold(engine_for) -> None:
     """x[:, :ceil(t / 2)] (a "same" padding's arithmetic) and x[:, range(0, min(t, 6), 2)]."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
