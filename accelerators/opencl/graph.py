@@ -1,10 +1,11 @@
 """Loads an ONNX model into a simplified graph: constants gathered (initializers and Constant
-nodes), Dropout and Identity dropped, zero Pads and input normalizations (x - k, x / k, ...)
-folded into the convolution after them, BatchNormalization folded into the convolution before
-it (any other runs as a per-channel scale and shift), gated activations recognised
-(x * Sigmoid(x) is SiLU, x * HardSigmoid(x) HardSwish), activations fused into the Conv, Gemm,
-MatMul, Add or BatchNormalization that feeds them. Ops outside ONNX's default domain are
-reported at load time, naming the op and the node."""
+nodes) and the nodes computed from constants alone evaluated (host_ops.fold_constants),
+Dropout and Identity dropped, zero Pads and input normalizations (x - k, x / k, ...) folded
+into the convolution after them, BatchNormalization folded into the convolution before it (any
+other runs as a per-channel scale and shift), a MatMul's constant bias row taken into it,
+gated activations recognised (x * Sigmoid(x) is SiLU, x * HardSigmoid(x) HardSwish),
+activations fused into the Conv, Gemm, MatMul, Add or BatchNormalization that feeds them.
+Ops outside ONNX's default domain are reported at load time, naming the op and the node."""
 
 from __future__ import annotations
 
