@@ -29,10 +29,10 @@ from bench import ROOT
 from bench.batch_table import BATCHES, TableSettings, run_table
 from bench.loadgen_run import SCENARIOS
 from bench.models import MNIST, NAMES, build
-from bench.progress import progress_bar
 from bench.report import write_report
 from bench.scenarios import run_loadgen
 from bench.summary import print_summary
+from service.ops.progress import progress_bar
 
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
 SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",

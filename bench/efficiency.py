@@ -25,12 +25,11 @@ import tritonclient.grpc as grpcclient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from local_daemon import free_port  # noqa: E402  (this folder)
-
 from accelerators.engine import Device  # noqa: E402
 from accelerators.flops import count_flops  # noqa: E402
 from accelerators.power.meter import DeviceMeter  # noqa: E402
 from accelerators.power.model import ModelEstimate  # noqa: E402
+from service.ops.local_daemon import free_port  # noqa: E402
 from service.ops.top import Snapshot, fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 

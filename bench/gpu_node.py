@@ -28,12 +28,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from load_client import ClientPool  # noqa: E402  (this folder)
-from local_daemon import free_port  # noqa: E402  (this folder)
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
+from service.ops.load_client import ClientPool  # noqa: E402
+from service.ops.local_daemon import free_port  # noqa: E402
 from service.ops.top import fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 
@@ -67,7 +67,7 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
 # --- the client processes ---------------------------------------------------------------------
 
 def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
-    """Batch-1 closed loops from `clients` processes (bench/load_client.py)."""
+    """Batch-1 closed loops from `clients` processes (service/ops/load_client.py)."""
     inp, dims, _, _ = SHAPES[model]
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from bench.models import TITLES
+from service.ops.figures import plt
+from service.ops.figures import save as _save
 
-from bench.models import TITLES  # noqa: E402
-
-_DPI = 100
 _PLAIN = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:.2g}")
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return path
 
 
 def _grid(count: int, width: float = 4.2, height: float = 3.4):

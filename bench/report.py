@@ -11,17 +11,11 @@ from pathlib import Path
 
 from bench import plots
 from bench.models import TITLES
+from service.ops.watts import watts_label
 
 
 def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def watts_label(watts: float | None, source: str) -> str:
-    """Watts with their source; the `model` estimate is never shown as a measurement."""
-    if watts is None:
-        return "-"
-    return f"{watts:.1f} ({'model estimate' if source == 'model' else source})"
 
 
 def loadgen_section(runs: list[dict]) -> list[str]:

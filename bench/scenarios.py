@@ -14,9 +14,9 @@ from rich.console import Console
 from bench import ROOT
 from bench.loadgen_run import ScenarioSettings, run_scenario
 from bench.loadgen_sut import SampleLibrary
-from bench.local_daemon import local_daemon
 from bench.models import MNIST, build, write_repository
-from bench.progress import progress_bar
+from service.ops.local_daemon import local_daemon
+from service.ops.progress import progress_bar
 
 
 def library(model: str, samples: int, folder: Path) -> SampleLibrary:

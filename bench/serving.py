@@ -10,7 +10,7 @@ Poisson rate sweep, and streaming, against
   nocompute2 the same with --workers 2 (two front-end processes and the device owner),
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo. The
-client is --clients processes (bench/load_client.py: each its own event loop and channel; a
+client is --clients processes (service/ops/load_client.py: each its own event loop and channel; a
 load point's concurrency, rate or stream window is split among them and their raw latencies
 merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
 latency, each load point reports the server's CPU time per answered request (from /proc: the
@@ -39,11 +39,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import perf_analyzer
-from load_client import MODEL, ClientPool, infer_request  # noqa: F401  (request_path.py's too)
-from local_daemon import free_port
+
+from service.ops import load_client, perf_analyzer
+from service.ops.load_client import ClientPool
+from service.ops.local_daemon import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+MODEL = "mnist_cnn"
+
+
+def infer_request(image: np.ndarray):
+    """A batch-1 request of the example model (request_path.py's too)."""
+    return load_client.infer_request(MODEL, {"image": np.asarray(image, np.float32)})
 
 
 # --- running it -------------------------------------------------------------------------------
@@ -167,7 +174,8 @@ def bench_perf_analyzer(binary: str, ports: dict[str, int], pids: dict[str, int]
         for t, port in ports.items():
             def run() -> dict:  # answered requests: its rate over the whole run
                 started = time.monotonic()
-                r = perf_analyzer.run(binary, f"127.0.0.1:{port}", load, args.seconds, stream)
+                r = perf_analyzer.run(binary, MODEL, f"127.0.0.1:{port}", load, args.seconds,
+                                      stream)
                 return r | {"requests": round(r["rps"] * (time.monotonic() - started))}
             results[t].append(metered(pids[t], run) | {"load": load, "stream": stream})
     return results

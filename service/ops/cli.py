@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from service.ops.tune.command import add_arguments as add_tune_arguments
 from service.settings import ENV_PREFIX, Settings
 
 # serve's flags and the settings fields they set; each flag's help is the field's doc.
@@ -84,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                      help="seconds between readings (default: 2)")
     top.add_argument("--once", action="store_true", help="print one reading and exit")
+
+    tune = commands.add_parser(
+        "tune", help="find the devices, instance counts, queue delay and batch sizes that serve "
+                     "a model best for an objective, energy included (docs/tuning.md)",
+        description="Measures candidate configs of one model through real daemons under "
+                    "batch-1 load, prints them ranked and writes the best as config.pbtxt.tuned "
+                    "beside the original, with a report. Exit status 2 for bad input or when no "
+                    "candidate meets the p99 bound.")
+    add_tune_arguments(tune)
     return parser
 
 
@@ -93,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         return _devices(args.json, args.models)
     if args.command == "top":
         return _top(args)
+    if args.command == "tune":
+        from service.ops.tune.command import run as tune
+        return tune(args, sys.argv[1:] if argv is None else argv)
     if args.command == "health":
         from service.ops.probe import check, default_address
         return check(args.address or default_address(Settings.from_env()), args.service,

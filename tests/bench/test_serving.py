@@ -1,5 +1,4 @@
-"""Pieces of bench/serving.py: server CPU over a process tree (from a /proc written here), and
-perf_analyzer's report."""
+"""Pieces of bench/serving.py: server CPU over a process tree (from a /proc written here)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from perf_analyzer import parse_report
 from serving import process_tree_cpu_s
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -37,9 +35,3 @@ def test_server_cpu_counts_the_process_its_descendants_and_their_reaped_children
 def test_server_cpu_of_this_process_is_read_from_the_real_proc() -> None:
     assert process_tree_cpu_s(os.getpid()) > 0
 
-
-def test_perf_analyzer_report_is_read_in_milliseconds() -> None:
-    # as perf_analyzer 2.41 writes it (-f) for a server without the statistics extension
-    report = ("Concurrency,Inferences/Second,Client Send,Client Recv,p50 latency,p90 latency,"
-              "p95 latency,p99 latency\n2,2099.58,3,1,918,1074,1257,2040\n")
-    assert parse_report(report) == {"rps": 2099.58, "p50_ms": 0.918, "p99_ms": 2.04}

@@ -1,4 +1,4 @@
-"""The progress display every long benchmark shows (rich, on stderr)."""
+"""The progress display of `hetserve tune` and every long benchmark (rich, on stderr)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The serving benchmark's client: how load points are split among client processes and how their
-raw results are merged (pure functions), and the processes driving a real echo server."""
+"""The load client of `hetserve tune` and the benchmarks: how load points are split among client
+processes and how their raw results are merged (pure functions), and the processes driving a real
+echo server (bench/echo_server.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from load_client import ClientPool, infer_request, merge, shares, summary
 
+from service.ops.load_client import ClientPool, infer_request, merge, shares, summary
 from tests.conftest import ROOT, free_port
 
 
@@ -59,7 +60,8 @@ def test_a_point_without_answers_has_no_rate_and_no_percentiles() -> None:
 def test_client_processes_drive_a_real_echo_server(holdout) -> None:
     port = free_port()
     echo = subprocess.Popen([sys.executable, str(ROOT / "bench" / "echo_server.py"), str(port)])
-    pool = ClientPool(3, {"echo": f"127.0.0.1:{port}"}, infer_request(holdout[0][:1]))
+    request = infer_request("mnist_cnn", {"image": holdout[0][:1]})
+    pool = ClientPool(3, {"echo": f"127.0.0.1:{port}"}, request)
     try:
         pool.wait_ready()
         closed = pool.run("echo", "closed", 4, 0.5)  # one process gets no caller

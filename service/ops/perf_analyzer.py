@@ -1,5 +1,6 @@
 """Triton's perf_analyzer (a C++ client: never the bottleneck) against a serving target, when it
-is installed: on PATH, or named by PERF_ANALYZER (docs/serving.md says how to get it)."""
+is installed: on PATH, or named by PERF_ANALYZER (docs/serving.md says how to get it). Used by
+`hetserve tune` and the serving benchmark."""
 
 from __future__ import annotations
 
@@ -10,21 +11,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from load_client import MODEL
-
 
 def find() -> str | None:
     return os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
 
 
-def run(binary: str, address: str, concurrency: int, seconds: float,
+def run(binary: str, model: str, address: str, concurrency: int, seconds: float,
         streaming: bool = False) -> dict:
     """One load point: infer/s and latency percentiles as perf_analyzer measured them, averaged
     over its three measurement windows of `seconds` / 3 each."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.csv"
         result = subprocess.run(
-            [binary, "-m", MODEL, "-u", address, "-i", "grpc",
+            [binary, "-m", model, "-u", address, "-i", "grpc",
              "--concurrency-range", str(concurrency),
              "--measurement-interval", str(max(int(seconds * 1000 / 3), 100)),
              # any spread between windows is accepted: the machine's noise hits every target

@@ -1,15 +1,17 @@
-"""The serving benchmark's client: batch-1 MNIST requests, closed loop, open loop (Poisson
-arrivals) or on one stream per process, from several client processes so that the client is not
-what limits the server. Each process is spawned with its own event loop and a gRPC channel per
-target; a load point's concurrency, rate or stream window is split among them, they start at one
-instant, and their raw latencies are merged into one summary (percentiles of all requests, never
-an average of per-process percentiles)."""
+"""The load client of `hetserve tune` and the serving benchmarks: batch-1 requests, closed loop,
+open loop (Poisson arrivals) or on one stream per process, from several client processes so that
+the client is not what limits the server. Each process is spawned with its own event loop and a
+gRPC channel per target; a load point's concurrency, rate or stream window is split among them,
+they start at one instant, and their raw latencies are merged into one summary (percentiles of
+all requests, never an average of per-process percentiles)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -19,14 +21,18 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-MODEL = "mnist_cnn"
+from service import contract
+
 _START_AFTER_S = 0.2  # from sending a load point to the processes until they all begin it
 
 
-def infer_request(image: np.ndarray) -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=MODEL)
-    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
-    request.raw_input_contents.append(np.ascontiguousarray(image, np.float32).tobytes())
+def infer_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
+    """One request carrying `inputs` (each with its batch axis) in raw bytes."""
+    request = pb.ModelInferRequest(model_name=model)
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype=contract.wire_dtype(array.dtype),
+                           shape=list(array.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
     return request
 
 
@@ -197,7 +203,8 @@ class ClientPool:
 
     def close(self) -> None:
         for pipe in self._pipes:
-            pipe.send(None)
+            with contextlib.suppress(OSError):  # a process that is gone already
+                pipe.send(None)
         for process in self._processes:
             process.join(10)
             if process.is_alive():
@@ -205,6 +212,7 @@ class ClientPool:
 
 
 def _client_main(pipe, addresses: dict[str, str], request: bytes) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops us
     asyncio.run(_serve_jobs(pipe, addresses, pb.ModelInferRequest.FromString(request)))
 
 

@@ -1,0 +1,69 @@
+"""Energy of a load window from a daemon's Prometheus counters.
+
+A daemon samples every power source once a second and its joules counters move only then, so two
+scrapes at arbitrary times would count up to a second of idle power at either end. Instead the
+window is cut at power samples: the counters are read until they move (every 20 ms, which bounds
+the error at each end), then again about a second later, and so on until the window ends; the
+energy between the first and the last move was drawn entirely under load."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service.ops.top import Snapshot, fetch
+
+_POLL_S = 0.02
+_SAMPLE_INTERVAL_S = 1.0  # the daemon's power sampling interval (accelerators/power/meter.py)
+JOULES = "hetserve_device_energy_joules_total"
+
+
+@dataclass(frozen=True)
+class EnergyWindow:
+    joules: float  # every device the daemon meters
+    seconds: float
+    flops: float
+    inferences: float
+    sources: dict[str, str]  # device -> power source (`model`: an estimate)
+
+    @property
+    def watts(self) -> float:
+        return self.joules / self.seconds
+
+    @property
+    def flops_per_inference(self) -> float | None:
+        return self.flops / self.inferences if self.inferences else None
+
+
+def _total(snapshot: Snapshot, name: str) -> float:
+    return sum(snapshot.series(name).values())
+
+
+def sources(snapshot: Snapshot) -> dict[str, str]:
+    return {dict(labels)["device"]: dict(labels)["source"] for labels in snapshot.series(JOULES)}
+
+
+def watch(url: str, start: float, end: float) -> EnergyWindow | None:
+    """The energy between the first and the last power sample that fall in [start, end]
+    (time.monotonic()); None when fewer than two do (a window under about a second)."""
+    time.sleep(max(0.0, start - time.monotonic()))
+    moves: list[Snapshot] = []
+    last = _total(fetch(url), JOULES)
+    while time.monotonic() < end:
+        snapshot = fetch(url)
+        joules = _total(snapshot, JOULES)
+        if joules == last:
+            time.sleep(_POLL_S)
+            continue
+        moves.append(snapshot)
+        last = joules
+        # the next sample is about a second away: wait for most of it
+        time.sleep(max(0.0, min(0.9 * _SAMPLE_INTERVAL_S, end - time.monotonic())))
+    if len(moves) < 2:
+        return None
+    first, final = moves[0], moves[-1]
+    return EnergyWindow(
+        _total(final, JOULES) - _total(first, JOULES), final.time - first.time,
+        _total(final, "hetserve_flops_total") - _total(first, "hetserve_flops_total"),
+        _total(final, "hetserve_inferences_total") - _total(first, "hetserve_inferences_total"),
+        sources(final))

@@ -1,0 +1,46 @@
+"""The report's figure: every load point measured, req/s against GFLOP/s per watt, with the
+front of points no other beats on both (up and to the right is better)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.ops.figures import plt, save
+from service.ops.watts import source_label
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points that no other point beats on both coordinates, by the first ascending."""
+    front, best_y = [], float("-inf")
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best_y:
+            front.append((x, y))
+            best_y = y
+    return sorted(front)
+
+
+def draw(series: dict[str, list[tuple[float, float]]], shipped: str, winner: str | None,
+         sources: set[str], title: str, path: Path) -> Path:
+    """`series`: candidate label -> its (req/s, GFLOP/s per W) points."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    everything = [p for points in series.values() for p in points]
+    for label, points in series.items():
+        if not points:
+            continue
+        style = ({"marker": "*", "s": 160, "color": "C3", "label": f"written: {label}"}
+                 if label == winner else
+                 {"marker": "s", "s": 60, "color": "C0", "label": f"shipped: {label}"}
+                 if label == shipped else {"marker": "o", "s": 20, "color": "0.6"})
+        ax.scatter(*zip(*points), zorder=3, **style)
+    if everything:
+        ax.plot(*zip(*pareto(everything)), color="C2", linestyle="--", label="front")
+    estimate = "model" in sources
+    named = ", ".join(sorted(source_label(s) for s in sources)) or "none"
+    ax.set(xlabel="req/s (batch-1 requests)", title=title,
+           ylabel=f"GFLOP/s per watt ({'ESTIMATE' if estimate else 'measured'})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, f"Power sources: {named}"
+             + (" (idle/busy watts x measured busy time, not a measurement)" if estimate else ""),
+             fontsize=7)
+    return save(fig, path)

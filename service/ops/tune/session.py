@@ -1,0 +1,143 @@
+"""One `hetserve tune` session: the sweep with its progress bar, then the table, the written
+config and the report, whatever way the sweep ended."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from tritonclient.grpc import model_config_pb2
+
+from accelerators.engines import DeviceSpec
+from service.ops.progress import progress_bar
+from service.ops.tune import report, space
+from service.ops.tune.measure import LoadSettings, Measurement, Workspace, request_inputs
+from service.ops.tune.sweep import (
+    ShippedConfigError,
+    SweepResult,
+    SweepSettings,
+    sweep,
+    winner,
+)
+
+TUNED_SUFFIX = ".tuned"  # config.pbtxt.tuned, beside the original
+ORIGINAL_SUFFIX = ".orig"  # config.pbtxt.orig, kept by --write
+
+
+class BadInputError(ValueError):
+    """Exit status 2, with this message."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    model_dir: Path
+    config: model_config_pb2.ModelConfig
+    shipped_text: str
+    devices: list[DeviceSpec]
+    objective: str
+    p99_ms: float | None
+    budget_s: float
+    concurrencies: tuple[int, ...]
+    seconds: float
+    clients: int
+    perf_analyzer: str | None
+    serve_args: tuple[str, ...]
+    report_dir: Path
+    write: bool
+    command: str
+    started: str
+    host: str
+
+
+def run(plan: Plan, console: Console, progress_console: Console) -> int:
+    load = LoadSettings(plan.concurrencies, plan.seconds, plan.clients, plan.perf_analyzer,
+                        plan.p99_ms, plan.serve_args)
+    client = (f"perf_analyzer ({plan.perf_analyzer})" if plan.perf_analyzer else
+              f"hetserve's load client ({plan.clients} process{'es' * (plan.clients > 1)})")
+    info = report.RunInfo(plan.model, plan.model_dir, plan.objective, plan.p99_ms,
+                          plan.budget_s, plan.command, plan.started, plan.host, client,
+                          [str(d) for d in plan.devices], plan.concurrencies, plan.seconds)
+    result = SweepResult()
+    workspace = Workspace(plan.model_dir)
+    try:
+        with progress_bar(progress_console) as bar:
+            task = bar.add_task("starting", total=plan.budget_s)
+
+            def progress(step: str, seconds: float) -> None:
+                if step:
+                    bar.update(task, description=step)
+                bar.advance(task, seconds)
+            sweep(plan.model, plan.config, plan.shipped_text, workspace,
+                  request_inputs(plan.config), load,
+                  SweepSettings(plan.objective, plan.budget_s, plan.devices), result, progress)
+    except ShippedConfigError as e:
+        _finish(plan, info, result, console)
+        raise BadInputError(f"the model does not load or serve with its own config.pbtxt: "
+                            f"{e}") from e
+    except KeyboardInterrupt:
+        if result.measurements:
+            report.print_table(result, info, console)
+        raise
+    finally:
+        workspace.close()
+    return _finish(plan, info, result, console)
+
+
+def _finish(plan: Plan, info: report.RunInfo, result: SweepResult, console: Console) -> int:
+    """Table, written config and report; the exit status."""
+    report.print_table(result, info, console)
+    chosen = winner(result, plan.objective, plan.p99_ms) if result.measurements else None
+    comparison = written_path = None
+    if chosen is not None and chosen.points:
+        comparison = report.compare(result, chosen, plan.objective, plan.p99_ms)
+        written_path = _write_config(plan, chosen, report.header(info, chosen, comparison))
+        console.print(f"written: {written_path}\n  {chosen.candidate.label()}\n  "
+                      f"{report.comparison_text(comparison, plan.objective)}")
+    plan.report_dir.mkdir(parents=True, exist_ok=True)
+    (plan.report_dir / "results.json").write_text(
+        report.results_json(info, result, chosen, comparison))
+    figure, note = _figure(plan, result, chosen)
+    (plan.report_dir / "report.md").write_text(report.markdown(
+        info, result, chosen, comparison, written_path, figure, note))
+    console.print(f"report: {plan.report_dir / 'report.md'}" + (f" ({note})" if note else ""))
+    if chosen is None and result.measurements and result.shipped.points:
+        bound = f"p99 ≤ {plan.p99_ms:g} ms" if plan.p99_ms else "the objective"
+        raise BadInputError(f"no candidate met {bound} without errors; nothing written "
+                            "(the points measured are above)")
+    return 0
+
+
+def _write_config(plan: Plan, chosen: Measurement, header: str) -> Path:
+    text = (plan.shipped_text if chosen.stage == "shipped"
+            else space.render(plan.config, chosen.candidate))
+    original = plan.model_dir / "config.pbtxt"
+    tuned = original.with_name(original.name + TUNED_SUFFIX)
+    tuned.write_text(header + text)
+    if not plan.write:
+        return tuned
+    kept = original.with_name(original.name + ORIGINAL_SUFFIX)
+    if not kept.exists():  # the first --write keeps the user's own file
+        shutil.copy2(original, kept)
+    original.write_text(header + text)
+    return original
+
+
+def _figure(plan: Plan, result: SweepResult,
+            chosen: Measurement | None) -> tuple[Path | None, str]:
+    try:
+        from service.ops.tune import front
+    except ImportError:
+        return None, ("no PNG: matplotlib is not installed (pip install 'hetserve[tune]' "
+                      "adds it)")
+    series = {m.candidate.label(): [(p.rps, p.gflops_per_watt) for p in m.points
+                                    if p.gflops_per_watt] for m in result.measurements}
+    sources = {s for m in result.measurements for p in m.points for s in p.sources.values()}
+    if not any(series.values()):
+        return None, "no PNG: no load point has watts (each needs two power samples)"
+    title = f"{plan.model}: every load point measured (objective {plan.objective})"
+    return front.draw(series, result.shipped.candidate.label(),
+                      chosen.candidate.label() if chosen else None, sources, title,
+                      plan.report_dir / "front.png"), ""
