@@ -1,6 +1,7 @@
 """`hetserve top`: the node's figures in a terminal, for people without Grafana. It reads the
 daemon's /metrics twice and shows the rates in between: the same arithmetic as the recording
-rules in deploy/prometheus (watts = joules counter rate, GFLOP/s per watt, joules per inference)."""
+rules in deploy/prometheus (watts = joules counter rate, GFLOP/s per watt, joules per inference),
+and joules per request per model and device."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import TextIO
 from prometheus_client.parser import text_string_to_metric_families
 
 Labels = frozenset[tuple[str, str]]
-ESTIMATE_NOTE = "* estimate: configured idle/busy watts blended by measured busy time"
+ESTIMATE_NOTE = ("model* and model (est.): an estimate, from configured idle/busy watts blended "
+                 "by measured busy time")
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,8 @@ def _fmt(value: float, digits: int = 1) -> str:
 
 def render(prev: Snapshot, cur: Snapshot, url: str) -> str:
     requests = rate(prev, cur, "hetserve_requests_total", ("model",))
-    failed = {k: v for k, v in rate(prev, cur, "hetserve_requests_total", ("model", "code"))
-              .items() if k[1] != "OK"}
+    by_code = rate(prev, cur, "hetserve_requests_total", ("model", "code"))
+    failed = {k: v for k, v in by_code.items() if k[1] != "OK"}
     queue = rate(prev, cur, "hetserve_queue_duration_seconds_sum", ("model",))
     p50, p99 = latency(prev, cur, 0.5), latency(prev, cur, 0.99)
     lines = [f"hetserve top  {url}  over {cur.time - prev.time:.1f} s", "",
@@ -112,12 +114,21 @@ def render(prev: Snapshot, cur: Snapshot, url: str) -> str:
     model_joules = rate(prev, cur, "hetserve_model_energy_joules_total",
                         ("model", "device", "source"))
     per_model = rate(prev, cur, "hetserve_inferences_total", ("model", "device"))
-    lines += ["", f"{'MODEL':<20} {'DEVICE':<10} {'INF/S':>9} {'MJ/INFERENCE':>13} SOURCE"]
+    # Requests are counted per model, and all of a request's rows run on one device: its
+    # joules there are the device's joules per inference times the model's rows per request.
+    rows = rate(prev, cur, "hetserve_inferences_total", ("model",))
+    answered = {model: v for (model, code), v in by_code.items() if code == "OK"}
+    lines += ["", f"{'MODEL':<20} {'DEVICE':<10} {'INF/S':>9} {'MJ/INFERENCE':>13} "
+                  f"{'MJ/REQUEST':>11} SOURCE"]
     for (model, device, source), joules in sorted(model_joules.items()):
+        estimated |= source == "model"
         n = per_model.get((model, device), 0.0)
-        lines.append(f"{model:<20} {device:<10} {_fmt(n):>9} "
-                     f"{_fmt(1e3 * joules / n if n > 0 else math.nan, 3):>13} "
-                     f"{'model*' if source == 'model' else source}")
+        per_inference = 1e3 * joules / n if n > 0 else math.nan
+        ok = answered.get(model, 0.0)
+        rows_per_request = rows.get((model,), 0.0) / ok if ok > 0 else math.nan
+        lines.append(f"{model:<20} {device:<10} {_fmt(n):>9} {_fmt(per_inference, 3):>13} "
+                     f"{_fmt(per_inference * rows_per_request, 3):>11} "
+                     f"{'model (est.)' if source == 'model' else source}")
     if estimated:
         lines += ["", ESTIMATE_NOTE]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from service.ops.top import quantile
+from service.ops.top import Snapshot, quantile, render
 from tests.conftest import ROOT, Daemon
 from tests.deploy.conftest import Load
 from tests.service.conftest import node_devices
@@ -42,9 +42,37 @@ def test_top_shows_the_node_under_load(daemon: Daemon,
     assert up == "1" and watts > 0
     assert float(device[8]) > 0  # GFLOP/s per watt
     if source == "model*":  # no sensor here: the figure is marked as an estimate
-        assert "* estimate" in done.stdout
+        assert "model* and model (est.): an estimate" in done.stdout
     per_inference = next(r for r in rows if r[:2] == ["mnist_cnn", served])
-    assert float(per_inference[3]) > 0
+    assert float(per_inference[3]) > 0 and float(per_inference[4]) >= float(per_inference[3])
+    if source == "model*":
+        assert per_inference[5:] == ["model", "(est.)"]
+
+
+def _snapshot(at: float, joules: float, inferences: float, ok: float, failed: float
+              ) -> Snapshot:
+    def labels(**pairs: str) -> frozenset:
+        return frozenset(pairs.items())
+
+    return Snapshot(at, {
+        ("hetserve_model_energy_joules_total", labels(model="m", device="cpu0", kind="cpu",
+                                                      source="model")): joules,
+        ("hetserve_model_energy_joules_total", labels(model="m", device="fpga0", kind="fpga",
+                                                      source="xrt")): joules / 4,
+        ("hetserve_inferences_total", labels(model="m", device="cpu0")): inferences,
+        ("hetserve_inferences_total", labels(model="m", device="fpga0")): inferences,
+        ("hetserve_requests_total", labels(model="m", code="OK")): ok,
+        ("hetserve_requests_total", labels(model="m", code="RESOURCE_EXHAUSTED")): failed})
+
+
+def test_joules_per_request_are_per_inference_times_the_models_rows_per_request() -> None:
+    # Over 2 s: cpu0 2 J and fpga0 0.5 J for 100 rows each; 25 requests answered, 5 refused.
+    frame = render(_snapshot(10.0, 1.0, 50, 10, 0), _snapshot(12.0, 3.0, 150, 35, 5), "url")
+    rows = {r[1]: r for r in (line.split() for line in frame.splitlines())
+            if r[:1] == ["m"] and len(r) > 4}
+    assert rows["cpu0"][2:] == ["50.0", "20.000", "160.000", "model", "(est.)"]  # 8 rows/request
+    assert rows["fpga0"][2:] == ["50.0", "5.000", "40.000", "xrt"]
+    assert "model* and model (est.): an estimate" in frame
 
 
 def test_top_reports_an_unreachable_daemon() -> None:
