@@ -1,10 +1,11 @@
-"""Patterns that exporters spell as several elementwise ops, recognised at load and rewritten into
-one op: GELU in its exact form (x * (1 + erf(x / sqrt 2)) * 0.5, torch's export before opset 20)
-and its tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activations), and
+"""Patterns that exporters spell as several ops, recognised at load and rewritten into one op:
+GELU in its exact form (x * (1 + erf(x / sqrt 2)) * 0.5, torch's export before opset 20) and its
+tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activations);
 LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (as
-exporters emit it before opset 17) becomes one `LayerNormalization`. An Einsum that is a batched
-matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with a Transpose
-of an operand whose last two axes are swapped."""
+exporters emit it before opset 17) becomes one `LayerNormalization`; GroupNorm as torch exports
+it (Reshape, InstanceNormalization, Reshape, Mul, Add) one `GroupNormalization`. An Einsum that
+is a batched matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with a
+Transpose of an operand whose last two axes are swapped."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _TOL = 1e-4  # constants of the patterns as exporters round them (1.4142135, 0.0
 def fuse_patterns(graph: Graph) -> None:
     _fuse_gelu(graph)
     _fuse_layer_norm(graph)
+    _fuse_group_norm(graph)
     _einsum_as_matmul(graph)
 
 
@@ -169,6 +171,44 @@ def _fuse_layer_norm(graph: Graph) -> None:
         last.op, last.inputs = "LayerNormalization", inputs
         last.attrs = {"epsilon": float(eps.reshape(-1)[0]), "reduce_axes": axes}
         graph.fused["LayerNormalization(decomposed)"] += 1
+
+
+def _fuse_group_norm(graph: Graph) -> None:
+    """Reshape(x, [0, groups, -1]), InstanceNormalization (scale s and bias b per group),
+    Reshape(Shape(x)), Mul(w) and Add(beta) per channel (shape (c, 1, ...)): one
+    GroupNormalization with scale w s and bias w b + beta per channel. `rank`: x's, where w
+    is per channel; the lowering checks it."""
+    c = graph.consts
+    for norm in [n for n in graph.nodes if n.op == "InstanceNormalization"]:
+        first, back = graph.producer(norm.inputs[0]), graph.sole_consumer(norm)
+        mul = graph.sole_consumer(back) if back is not None else None
+        add = graph.sole_consumer(mul) if mul is not None else None
+        if first is None or first.op != "Reshape" or back is None or back.op != "Reshape" \
+                or mul is None or mul.op != "Mul" or add is None or add.op != "Add" \
+                or not _internal(graph, [first]) or not all(i in c for i in norm.inputs[1:3]):
+            continue
+        x, target, shape = first.inputs[0], c.get(first.inputs[1]), graph.producer(back.inputs[1])
+        w = c.get(_other(mul, back.outputs[0]) or "")
+        beta = c.get(_other(add, mul.outputs[0]) or "")
+        groups = c[norm.inputs[1]].size
+        if target is None or [int(t) for t in target] != [0, groups, -1] or shape is None \
+                or shape.op != "Shape" or shape.inputs != [x] or shape.attrs or w is None \
+                or beta is None or w.ndim < 2 or w.size != w.shape[0] or w.size % groups \
+                or beta.size not in (1, w.size) or beta.size > 1 and beta.shape != w.shape:
+            continue
+        per_group = w.size // groups
+        s, b = (np.repeat(c[i].astype(np.float64).reshape(-1), per_group) for i in norm.inputs[1:3])
+        w64 = w.astype(np.float64).reshape(-1)
+        scale, bias = f"{add.name}:group_scale", f"{add.name}:group_bias"
+        c[scale] = (w64 * s).astype(np.float32)
+        c[bias] = (w64 * b + beta.astype(np.float64).reshape(-1)).astype(np.float32)
+        for n in (first, norm, back, mul) + ((shape,) if len(graph.consumers(
+                shape.outputs[0])) == 1 else ()):
+            graph.nodes.remove(n)
+        add.op, add.inputs = "GroupNormalization", [x, scale, bias]
+        add.attrs = {"num_groups": groups, "epsilon": norm.attrs.get("epsilon", 1e-5),
+                     "rank": w.ndim + 1}
+        graph.fused["GroupNormalization(Reshape, InstanceNormalization, Mul, Add)"] += 1
 
 
 def _einsum_as_matmul(graph: Graph) -> None:

@@ -24,7 +24,7 @@ from accelerators.opencl.launch import (
 )
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
-from accelerators.opencl.norm_lowering import NormLowering
+from accelerators.opencl.norm_lowering import NormLowering, first_trailing_axis
 from accelerators.opencl.pipeline_lowering import PipelineLowering
 from accelerators.opencl.quant_lowering import QuantLowering
 
@@ -164,11 +164,8 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
         axes = node.attrs.get("axes") if len(args) < 2 or args[1] is None else args[1]
         if axes is None or isinstance(axes, Dyn):
             raise UnsupportedModelError(f"ReduceMean node {node.name!r}: constant axes needed")
-        axes = sorted(int(a) % rank for a in axes)
-        if axes != list(range(rank - len(axes), rank)):
-            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: only trailing axes are "
-                                        f"supported, not {axes} of rank {rank}")
-        self._mean_of_last_axes(node, x, axes[0], bool(node.attrs.get("keepdims", 1)))
+        self._mean_of_last_axes(node, x, first_trailing_axis(node, axes, rank),
+                                bool(node.attrs.get("keepdims", 1)))
 
     def _lrn(self, node: Node, args: list) -> None:
         x, a = args[0], node.attrs

@@ -23,8 +23,8 @@ def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
     """The first of `axes` if they are the trailing axes of a tensor of `rank`, else an error."""
     axes = sorted(int(a) % rank for a in axes)
     if not axes or axes != list(range(rank - len(axes), rank)):
-        raise UnsupportedModelError(f"{node.op} node {node.name!r}: attribute axes {axes} of a "
-                                    f"rank-{rank} tensor: only trailing axes are supported")
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: only trailing axes are "
+                                    f"supported, not attribute axes {axes} of rank {rank}")
     return axes[0]
 
 
@@ -108,6 +108,10 @@ class NormLowering:
     def _groupnormalization(self, node: Node, args: list) -> None:
         """Opset 18's scale and bias per group or opset 21's per channel."""
         x, groups = args[0], node.attrs["num_groups"]
+        if node.attrs.get("rank", len(x.shape)) != len(x.shape):  # fusions.py's, as exported
+            raise UnsupportedModelError(f"GroupNorm node {node.name!r}: its Mul and Add are "
+                                        f"per channel of a rank-{node.attrs['rank']} tensor, "
+                                        f"not of its rank-{len(x.shape)} input")
         if len(x.shape) < 3 or x.shape[1] % groups:
             raise UnsupportedModelError(f"GroupNormalization node {node.name!r}: attribute "
                                         f"num_groups {groups} does not divide the channels of "

@@ -159,8 +159,8 @@ def test_instance_normalization(engine_for, shape) -> None:
 
 
 def test_group_norm_as_torch_exports_it(engine_for) -> None:
-    """nn.GroupNorm(4, 12): Reshape (n, 4, -1), InstanceNormalization with unit scale, Reshape
-    back (a shape read from the input), per-channel Mul and Add."""
+    """nn.GroupNorm(4, 12): Reshape (n, 4, -1), InstanceNormalization (unit scale from torch;
+    any here), Reshape back (a shape read from the input), per-channel Mul and Add: one op."""
     rng, _ = fresh_rng()
     g, c = 4, 12
     nodes = [helper.make_node("Reshape", ["x", "grouped"], ["r"]),
@@ -170,12 +170,14 @@ def test_group_norm_as_torch_exports_it(engine_for) -> None:
              helper.make_node("Reshape", ["i", "shape"], ["back"]),
              helper.make_node("Mul", ["back", "gamma"], ["m"]),
              helper.make_node("Add", ["m", "beta"], ["y"])]
-    consts = {"grouped": np.array([0, g, -1]), "ones": np.ones(g, np.float32),
-              "zeros": np.zeros(g, np.float32),
+    consts = {"grouped": np.array([0, g, -1]),
+              "ones": rng.uniform(0.5, 1.5, g).astype(np.float32),
+              "zeros": rng.uniform(-1, 1, g).astype(np.float32),
               "gamma": rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32),
               "beta": rng.uniform(-1, 1, (c, 1, 1)).astype(np.float32)}
     x = rng.standard_normal((2, c, 5, 6)).astype(np.float32)
-    check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
+    engine = check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
+    assert _kernels(engine, 2) == ["norm_rows"]
 
 
 @pytest.mark.parametrize("per", ["group", "channel"])
