@@ -124,3 +124,29 @@ void gather_strided(__global const BITS* x, __global BITS* out, const int total,
     const int i1 = r % d1, i0 = r / d1;
     out[i] = x[offset + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3 + i4 * s4 + i5 * s5];
 }
+
+// Pad with a constant (rank <= 6, negative amounts crop): out[i] = x[i - begin] where that lies
+// inside x, else `value`. d1..d5: the output's dims after the first; n0..n5: the input's;
+// b0..b5: the amounts before each axis. The range is gather_strided's.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void pad_constant(__global const DATA* x, __global DATA* out, const int d1, const int d2,
+                  const int d3, const int d4, const int d5, const int n0, const int n1,
+                  const int n2, const int n3, const int n4, const int n5, const int b0,
+                  const int b1, const int b2, const int b3, const int b4, const int b5,
+                  const float value) {
+    const int i5 = get_global_id(0), i4 = get_global_id(1);
+    if (i5 >= d5) return;
+    int r = get_global_id(2);
+    const int i = (r * d4 + i4) * d5 + i5;
+    const int i3 = r % d3; r /= d3;
+    const int i2 = r % d2; r /= d2;
+    const int i1 = r % d1, i0 = r / d1;
+    const int j0 = i0 - b0, j1 = i1 - b1, j2 = i2 - b2, j3 = i3 - b3, j4 = i4 - b4, j5 = i5 - b5;
+    // One unsigned comparison per axis: a negative index wraps above the size.
+    if ((uint)j0 < (uint)n0 && (uint)j1 < (uint)n1 && (uint)j2 < (uint)n2 && (uint)j3 < (uint)n3
+            && (uint)j4 < (uint)n4 && (uint)j5 < (uint)n5)
+        STORE_DATA(LOAD_DATA(x, ((((j0 * n1 + j1) * n2 + j2) * n3 + j3) * n4 + j4) * n5 + j5),
+                   out, i);
+    else
+        STORE_DATA(value, out, i);
+}

@@ -1,7 +1,7 @@
 """Lowering of the ops that move data without arithmetic on it (Transpose, Slice, Split, Expand
 and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's heads,
 a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of rank <= 6
-into a contiguous tensor (a broadcast axis is one of stride 0)."""
+into a contiguous tensor (a broadcast axis is one of stride 0); Pad to `pad_constant`."""
 
 from __future__ import annotations
 
@@ -152,3 +152,38 @@ class LayoutLowering:
         self._strided_copy(node, x, node.outputs[0], x.shape[:axis] + kept + x.shape[axis + 1:],
                            src[:axis] + [src[axis] * step] * len(kept) + src[axis + 1:],
                            flat[0] * src[axis])
+
+    def _pad(self, node: Node, args: list) -> None:
+        """Mode "constant", any axes, negative amounts cropping: timm's "same" padding, whose
+        amounts exporters compute from the input's shape (folded for each batch size). One of
+        zero amounts is a view (Swin's window padding where the windows tile the map). A zero
+        Pad read by a Conv alone never gets here: graph.py folds it into the Conv's padding."""
+        x, a = args[0], node.attrs
+        if self.graph.opset < 11:
+            amounts, value, axes = a.get("pads"), a.get("value", 0.0), None
+        else:
+            amounts = args[1]
+            value = args[2] if len(args) > 2 and args[2] is not None else 0.0
+            axes = args[3] if len(args) > 3 else None
+        mode = a.get("mode", "constant")
+        if mode != "constant" or any(isinstance(v, Dyn) for v in (amounts, value, axes)):
+            raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only mode 'constant' "
+                                        f"with constant amounts is supported, not {mode!r}")
+        rank = len(x.shape)
+        axes = range(rank) if axes is None else [int(ax) % rank for ax in np.ravel(axes)]
+        amounts = [int(v) for v in np.ravel(amounts)]
+        begin, end = [0] * rank, [0] * rank
+        for k, ax in enumerate(axes):
+            begin[ax], end[ax] = amounts[k], amounts[k + len(axes)]
+        shape = tuple(d + b + e for d, b, e in zip(x.shape, begin, end))
+        if not any(begin + end):
+            self.values[node.outputs[0]] = x
+            return
+        if rank > MAX_RANK:
+            raise UnsupportedModelError(f"Pad node {node.name!r}: rank {rank} > {MAX_RANK}")
+        fill = MAX_RANK - rank
+        dims, sizes = (1,) * fill + shape, (1,) * fill + tuple(x.shape)
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        self._emit(node, "pad_constant", (dims[5], dims[4], math.prod(dims[:4])), [
+            Ref(x.storage), Ref(out.storage), *ints(*dims[1:], *sizes, *([0] * fill + begin)),
+            np.float32(np.ravel(value)[0])])

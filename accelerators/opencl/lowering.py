@@ -137,15 +137,6 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
     def _averagepool(self, node: Node, args: list) -> None:
         self._pool(node, args, False)
 
-    def _pad(self, node: Node, args: list) -> None:
-        """One padding nothing: a view (Swin's window padding where the windows tile the map)."""
-        amounts = node.attrs.get("pads") if self.graph.opset < 11 else args[1]
-        if isinstance(amounts, Dyn) or amounts is None or np.any(amounts):
-            raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only a zero Pad of "
-                                        f"the spatial axes read by a Conv alone, or one of "
-                                        f"zero amounts, is supported")
-        self.values[node.outputs[0]] = args[0]
-
     def _mean_of_last_axes(self, node: Node, x: Dyn, first: int, keep: bool) -> None:
         """The mean over axes first.. of x, one work-item per value kept."""
         rank = len(x.shape)

@@ -225,7 +225,7 @@ def test_a_pad_that_is_not_zero_is_refused(engine_for) -> None:
               "w": np.ones((1, 1, 3, 3), np.float32)}
     pad = helper.make_node("Pad", ["x", "amounts"], ["p"], mode="reflect", name="mirror")
     conv = helper.make_node("Conv", ["p", "w"], ["y"])
-    with pytest.raises(UnsupportedModelError, match="'Pad' of node 'mirror': only a zero Pad"):
+    with pytest.raises(UnsupportedModelError, match="'Pad' of node 'mirror': only mode 'constant'"):
         engine_for(graph([pad, conv], {"x": (1, 1, 5, 5)}, consts, ["y"]))
 
 

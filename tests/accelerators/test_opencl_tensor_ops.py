@@ -95,6 +95,52 @@ def test_ceil_range_and_min_of_shapes_fold(engine_for) -> None:
     check(engine_for, model, x=fresh_rng()[0].standard_normal((2, 7, 3), np.float32))
 
 
+@pytest.mark.parametrize("opset, amounts, axes, value", [
+    (13, [0, 0, 1, 2, 0, 0, 2, 1], None, 0.0), (13, [0, 1, 0, 0, 0, 2, 0, 0], None, 0.5),
+    (18, [1, -1], [-1], 0.0), (10, [0, 0, 1, 1, 0, 0, 1, 1], None, -1.0),
+    (13, [0, 0, 0, 0, 0, 0, 0, 0], None, 0.0)], ids=str)
+def test_pad_of_an_activation(engine_for, opset, amounts, axes, value) -> None:
+    """Any axes, a value, negative amounts cropping, opset 10's attributes; zero amounts are a
+    view."""
+    if opset < 11:
+        node, consts = helper.make_node("Pad", ["x"], ["y"], pads=amounts, value=value), {}
+    else:
+        consts = {"amounts": ints(*amounts), "value": np.float32(value)}
+        if axes is not None:
+            consts["axes"] = ints(*axes)
+        node = helper.make_node("Pad", ["x", *consts], ["y"])
+    model = graph([node], {"x": ("n", 3, 4, 5)}, consts, ["y"], opset)
+    check_batches(engine_for, model, {"x": ("n", 3, 4, 5)})
+    assert len(engine_for(model).plan(2).launches) == (1 if any(amounts) else 0)
+
+
+def test_same_padding_computed_from_the_shape(engine_for) -> None:
+    """timm's Conv2dSame as exported: the pads of "same" padding computed from the input's
+    size (Ceil, Max, integer Div), then a Pad and an unpadded strided Conv."""
+    k, stride = 3, 2
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "two", "four"], ["hw"]),
+             helper.make_node("Cast", ["hw"], ["hw_f"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["hw_f", "stride_f"], ["steps_f"]),
+             helper.make_node("Ceil", ["steps_f"], ["steps_up"]),
+             helper.make_node("Cast", ["steps_up"], ["steps"], to=TensorProto.INT64),
+             helper.make_node("Sub", ["steps", "one"], ["last"]),
+             helper.make_node("Mul", ["last", "stride"], ["reach"]),
+             helper.make_node("Add", ["reach", "k"], ["span"]),
+             helper.make_node("Sub", ["span", "hw"], ["excess"]),
+             helper.make_node("Max", ["excess", "zero"], ["total"]),
+             helper.make_node("Div", ["total", "two_int"], ["before"]),
+             helper.make_node("Sub", ["total", "before"], ["after"]),
+             helper.make_node("Concat", ["zeros", "before", "zeros", "after"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["padded"]),
+             helper.make_node("Conv", ["padded", "w"], ["y"], strides=[stride, stride])]
+    consts = {"two": ints(2), "four": ints(4), "stride_f": np.float32(stride), "one": ints(1),
+              "stride": ints(stride), "k": ints(k), "zero": ints(0), "two_int": ints(2),
+              "zeros": ints(0, 0), "w": fresh_rng()[0].standard_normal((4, 3, k, k), np.float32)}
+    model = graph(nodes, {"x": ("n", 3, 10, 9)}, consts, ["y"])
+    check_batches(engine_for, model, {"x": ("n", 3, 10, 9)})
+
+
 BROADCASTS = [((2, 3, 4), (4,)), ((2, 3, 4, 5), (3, 1, 1)), ((1, 5), (4, 1)),
               ((2, 1, 4, 5, 6), (3, 1, 1, 6)), ((2, 3, 4, 5, 6, 7), (6, 7)),
               ((2, 12, 9, 9), (1, 12, 9, 9))]
