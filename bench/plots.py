@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,6 @@ def efficiency(points: list[dict], path: Path) -> Path:
             best[key] = p
     models = list(dict.fromkeys(m for m, _ in best))
     targets = list(dict.fromkeys(t for _, t in best))
-    sources = sorted({p["power_source"] for p in best.values()})
     colors = _colors(points)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(1, len(targets))
@@ -95,10 +95,62 @@ def efficiency(points: list[dict], path: Path) -> Path:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
-    named = [("`model` ESTIMATE (idle/busy watts x measured busy time), not a measurement"
-              if s == "model" else s) for s in sources]
-    fig.suptitle(f"At each model's best batch. Watts: {'; '.join(named)}", fontsize=10)
+    fig.suptitle(f"At each model's best batch. {_watts_from(best.values())}", fontsize=10)
     return _save(fig, path)
+
+
+def pareto_front(points: list[dict]) -> list[dict]:
+    """The points that no other point beats on both images/s and GFLOP/s per watt, from the
+    most efficient to the fastest."""
+    front: list[dict] = []
+    for p in sorted(points, key=lambda p: (-p["gflops_per_watt"], -p["images_per_s"])):
+        if not front or p["images_per_s"] > front[-1]["images_per_s"]:
+            front.append(p)
+    return front
+
+
+def tradeoff(points: list[dict], path: Path) -> Path:
+    """Images/s against GFLOP/s per watt, one panel per model, a point per device, engine, path
+    and batch size (labelled with the batch), and each path's Pareto front (the trade there is
+    to make) drawn through its points: solid in-process, dashed through the daemon."""
+    measured = [p for p in points if p["images_per_s"] and p["gflops_per_watt"]]
+    models = list(dict.fromkeys(p["model"] for p in measured))
+    colors = _colors(points)
+    fig, axes = _grid(len(models), width=4.8, height=3.8)
+    for ax, model in zip(axes, models):
+        rows = [p for p in measured if p["model"] == model]
+        for target in dict.fromkeys(_target(p) for p in rows):
+            mine = [p for p in rows if _target(p) == target]
+            device, route = target.rsplit(" ", 1)
+            ax.scatter([p["gflops_per_watt"] for p in mine], [p["images_per_s"] for p in mine],
+                       color=colors[device], marker="s" if route == "daemon" else "o", s=22,
+                       label=target, zorder=3)
+            for p in mine:
+                ax.annotate(str(p["batch"]), (p["gflops_per_watt"], p["images_per_s"]),
+                            xytext=(3, 3), textcoords="offset points", fontsize=6)
+        for route in dict.fromkeys(p["path"] for p in rows):
+            front = pareto_front([p for p in rows if p["path"] == route])
+            ax.plot([p["gflops_per_watt"] for p in front], [p["images_per_s"] for p in front],
+                    color="black", linewidth=1, linestyle="--" if route == "daemon" else "-",
+                    marker="o", markersize=9, markerfacecolor="none", zorder=2,
+                    label=f"Pareto front, {route}")
+        ax.set(title=TITLES.get(model, model), xlabel="GFLOP/s per watt", ylabel="images/s",
+               yscale="log")
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(_PLAIN)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"Throughput against efficiency, labelled by batch size. "
+                 f"{_watts_from(measured)}", fontsize=9)
+    return _save(fig, path)
+
+
+def _watts_from(points: Iterable[dict]) -> str:
+    """Where the figure's watts come from; the `model` estimate is never shown as measured."""
+    named = [("`model` ESTIMATE (idle/busy watts x measured busy time), not a measurement"
+              if s == "model" else s) for s in sorted({p["power_source"] for p in points})]
+    return f"Watts: {'; '.join(named)}"
 
 
 def _target(p: dict) -> str:

@@ -110,6 +110,24 @@ def batch_section(points: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def tradeoff_section(points: list[dict]) -> list[str]:
+    """Per model and path, the Pareto front of images/s against GFLOP/s per watt: the device
+    and batch sizes between which the trade is made (tradeoff.png draws it)."""
+    measured = [p for p in points if p["images_per_s"] and p["gflops_per_watt"]]
+    lines = ["## The trade: throughput against GFLOP/s per watt", "",
+             "The points no other point of the same model and path beats on both images/s and "
+             "GFLOP/s per watt, from the most efficient to the fastest (watts with their source "
+             "as above).", "", "| model | path | Pareto front: target, batch (images/s, "
+             "GFLOP/s per W) |", "|---|---|---|"]
+    for model, path in dict.fromkeys((p["model"], p["path"]) for p in measured):
+        front = plots.pareto_front([p for p in measured
+                                    if (p["model"], p["path"]) == (model, path)])
+        lines.append(f"| {TITLES.get(model, model)} | {path} | " + "; ".join(
+            f"{p['engine']}:{p['device']}, {p['batch']} ({_num(p['images_per_s'], 1)}, "
+            f"{_num(p['gflops_per_watt'], 3)})" for p in front) + " |")
+    return lines + [""]
+
+
 def write_report(results: dict, out: Path) -> Path:
     """results.json, the PNGs and report.md under `out`; returns report.md's path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -129,6 +147,9 @@ def write_report(results: dict, out: Path) -> Path:
         if any(p["gflops_per_watt"] for p in points):
             figures.append(("GFLOP/s per watt and joules per image", plots.efficiency(
                 points, out / "efficiency.png")))
+            lines += tradeoff_section(points)
+            figures.append(("Throughput against GFLOP/s per watt, Pareto fronts marked",
+                            plots.tradeoff(points, out / "tradeoff.png")))
     if figures:
         lines += ["## Figures", ""] + [f"![{title}]({path.name})\n" for title, path in figures]
     for bench in results.get("benches", []):

@@ -9,6 +9,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.batch_table import Point
+from bench.plots import pareto_front
 from bench.report import write_report
 
 
@@ -54,7 +55,7 @@ def test_report_shows_tables_and_valid_pngs(tmp_path: Path) -> None:
                "batch_table": points()}
     report = write_report(results, tmp_path)
     text = report.read_text()
-    for name in ("latency_cdf.png", "throughput.png", "efficiency.png"):
+    for name in ("latency_cdf.png", "throughput.png", "efficiency.png", "tradeoff.png"):
         assert f"]({name})" in text
         assert_png(tmp_path / name)
     assert "| Server | MNIST CNN | INVALID (Early stopping) | 149.5 samples/s" in text
@@ -65,6 +66,8 @@ def test_report_shows_tables_and_valid_pngs(tmp_path: Path) -> None:
     assert "| MNIST CNN | onnxruntime:cpu0 in-process | 8 | 2,000.0 | 65.0 (model estimate) " \
            "| 48.0 | 0.738 | 0.0325 |" in text  # the most efficient batch
     assert "40.0 (rapl)" in text
+    # One model and device: the faster batch is also the more efficient, the front one point.
+    assert "| MNIST CNN | daemon | onnxruntime:cpu0, 8 (1,600.0, 0.591) |" in text
     assert json.loads((tmp_path / "results.json").read_text())["loadgen"][0]["result"] == 149.5
 
 
@@ -74,4 +77,19 @@ def test_report_without_watts_has_no_efficiency_figure(tmp_path: Path) -> None:
     text = write_report({"batch_table": rows}, tmp_path).read_text()
     assert_png(tmp_path / "throughput.png")
     assert not (tmp_path / "efficiency.png").exists() and "efficiency.png" not in text
+    assert not (tmp_path / "tradeoff.png").exists() and "Pareto" not in text
     assert "| AlexNet | opencl:gpu0 in-process | 100 | 800 |" in text
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats_on_both_axes() -> None:
+    def point(device: str, batch: int, rate: float, watts: float) -> dict:
+        return Point("resnet50", device, "opencl", "daemon", batch, 10**9, rate, watts,
+                     "xrt").as_dict()
+
+    fpga = [point("fpga0", 1, 100.0, 20.0), point("fpga0", 8, 300.0, 25.0)]  # 5, 12 GFLOP/s/W
+    gpu = [point("gpu0", 1, 200.0, 100.0), point("gpu0", 64, 2000.0, 250.0)]  # 2, 8
+    cpu = [point("cpu0", 8, 250.0, 65.0), point("cpu0", 16, 300.0, 70.0)]  # dominated by fpga0 8
+    front = pareto_front(fpga + gpu + cpu)
+    assert [(p["device"], p["batch"]) for p in front] == [("fpga0", 8), ("gpu0", 64)]
+    assert pareto_front([point("cpu0", 1, 10.0, 10.0)] * 2)[0]["batch"] == 1  # ties: one point
+    assert pareto_front([]) == []
