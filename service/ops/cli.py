@@ -75,9 +75,11 @@ def _parser() -> argparse.ArgumentParser:
 
     top = commands.add_parser(
         "top", help="live view of one node: requests, latency, watts, GFLOP/s per watt, joules "
-                    "per inference",
-        description="Reads a daemon's /metrics every interval and shows the rates in between. "
-                    "Power figures say their source; 'model*' marks an estimate.")
+                    "per inference and per request",
+        description="Reads a daemon's /metrics every interval and shows the rates in between, "
+                    "joules per inference and per request per model and device among them. "
+                    "Power figures say their source; 'model*' and 'model (est.)' mark an "
+                    "estimate.")
     top.add_argument("--url", help="the daemon's metrics endpoint (default: from the "
                                    f"{ENV_PREFIX}METRICS_HOST/PORT settings, "
                                    f"http://{defaults.metrics_host}:{defaults.metrics_port}"
