@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +164,63 @@ def test_a_model_that_does_not_load_is_exit_status_2(model_dir: Path, tmp_path: 
 
     assert _tune(tmp_path / "nothing-here", tmp_path / "report") == 2
     assert "not a model folder" in capsys.readouterr().err
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:  # the task ended meanwhile
+                continue
+            todo += children - found
+            found |= children
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_stops_every_process_it_started(
+        model_dir: Path, tmp_path: Path, signum: int) -> None:
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "service", "tune", str(model_dir), "--budget-s", "120",
+         "--devices", "onnxruntime:cpu0", "--report", str(tmp_path / "report"), *QUICK],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started, deadline = set(), time.monotonic() + 60
+    try:
+        while not any("serve" in _cmdline(pid) for pid in started):  # a daemon runs
+            assert tune.poll() is None and time.monotonic() < deadline
+            started |= _descendants(tune.pid)
+            time.sleep(0.2)
+        time.sleep(1.0)  # under load
+        started |= _descendants(tune.pid)
+        workspace = next(Path(arg).parent for pid in started for arg in
+                         _cmdline(pid).split("\0") if arg.endswith("/models"))
+        tune.send_signal(signum)
+        out, err = tune.communicate(timeout=60)
+    finally:
+        tune.kill()
+    assert tune.returncode == 130, err
+    assert "interrupted; every daemon it started is stopped" in err
+    assert "(shipped)" in out or "shipped" in err  # what was measured is shown
+    # multiprocessing's resource tracker ends on its own once its parent has gone
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in started if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [(pid, _cmdline(pid)) for pid in alive]
+    assert not workspace.exists()
+    assert not (model_dir / "config.pbtxt.tuned").exists()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie has ended; only its parent's wait is missing
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
