@@ -1,15 +1,19 @@
-// Normalizations over rows (LayerNormalization, InstanceNormalization, GroupNormalization) and
-// 2-D Resize. A row is normalized by one work-group of WG_1D work-items: each sums a strided
+// Normalizations over rows (LayerNormalization, InstanceNormalization, GroupNormalization),
+// reductions of rows (ReduceSum, ReduceL2, ReduceMax over trailing axes) and 2-D Resize. A row is normalized by one work-group of WG_1D work-items: each sums a strided
 // share of the row, and the shares meet in a local-memory tree of log2(WG_1D) fixed steps
 // (WG_1D is a power of two), so FPGA compilers see fixed trip counts in the reduction.
 
-// The sum over the work-group of each work-item's `v`, returned to every work-item.
-inline float group_sum(float v, __local float* scratch) {
+// The sum (or with `take_max` the maximum) over the work-group of each work-item's `v`,
+// returned to every work-item.
+inline float group_reduce(float v, __local float* scratch, const int take_max) {
     const int lid = get_local_id(0);
     scratch[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = WG_1D / 2; s > 0; s >>= 1) {
-        if (lid < s) scratch[lid] += scratch[lid + s];
+        if (lid < s) {
+            const float other = scratch[lid + s];
+            scratch[lid] = take_max ? fmax(scratch[lid], other) : scratch[lid] + other;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     const float total = scratch[0];
@@ -32,13 +36,13 @@ void norm_rows(__global const DATA* x, __global const DATA* scale, __global cons
     __global const DATA* in = x + row * cols;
     float part = 0.0f;
     for (int j = lid; j < cols; j += WG_1D) part += LOAD_DATA(in, j);
-    const float mean = group_sum(part, scratch) / cols;
+    const float mean = group_reduce(part, scratch, 0) / cols;
     part = 0.0f;
     for (int j = lid; j < cols; j += WG_1D) {
         const float d = LOAD_DATA(in, j) - mean;
         part = fma(d, d, part);
     }
-    const float inv = rsqrt(group_sum(part, scratch) / cols + eps);
+    const float inv = rsqrt(group_reduce(part, scratch, 0) / cols + eps);
     const int first = (row % period) * cols;
     for (int j = lid; j < cols; j += WG_1D) {
         const int c = (first + j) / stride;
@@ -46,6 +50,25 @@ void norm_rows(__global const DATA* x, __global const DATA* scale, __global cons
         STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out,
                    row * cols + j);
     }
+}
+
+// One value per row of `cols`: the sum, the L2 norm (Swin V2's cosine attention normalizes q
+// and k by it) or the maximum; one work-group per row.
+#define REDUCE_SUM 0
+#define REDUCE_L2 1
+#define REDUCE_MAX 2
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void reduce_rows(__global const DATA* x, __global DATA* out, const int cols, const int op) {
+    __local float scratch[WG_1D];
+    const int row = get_group_id(0), lid = get_local_id(0);
+    __global const DATA* in = x + row * cols;
+    float part = op == REDUCE_MAX ? -INFINITY : 0.0f;
+    for (int j = lid; j < cols; j += WG_1D) {
+        const float v = LOAD_DATA(in, j);
+        part = op == REDUCE_MAX ? fmax(part, v) : op == REDUCE_L2 ? fma(v, v, part) : part + v;
+    }
+    const float total = group_reduce(part, scratch, op == REDUCE_MAX);
+    if (lid == 0) STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
 }
 
 // 2-D Resize of (n * c) planes, nearest or bilinear: each output row oy reads input rows

@@ -1,6 +1,7 @@
 """Lowering of the normalizations over rows (LayerNormalization, InstanceNormalization,
-GroupNormalization: kernels/normalization.cl's `norm_rows`, one work-group per row), of GELU
-(an activation) and of 2-D Resize (`resize2d`, its coordinate tables computed here)."""
+GroupNormalization: kernels/normalization.cl's `norm_rows`, one work-group per row), of the
+reductions of trailing axes (ReduceSum, ReduceL2, ReduceMax: `reduce_rows`), of GELU (an
+activation) and of 2-D Resize (`resize2d`, its coordinate tables computed here)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ RESIZE_MODES = ("nearest", "linear")
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
                     "half_pixel_symmetric")
 # How a nearest source coordinate is rounded (ONNX's nearest_mode).
+REDUCE = {"ReduceSum": 0, "ReduceL2": 1, "ReduceMax": 2}  # normalization.cl's REDUCE_*
 NEAREST = {"round_prefer_floor": lambda x: np.ceil(x - 0.5), "round_prefer_ceil":
            lambda x: np.floor(x + 0.5), "floor": np.floor, "ceil": np.ceil}
 
@@ -122,6 +124,28 @@ class NormLowering:
         if per_group:
             scale, bias = (np.repeat(v, c // groups) for v in (scale, bias))
         self._norm_rows(node, x, scale, bias, c // groups * plane, groups, plane)
+
+    def _reduce_rows(self, node: Node, args: list) -> None:
+        """Over trailing axes (ONNX's default, all axes, included); axes from the attribute or,
+        from opset 13 (ReduceSum) or 18 (the others), the second input."""
+        x, rank = args[0], len(args[0].shape)
+        axes = args[1] if len(args) > 1 and args[1] is not None else node.attrs.get("axes")
+        if isinstance(axes, Dyn):
+            raise UnsupportedModelError(f"{node.op} node {node.name!r}: axes must be constant")
+        if axes is None or np.size(axes) == 0:
+            if node.attrs.get("noop_with_empty_axes", 0):
+                self.values[node.outputs[0]] = x
+                return
+            axes = range(rank)
+        first = first_trailing_axis(node, list(np.ravel(axes)), rank)
+        keep = node.attrs.get("keepdims", 1)
+        shape = x.shape[:first] + ((1,) * (rank - first) if keep else ())
+        out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
+        rows = math.prod(x.shape[:first])
+        self._emit(node, "reduce_rows", rows * WG_1D, [
+            Ref(x.storage), Ref(out.storage), *ints(math.prod(x.shape[first:]), REDUCE[node.op])])
+
+    _reducesum = _reducel2 = _reducemax = _reduce_rows
 
     def _gelu(self, node: Node, args: list) -> None:
         if node.attrs.get("approximate", "none") not in ("none", "tanh"):

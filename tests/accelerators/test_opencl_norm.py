@@ -1,6 +1,6 @@
 """The normalizations (LayerNormalization, also spelled out as exporters before opset 17 emit it;
 InstanceNormalization; GroupNorm as torch exports it and as opset 18's op), GELU in its exact and
-tanh forms, and Resize, each in a small ONNX graph built with onnx.helper, run by the engine and
+tanh forms, ReduceSum, ReduceL2 and ReduceMax of trailing axes, and Resize, each in a small ONNX graph built with onnx.helper, run by the engine and
 by ONNX Runtime on the same fresh random inputs (max relative error 1e-4); the fusions they get,
 and the load-time refusals of what the engine does not handle."""
 
@@ -192,6 +192,22 @@ def test_group_normalization_op(engine_for, per) -> None:
                             epsilon=1e-5)
     x = rng.standard_normal((2, c, 4, 5)).astype(np.float32)
     check(engine_for, graph([node], {"x": x.shape}, consts, ["y"], opset), x=x)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceL2", "ReduceMax"])
+@pytest.mark.parametrize("shape, axes, keepdims", [((2, 3, 5, 100), [-1], 1),
+                                                   ((4, 7, 9), [1, 2], 0), ((3, 70), None, 1)],
+                         ids=str)
+def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims) -> None:
+    """Swin V2 normalizes q and k by ReduceL2 over the last axis (F.normalize)."""
+    x = fresh_rng()[0].standard_normal(shape).astype(np.float32)
+    inputs, consts = ["x"], {}
+    if axes is not None:
+        inputs.append("axes")
+        consts["axes"] = np.array(axes, np.int64)
+    node = helper.make_node(op, inputs, ["y"], keepdims=keepdims)
+    engine = check(engine_for, graph([node], {"x": shape}, consts, ["y"], 18), x=x)
+    assert _kernels(engine, shape[0]) == ["reduce_rows"]
 
 
 RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode, scales or sizes)
