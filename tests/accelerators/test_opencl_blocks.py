@@ -8,6 +8,7 @@ a Pad of zero amounts (Swin's windows)."""
 from __future__ import annotations
 
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -93,32 +94,44 @@ def convnext_block(rng: np.random.Generator, c: int, size: int) -> onnx.ModelPro
     return b.model("x", ["batch", c, size, size], b.op("Add", scaled, "x"))
 
 
+def served(tmp_path: Path, name: str, model: onnx.ModelProto, x: np.ndarray,
+           slices: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The answers of a daemon serving `model` (one input, one output, a free batch axis) on
+    opencl:cpu0 to the slices of `x`; the metrics must show the OpenCL engine ran them all."""
+    repo = tmp_path / "models"
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+    (inp,), (out,) = model.graph.input, model.graph.output
+    dims = [d.dim_value for d in out.type.tensor_type.shape.dim[1:]]
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        f'input [ {{ name: "{inp.name}" data_type: TYPE_FP32 dims: {list(x.shape[1:])} }} ]\n'
+        f'output [ {{ name: "{out.name}" data_type: TYPE_FP32 dims: {dims} }} ]\n' + DEVICES)
+    daemon = Daemon(tmp_path, repo)
+    try:
+        answers = []
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            for lo, hi in slices:
+                tensor = grpcclient.InferInput(inp.name, list(x[lo:hi].shape), "FP32")
+                tensor.set_data_from_numpy(x[lo:hi])
+                answers.append(client.infer(name, [tensor]).as_numpy(out.name))
+        body = urllib.request.urlopen(daemon.metrics_url).read().decode()
+        rows = sum(hi - lo for lo, hi in slices)
+        assert f'engine="opencl",kind="cpu",model="{name}"}} {rows}.0' in body
+        return answers
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_daemon_serves_a_convnext_block_through_opencl(tmp_path) -> None:
     c, size = 16, 14
     model = convnext_block(fresh_rng()[0], c, size)
-    repo = tmp_path / "models"
-    (repo / "convnext_block" / "1").mkdir(parents=True)
-    onnx.save(model, str(repo / "convnext_block" / "1" / "model.onnx"))
-    dims = f"[ {c}, {size}, {size} ]"
-    (repo / "convnext_block" / "config.pbtxt").write_text(
-        'name: "convnext_block"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        f'input [ {{ name: "x" data_type: TYPE_FP32 dims: {dims} }} ]\n'
-        f'output [ {{ name: "y" data_type: TYPE_FP32 dims: {dims} }} ]\n' + DEVICES)
     x = fresh_rng()[0].standard_normal((5, c, size, size)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    daemon = Daemon(tmp_path, repo)
-    try:
-        with grpcclient.InferenceServerClient(daemon.url) as client:
-            for lo, hi in ((0, 1), (1, 5)):
-                tensor = grpcclient.InferInput("x", [hi - lo, c, size, size], "FP32")
-                tensor.set_data_from_numpy(x[lo:hi])
-                got = client.infer("convnext_block", [tensor]).as_numpy("y")
-                assert rel_err(got, ref[lo:hi]) <= TOL
-        body = urllib.request.urlopen(daemon.metrics_url).read().decode()
-        assert 'engine="opencl",kind="cpu",model="convnext_block"} 5.0' in body
-    finally:
-        assert daemon.stop() == 0
+    for (lo, hi), got in zip(((0, 1), (1, 5)), served(tmp_path, "convnext_block", model, x,
+                                                      [(0, 1), (1, 5)])):
+        assert rel_err(got, ref[lo:hi]) <= TOL
 
 
 def _roll(b: Block, x: str, shift: int, size: int) -> str:

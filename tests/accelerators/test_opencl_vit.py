@@ -2,17 +2,19 @@
 encoder block (LayerNorm, multi-head attention, MLP with GELU) and the head, spelled the way
 torch.onnx exports torchvision's ViT (its shape code, attention's packed projection and head
 reshapes, GELU as Div, Erf, Add, Mul, Mul; LayerNormalization at opset 17, decomposed before),
-built with onnx.helper and compared with ONNX Runtime at several batch sizes."""
+built with onnx.helper and compared with ONNX Runtime at several batch sizes, on the engine and
+through the daemon."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng
-from tests.accelerators.test_opencl_blocks import Block
+from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
+from tests.accelerators.test_opencl_blocks import Block, served
 from tests.accelerators.test_opencl_ops import graph
 from tests.accelerators.test_opencl_tensor_ops import check_batches, ints
 
@@ -106,3 +108,16 @@ def test_vit_encoder_block(engine_for, form, local_tiles) -> None:
                   batches=(1, 2) if SMALL_GRID else (1, 2, 5), local_tiles=local_tiles)
     fused = engine_for(model).graph.fused
     assert fused["MatMul+Add"] == 3 and fused["Gelu(none)"] == 1, fused
+
+
+def test_daemon_serves_the_vit_through_opencl(tmp_path) -> None:
+    model = vit("LayerNormalization", fresh_rng()[0])
+    model.graph.output[0].CopyFrom(
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", CLASSES]))
+    x = fresh_rng()[0].standard_normal((5, 3, IMAGE, IMAGE)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    for (lo, hi), got in zip(((0, 2), (2, 5)), served(tmp_path, "vit", model, x,
+                                                      [(0, 2), (2, 5)])):
+        assert rel_err(got, ref[lo:hi]) <= 1e-4
+        assert (got.argmax(1) == ref[lo:hi].argmax(1)).all()
