@@ -7,6 +7,7 @@ printed; 130 when interrupted (Ctrl-C or SIGTERM), after stopping every process 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import signal
 import socket
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="passed to each daemon (hetserve serve --power-sources)")
     parser.add_argument("--power-model", metavar="MAP",
                         help="passed to each daemon (hetserve serve --power-model)")
+    parser.add_argument("--engine-modules", metavar="MODULES",
+                        help="modules registering more engines, imported here and by each "
+                             "daemon (hetserve serve --engine-modules)")
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -99,6 +103,7 @@ def _check(args: argparse.Namespace, argv: list[str]):
     from service.ops import perf_analyzer
     from service.ops.tune import devices
     from service.ops.tune.session import BadInputError, Plan
+    from service.settings import Settings
 
     if args.p99_ms is not None and args.p99_ms <= 0:
         raise BadInputError(f"--p99-ms {args.p99_ms:g}: expected a positive bound")
@@ -119,13 +124,20 @@ def _check(args: argparse.Namespace, argv: list[str]):
         entry = ModelRepository(model_dir.parent).load(model_dir.name)
     except (ConfigError, Exception) as e:  # any reason the repository gives is the message
         raise BadInputError(f"the model in {args.model_dir} does not load: {e}") from e
+    modules = args.engine_modules or Settings.from_env().engine_modules
+    for module in filter(None, (m.strip() for m in modules.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise BadInputError(f"--engine-modules: cannot import {module!r}: {e}") from e
     try:
         candidates = devices.candidates(entry.versions[max(entry.versions)], args.devices)
     except ValueError as e:
         raise BadInputError(str(e)) from e
     binary = perf_analyzer.find() if args.perf_analyzer is None else args.perf_analyzer
     serve_args = [*(["--power-sources", args.power_sources] if args.power_sources else []),
-                  *(["--power-model", args.power_model] if args.power_model else [])]
+                  *(["--power-model", args.power_model] if args.power_model else []),
+                  *(["--engine-modules", args.engine_modules] if args.engine_modules else [])]
     return Plan(
         model=entry.name, model_dir=model_dir, config=entry.config,
         shipped_text=(model_dir / "config.pbtxt").read_text(), devices=candidates,

@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 from service.ops.cli import main
 from service.ops.tune import rank
 from tests.conftest import MODEL, MODELS, Daemon
+from tests.service.faulty_engine import CONTROL_ENV
 
 # One short load point per candidate (the shortest that always holds two power samples) and a
 # small budget: a tune test takes seconds per candidate, not minutes.
@@ -117,6 +118,26 @@ def test_energy_objective_picks_fewest_joules_and_write_replaces_the_config(
     written = (model_dir / "config.pbtxt").read_text()
     assert written == (model_dir / "config.pbtxt.tuned").read_text()
     assert "J per image" in written.splitlines()[2]
+
+
+def test_a_candidate_that_fails_is_reported_and_the_sweep_goes_on(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    control = tmp_path / "control.json"
+    # the device fails every batch, the daemon's warm-up included: the model does not load
+    control.write_text(json.dumps({"fail": True}))
+    monkeypatch.setenv(CONTROL_ENV, str(control))
+    report = tmp_path / "report"
+    assert _tune(model_dir, report, "--engine-modules", "tests.service.faulty_engine",
+                 "--devices", "faulty:fpga0", "onnxruntime:cpu0", "--budget-s", "30",
+                 *QUICK) == 0
+    results = json.loads((report / "results.json").read_text())
+    measured = results["measurements"]
+    faulty = next(m for m in measured if m["candidate"]["devices"] == "faulty:fpga0")
+    assert "the model did not load" in faulty["error"] and not faulty["points"]
+    assert measured[-1]["stage"] != "devices" and measured[-1]["points"]  # and it went on
+    assert results["written"]["devices"] == "onnxruntime:cpu0"
+    assert "failed: the model did not load" in capsys.readouterr().out
 
 
 def test_a_p99_bound_nothing_meets_is_exit_status_2_with_the_points_measured(
