@@ -110,10 +110,10 @@ class MatMulLowering:
 
     def _gemm_node(self, node: Node, args: list, alpha: float, beta: float,
                    trans_b: bool) -> None:
-        """An activation, its leading axes taken as rows (MatMul on (n, tokens, dim)), times a
-        constant matrix, plus an optional constant row."""
+        """An activation, its leading axes taken as rows (MatMul on (n, tokens, dim); a 1-D one
+        is one row), times a constant matrix, plus an optional constant row."""
         x, w = args[0], args[1]
-        if not isinstance(x, Dyn) or len(x.shape) < 2 or not isinstance(w, np.ndarray) \
+        if not isinstance(x, Dyn) or not x.shape or not isinstance(w, np.ndarray) \
                 or w.ndim != 2 or node.attrs.get("transA", 0):
             raise UnsupportedModelError(
                 f"{node.op} node {node.name!r}: only an activation times a constant 2-D "
@@ -164,8 +164,7 @@ class MatMulLowering:
     def _matmul(self, node: Node, args: list) -> None:
         """`args`: A, B and a constant row that graph.py fused in (a Linear layer's bias)."""
         a, b = args[0], args[1]
-        if isinstance(a, Dyn) and len(a.shape) >= 2 and isinstance(b, np.ndarray) \
-                and b.ndim == 2:
+        if isinstance(a, Dyn) and isinstance(b, np.ndarray) and b.ndim == 2:
             self._gemm_node(node, args, 1.0, 1.0, False)
             return
         self._batched_matmul(node, a, b)

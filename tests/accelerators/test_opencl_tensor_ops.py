@@ -241,25 +241,29 @@ def test_matmul_of_activations(engine_for, a_shape, b_shape, local_tiles) -> Non
                   local_tiles=local_tiles)
 
 
-@pytest.mark.parametrize("constant", ["a", "b"])
-def test_matmul_of_an_activation_and_a_constant(engine_for, constant) -> None:
-    """ViT's Linear layers on (n, tokens, dim), their bias added in the GEMM (MatMul + Add is one
-    launch); a constant batch of matrices times an activation."""
+@pytest.mark.parametrize("constant, shape", [("b", ("n", 7, 24)), ("b", (1, 24)),
+                                             ("a", ("n", 4, 6, 7))], ids=str)
+def test_matmul_of_an_activation_and_a_constant(engine_for, constant, shape) -> None:
+    """ViT's Linear layers on (n, tokens, dim) (and on a 1-D activation: one row), their bias
+    added in the GEMM (MatMul + Add is one launch); a constant batch of matrices times an
+    activation."""
     rng = fresh_rng()[0]
     if constant == "b":
-        nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
-                 helper.make_node("Add", ["xw", "bias"], ["y"])]
+        one_d = shape == (1, 24)
+        nodes = [helper.make_node("Squeeze", ["x", "axes"], ["x1"])] * one_d + [
+            helper.make_node("MatMul", ["x1" if one_d else "x", "w"], ["xw"]),
+            helper.make_node("Add", ["xw", "bias"], ["xwb" if one_d else "y"])] + [
+            helper.make_node("Unsqueeze", ["xwb", "axes"], ["y"])] * one_d
         consts = {"w": rng.standard_normal((24, 40), np.float32),
-                  "bias": rng.standard_normal(40, np.float32)}
-        shape = ("n", 7, 24)
+                  "bias": rng.standard_normal(40, np.float32), "axes": ints(0)}
     else:
         nodes = [helper.make_node("MatMul", ["w", "x"], ["y"])]
         consts = {"w": rng.standard_normal((4, 5, 6), np.float32)}
-        shape = ("n", 4, 6, 7)
     model = graph(nodes, {"x": shape}, consts, ["y"])
-    check_batches(engine_for, model, {"x": shape})
+    check_batches(engine_for, model, {"x": shape}, batches=(1, 3) if "n" in shape else (1,))
     engine = engine_for(model)
-    assert len(engine.plan(2).launches) == 1
+    assert len(engine.plan(2 if "n" in shape else 1).launches) == 1
+
     assert engine.graph.fused["MatMul+Add"] == (constant == "b")
 
 
