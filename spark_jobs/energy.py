@@ -102,7 +102,8 @@ def describe(summary: dict) -> list[str]:
     """The summary as the job prints it: the whole, then each device and power source."""
     unmetered = summary["unmetered_rows"]
     if not summary["rows"]:
-        return [f"energy: none in the replies to the job's {unmetered:,} rows"]
+        return [f"energy: none in the replies to the job's {unmetered:,} rows" if unmetered
+                else "energy: no rows scored"]
     lines = [_line("energy", summary)]
     lines += [_line(f"  device {device}", f) for device, f in summary["by_device"].items()]
     lines += [_line(f"  source {source}", f) for source, f in summary["by_source"].items()]

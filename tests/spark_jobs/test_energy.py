@@ -56,3 +56,4 @@ def test_a_job_whose_replies_carried_no_energy_says_so() -> None:
     assert summary["rows"] == 0 and summary["joules_per_row"] is None
     assert not summary["estimate"] and summary["estimate_note"] is None
     assert describe(summary) == ["energy: none in the replies to the job's 5 rows"]
+    assert describe(summarize({})) == ["energy: no rows scored"]  # e.g. an empty micro-batch
