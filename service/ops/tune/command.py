@@ -17,7 +17,7 @@ from pathlib import Path
 
 from service.ops.tune.rank import OBJECTIVES
 
-DEFAULT_CONCURRENCIES = (1, 8, 32)
+DEFAULT_CONCURRENCIES = (1, 8, 16, 32, 64)
 _MIN_SECONDS = 1.0
 # Two power samples (one a second) must fall inside the energy window: the load's seconds less
 # its 0.3 s warm-up, so at least 2.2 s.
