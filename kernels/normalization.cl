@@ -21,12 +21,29 @@ inline float group_reduce(float v, __local float* scratch, const int take_max) {
     return total;
 }
 
+// Writes row `row` normalized: act((x - mean) * inv * scale[c] + bias[c]) for j = first,
+// first + step, ... < cols, where c = ((row % period) * cols + j) / stride.
+inline void store_normalized(__global const DATA* in, __global const DATA* scale,
+                             __global const DATA* bias, __global DATA* out, const int row,
+                             const int cols, const int period, const int stride,
+                             const float mean, const float inv, const int first, const int step,
+                             const int act, const float a, const float b) {
+    const int offset = (row % period) * cols;
+    for (int j = first; j < cols; j += step) {
+        const int c = (offset + j) / stride;
+        const float v = (LOAD_DATA(in, j) - mean) * inv;
+        STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out,
+                   row * cols + j);
+    }
+}
+
 // out = act((x - mean) / sqrt(var + eps) * scale[c] + bias[c]) over rows of `cols` values, one
-// work-group per row; mean and variance in two passes (no cancellation in E[x^2] - E[x]^2).
-// The affine index c of value j of row r is ((r % period) * cols + j) / stride:
-// LayerNormalization (per value of the row): period 1, stride 1; InstanceNormalization (per
-// channel, a row is one channel's plane): period C, stride cols; GroupNormalization (per
-// channel, a row is one group's channels): period groups, stride the plane's size.
+// work-group per row (GPUs, FPGAs); mean and variance in two passes (no cancellation in
+// E[x^2] - E[x]^2). The affine index c of value j of row r is ((r % period) * cols + j) /
+// stride: LayerNormalization (per value of the row): period 1, stride 1;
+// InstanceNormalization (per channel, a row is one channel's plane): period C, stride cols;
+// GroupNormalization (per channel, a row is one group's channels): period groups, stride the
+// plane's size.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void norm_rows(__global const DATA* x, __global const DATA* scale, __global const DATA* bias,
                __global DATA* out, const int cols, const int period, const int stride,
@@ -43,13 +60,30 @@ void norm_rows(__global const DATA* x, __global const DATA* scale, __global cons
         part = fma(d, d, part);
     }
     const float inv = rsqrt(group_reduce(part, scratch, 0) / cols + eps);
-    const int first = (row % period) * cols;
-    for (int j = lid; j < cols; j += WG_1D) {
-        const int c = (first + j) / stride;
-        const float v = (LOAD_DATA(in, j) - mean) * inv;
-        STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out,
-                   row * cols + j);
+    store_normalized(in, scale, bias, out, row, cols, period, stride, mean, inv, lid, WG_1D, act,
+                     a, b);
+}
+
+// The same, one work-item per row (CPUs: PoCL runs a work-group's work-items as vector lanes,
+// where the barriers of the work-group reduction cost more than they share).
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void norm_rows_serial(__global const DATA* x, __global const DATA* scale,
+                      __global const DATA* bias, __global DATA* out, const int rows,
+                      const int cols, const int period, const int stride, const float eps,
+                      const int act, const float a, const float b) {
+    const int row = get_global_id(0);
+    if (row >= rows) return;
+    __global const DATA* in = x + row * cols;
+    float sum = 0.0f;
+    for (int j = 0; j < cols; ++j) sum += LOAD_DATA(in, j);
+    const float mean = sum / cols;
+    float squares = 0.0f;
+    for (int j = 0; j < cols; ++j) {
+        const float d = LOAD_DATA(in, j) - mean;
+        squares = fma(d, d, squares);
     }
+    store_normalized(in, scale, bias, out, row, cols, period, stride, mean,
+                     rsqrt(squares / cols + eps), 0, 1, act, a, b);
 }
 
 // One value per row of `cols`: the sum, the L2 norm (Swin V2's cosine attention normalizes q

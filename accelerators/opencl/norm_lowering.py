@@ -60,11 +60,15 @@ class NormLowering:
                                             f"(the mean or deviation) is read; unsupported")
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
         rows = math.prod(x.shape) // cols
-        self._emit(node, "norm_rows", rows * WG_1D, [
-            Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
-            self._ref(bias, f"{node.name}:bias"), Ref(out.storage), *ints(cols, period, stride),
-            np.float32(node.attrs.get("epsilon", 1e-5)), *activation_args(node, self.values)],
-            8 * math.prod(x.shape))
+        tensors = [Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
+                   self._ref(bias, f"{node.name}:bias"), Ref(out.storage)]
+        rest = [*ints(cols, period, stride), np.float32(node.attrs.get("epsilon", 1e-5)),
+                *activation_args(node, self.values)]
+        if self.tiling:  # GPUs and FPGAs: a work-group per row
+            self._emit(node, "norm_rows", rows * WG_1D, tensors + rest, 8 * math.prod(x.shape))
+        else:
+            self._emit(node, "norm_rows_serial", rows, tensors + [np.int32(rows)] + rest,
+                       8 * math.prod(x.shape))
 
     def _affine(self, node: Node, args: list, size: int, what: str) -> tuple[np.ndarray, ...]:
         """The scale and bias inputs (1 and 0 where absent), constant, as `size` values."""

@@ -1,8 +1,9 @@
 """The normalizations (LayerNormalization, also spelled out as exporters before opset 17 emit it;
-InstanceNormalization; GroupNorm as torch exports it and as opset 18's op), GELU in its exact and
-tanh forms, ReduceSum, ReduceL2 and ReduceMax of trailing axes, and Resize, each in a small ONNX graph built with onnx.helper, run by the engine and
-by ONNX Runtime on the same fresh random inputs (max relative error 1e-4); the fusions they get,
-and the load-time refusals of what the engine does not handle."""
+InstanceNormalization; GroupNorm as torch exports it and as opset 18's op) on both tilings, GELU
+in its exact and tanh forms, ReduceSum, ReduceL2 and ReduceMax of trailing axes, and Resize, each
+in a small ONNX graph built with onnx.helper, run by the engine and by ONNX Runtime on the same
+fresh random inputs (max relative error 1e-4); the fusions they get, and the load-time refusals
+of what the engine does not handle."""
 
 from __future__ import annotations
 
@@ -24,9 +25,20 @@ def _kernels(engine, batch: int) -> list[str]:
     return [la.kernel for la in engine.plan(batch).launches]
 
 
+# The normalization kernel each tiling runs: a work-group per row on GPUs and FPGAs (the local
+# tiles), a work-item per row on CPUs.
+NORM_KERNEL = {False: "norm_rows_serial", True: "norm_rows"}
+TILINGS = pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+
+
+def _tiled(engine_for, local_tiles: bool):
+    return lambda model: engine_for(model, local_tiles)
+
+
 @pytest.mark.parametrize("shape", LN_SHAPES, ids=str)
 @pytest.mark.parametrize("axis, eps", [(-1, 1e-5), (-1, 1e-6), (-2, 1e-3)])
-def test_layer_normalization(engine_for, shape, axis, eps) -> None:
+@TILINGS
+def test_layer_normalization(engine_for, shape, axis, eps, local_tiles) -> None:
     rng, seed = fresh_rng()
     normalized = shape[axis % len(shape):]
     consts = {"scale": rng.uniform(0.5, 1.5, normalized).astype(np.float32),
@@ -34,8 +46,9 @@ def test_layer_normalization(engine_for, shape, axis, eps) -> None:
     node = helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=axis,
                             epsilon=eps)
     x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
-    engine = check(engine_for, graph([node], {"x": shape}, consts, ["y"]), x=x)
-    assert _kernels(engine, shape[0]) == ["norm_rows"], seed
+    engine = check(_tiled(engine_for, local_tiles), graph([node], {"x": shape}, consts, ["y"]),
+                   x=x)
+    assert _kernels(engine, shape[0]) == [NORM_KERNEL[local_tiles]], seed
 
 
 def _decomposed_layer_norm(opset: int, affine: bool, square: str) -> list:
@@ -68,7 +81,7 @@ def test_decomposed_layer_norm_is_one_op(engine_for, opset, affine, square) -> N
     engine = check(engine_for, graph(_decomposed_layer_norm(opset, affine, square),
                                      {"x": x.shape}, consts, ["y"], opset), x=x)
     assert engine.graph.fused["LayerNormalization(decomposed)"] == 1, seed
-    assert _kernels(engine, 2) == ["norm_rows"]
+    assert _kernels(engine, 2) == ["norm_rows_serial"]
 
 
 def test_decomposed_layer_norm_over_a_non_last_axis_is_refused(engine_for) -> None:
@@ -145,7 +158,8 @@ def test_gelu_opset_20_op(engine_for) -> None:
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (2, 4, 30), (1, 2, 1, 300)], ids=str)
-def test_instance_normalization(engine_for, shape) -> None:
+@TILINGS
+def test_instance_normalization(engine_for, shape, local_tiles) -> None:
     rng, _ = fresh_rng()
     c = shape[1]
     consts = {"scale": rng.uniform(0.5, 1.5, c).astype(np.float32),
@@ -154,11 +168,13 @@ def test_instance_normalization(engine_for, shape) -> None:
                             epsilon=1e-4)
     nodes = [node, helper.make_node("Relu", ["h"], ["y"])]
     x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
-    engine = check(engine_for, graph(nodes, {"x": shape}, consts, ["y"]), x=x)
-    assert _kernels(engine, shape[0]) == ["norm_rows"]  # the ReLU fused
+    engine = check(_tiled(engine_for, local_tiles), graph(nodes, {"x": shape}, consts, ["y"]),
+                   x=x)
+    assert _kernels(engine, shape[0]) == [NORM_KERNEL[local_tiles]]  # the ReLU fused
 
 
-def test_group_norm_as_torch_exports_it(engine_for) -> None:
+@TILINGS
+def test_group_norm_as_torch_exports_it(engine_for, local_tiles) -> None:
     """nn.GroupNorm(4, 12): Reshape (n, 4, -1), InstanceNormalization (unit scale from torch;
     any here), Reshape back (a shape read from the input), per-channel Mul and Add: one op."""
     rng, _ = fresh_rng()
@@ -176,8 +192,9 @@ def test_group_norm_as_torch_exports_it(engine_for) -> None:
               "gamma": rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32),
               "beta": rng.uniform(-1, 1, (c, 1, 1)).astype(np.float32)}
     x = rng.standard_normal((2, c, 5, 6)).astype(np.float32)
-    engine = check(engine_for, graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
-    assert _kernels(engine, 2) == ["norm_rows"]
+    engine = check(_tiled(engine_for, local_tiles), graph(nodes, {"x": x.shape}, consts, ["y"]),
+                   x=x)
+    assert _kernels(engine, 2) == [NORM_KERNEL[local_tiles]]
 
 
 @pytest.mark.parametrize("per", ["group", "channel"])
