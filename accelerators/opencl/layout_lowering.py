@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import TensorProto
 
 from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn, Ref, ints
@@ -51,7 +52,7 @@ class LayoutLowering:
     """Mixed into lowering.Lowering, whose values, _new and _emit these methods use."""
 
     def _strided_copy(self, node: Node, x: Dyn, output: str, shape: tuple[int, ...],
-                strides: list[int], offset: int) -> None:
+                      strides: list[int], offset: int) -> Dyn:
         """output[i] = x[offset + sum(i_k * strides_k)] over `shape`."""
         out = self.values[output] = self._new(output, tuple(shape))
         dims, (steps,) = merged(shape, strides)
@@ -63,6 +64,7 @@ class LayoutLowering:
         total = math.prod(shape)
         self._emit(node, "gather_strided", (dims[5], dims[4], math.prod(dims[:4])), [
             Ref(x.storage), Ref(out.storage), *ints(total, *dims[1:], *steps, offset)])
+        return out
 
     def _transpose(self, node: Node, args: list) -> None:
         x = args[0]
@@ -133,6 +135,28 @@ class LayoutLowering:
             self.values[node.outputs[0]] = Dyn(shape, x.storage)
             return
         self._strided_copy(node, x, node.outputs[0], shape, broadcast_strides(x.shape, shape), 0)
+
+    def _tile(self, node: Node, args: list) -> None:
+        """Each axis of size d repeated r times is an axis r of stride 0 before it: a strided
+        copy whose (r, d) pairs are the output's axes."""
+        x, repeats = args
+        if isinstance(repeats, Dyn):
+            raise UnsupportedModelError(f"Tile node {node.name!r}: repeats must be constant")
+        src = contiguous_strides(x.shape)
+        pairs = [((int(r), d), (0, s)) for r, d, s in zip(np.ravel(repeats), x.shape, src)]
+        shape = tuple(v for dims, _ in pairs for v in dims)
+        out = self._strided_copy(node, x, node.outputs[0], shape,
+                                 [v for _, steps in pairs for v in steps], 0)
+        self.values[node.outputs[0]] = Dyn(tuple(r * d for (r, d), _ in pairs), out.storage)
+
+    def _cast(self, node: Node, args: list) -> None:
+        """A float activation cast to a float type is itself: tensors hold the build's float
+        (fp32 or fp16) whatever the model's float type."""
+        if node.attrs.get("to") not in (TensorProto.FLOAT, TensorProto.FLOAT16,
+                                        TensorProto.DOUBLE):
+            raise UnsupportedModelError(f"Cast node {node.name!r}: only to a float type on an "
+                                        f"activation")
+        self.values[node.outputs[0]] = args[0]
 
     def _gather(self, node: Node, args: list) -> None:
         """Constant indices, one or a list stepping evenly along the axis (a ViT's class token,

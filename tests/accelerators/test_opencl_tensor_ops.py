@@ -278,3 +278,22 @@ def test_matmul_whose_batch_axes_do_not_merge_is_refused(engine_for) -> None:
 def test_softmax_over_the_last_axis_of_nd_tensors(engine_for, shape) -> None:
     model = graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": shape}, {}, ["y"])
     check(engine_for, model, x=3 * fresh_rng()[0].standard_normal(shape, np.float32))
+
+
+@pytest.mark.parametrize("shape, repeats", [((2, 3, 4), (1, 2, 3)), ((2, 1, 5), (1, 4, 1)),
+                                            ((2, 3), (1, 1))], ids=str)
+def test_tile_of_an_activation(engine_for, shape, repeats) -> None:
+    model = graph([helper.make_node("Tile", ["x", "r"], ["y"])], {"x": shape},
+                  {"r": ints(*repeats)}, ["y"])
+    check(engine_for, model, x=fresh_rng()[0].standard_normal(shape, np.float32))
+
+
+def test_cast_of_a_float_activation_is_itself(engine_for) -> None:
+    nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = graph(nodes, {"x": (2, 5)}, {}, ["y"])
+    check(engine_for, model, x=fresh_rng()[0].standard_normal((2, 5), np.float32))
+    refused = graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64, name="c")],
+                    {"x": (2, 5)}, {}, ["y"])
+    with pytest.raises(UnsupportedModelError, match="Cast node 'c': only to a float type"):
+        engine_for(refused)
