@@ -24,8 +24,8 @@ from spark_jobs.cost import Cost
 
 ENERGY_FILE = "_hetserve_energy.json"  # inside the output folder: Spark and pyarrow skip `_*`
 ESTIMATE = "model"  # the power source that is an estimate, not a sensor
-ESTIMATE_NOTE = ("figures from power source `model` are estimates (configured idle/busy watts "
-                 "blended by measured busy time), not measurements")
+ESTIMATE_NOTE = ("figures from power source `model` are estimates (the configured busy watts "
+                 "times the batches' run time), not measurements")
 COUNTING = ("summed by a Spark accumulator: a failed or speculative task attempt's share is "
             "dropped; a scoring stage that runs again would add its share again")
 
