@@ -43,7 +43,7 @@ def _fp32_reference(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return session.run(["y"], inputs)[0].astype(np.float64)
 
 
-def _check_fp16(engine_for, model, inputs: dict[str, np.ndarray], seed: int,
+def check_fp16(engine_for, model, inputs: dict[str, np.ndarray], seed: int,
                 local_tiles: bool | None = None) -> OpenCLEngine:
     engine = engine_for(model, local_tiles, precision="fp16")
     assert engine.build.half
@@ -67,7 +67,7 @@ def _check_mnist(got: np.ndarray, images: np.ndarray, labels: np.ndarray) -> Non
 @pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
 def test_conv(engine_for, case, local_tiles) -> None:
     x, model, _, seed = conv_model(case, relu=True)
-    _check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
+    check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 2500, 37), (8, 300, 130)] if not SMALL_GRID
@@ -78,7 +78,7 @@ def test_gemm(engine_for, m, k, n, local_tiles) -> None:
     x = rng.standard_normal((m, k), np.float32)
     w, b = rng.standard_normal((n, k), np.float32), rng.standard_normal(n).astype(np.float32)
     model = single_op("Gemm", {"x": x}, {"w": w, "b": b}, (m, n), transB=1)
-    _check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
+    check_fp16(engine_for, model, {"x": x}, seed, local_tiles)
 
 
 # (op, input shapes, constant inputs, attributes): every other kernel the fp16 build changes.
@@ -111,7 +111,7 @@ def test_other_ops(engine_for, op, shapes, consts, attrs) -> None:
     inputs = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     values = {k: (rng.random(s) + 0.5).astype(np.float32) for k, s in consts.items()}
     out = _fp32_reference(single_op(op, inputs, values, (1,), **attrs), inputs).shape
-    _check_fp16(engine_for, single_op(op, inputs, values, out, **attrs), inputs, seed)
+    check_fp16(engine_for, single_op(op, inputs, values, out, **attrs), inputs, seed)
 
 
 def test_tensors_take_half_the_device_memory(opencl_device, program_cache) -> None:

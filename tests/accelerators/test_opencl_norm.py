@@ -15,6 +15,7 @@ from onnx import helper
 
 from accelerators.opencl.ir import UnsupportedModelError
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng
+from tests.accelerators.test_opencl_fp16 import check_fp16
 from tests.accelerators.test_opencl_ops import check, graph
 
 LN_SHAPES = [(2, 5, 7), (3, 96)] if SMALL_GRID else [(2, 5, 7), (3, 4, 96), (2, 3, 2, 130),
@@ -273,3 +274,21 @@ def test_resize(engine_for, mode, coordinates, nearest, target) -> None:
 def test_what_is_refused_at_load(engine_for, node, shape, consts, message) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         engine_for(graph([node], {"x": shape}, consts, ["y"]))
+
+
+@pytest.mark.parametrize("node, shape, consts", [
+    (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear"), (2, 3, 7, 6),
+     {"scales": np.array([1, 1, 2, 1.5], np.float32)}),
+    (helper.make_node("ReduceL2", ["x", "axes"], ["y"]), (3, 5, 40),
+     {"axes": np.array([-1], np.int64)}),
+    (helper.make_node("Gelu", ["x"], ["y"]), (4, 33), {}),
+    (helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2), (2, 4, 5, 5),
+     {"s": np.full(4, 1.5, np.float32), "b": np.full(4, 0.5, np.float32)})],
+    ids=["Resize", "ReduceL2", "Gelu", "GroupNormalization"])
+@TILINGS
+def test_half_storage(engine_for, node, shape, consts, local_tiles) -> None:
+    """fp16 models (docs/opencl.md's Precisions): within test_opencl_fp16's bound of FP32."""
+    rng, seed = fresh_rng()
+    x = rng.standard_normal(shape).astype(np.float32)
+    check_fp16(engine_for, graph([node], {"x": shape}, consts, ["y"], 21), {"x": x}, seed,
+                local_tiles)
