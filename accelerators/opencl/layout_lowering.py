@@ -1,7 +1,8 @@
-"""Lowering of the ops that move data without arithmetic on it (Transpose, Slice, Split, Expand
-and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's heads,
-a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of rank <= 6
-into a contiguous tensor (a broadcast axis is one of stride 0); Pad to `pad_constant`."""
+"""Lowering of the ops that move data without arithmetic on it (Transpose, Slice, Split, Expand,
+Tile and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's
+heads, a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of
+rank <= 6 into a contiguous tensor (a broadcast axis is one of stride 0); Pad to
+`pad_constant`; a Cast between float types is a view."""
 
 from __future__ import annotations
 
