@@ -156,7 +156,7 @@ class LayoutLowering:
         if node.attrs.get("to") not in (TensorProto.FLOAT, TensorProto.FLOAT16,
                                         TensorProto.DOUBLE):
             raise UnsupportedModelError(f"Cast node {node.name!r}: only to a float type on an "
-                                        f"activation")
+                                        f"activation, not to={node.attrs.get('to')}")
         self.values[node.outputs[0]] = args[0]
 
     def _gather(self, node: Node, args: list) -> None:
@@ -193,7 +193,7 @@ class LayoutLowering:
         mode = a.get("mode", "constant")
         if mode != "constant" or any(isinstance(v, Dyn) for v in (amounts, value, axes)):
             raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only mode 'constant' "
-                                        f"with constant amounts is supported, not {mode!r}")
+                                        f"with constant amounts is supported, not mode={mode!r}")
         rank = len(x.shape)
         axes = range(rank) if axes is None else [int(ax) % rank for ax in np.ravel(axes)]
         amounts = [int(v) for v in np.ravel(amounts)]
