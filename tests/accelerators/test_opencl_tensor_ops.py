@@ -255,7 +255,8 @@ def test_matmul_of_an_activation_and_a_constant(engine_for, constant, shape) -> 
             helper.make_node("Add", ["xw", "bias"], ["xwb" if one_d else "y"])] + [
             helper.make_node("Unsqueeze", ["xwb", "axes"], ["y"])] * one_d
         consts = {"w": rng.standard_normal((24, 40), np.float32),
-                  "bias": rng.standard_normal(40, np.float32), "axes": ints(0)}
+                  "bias": rng.standard_normal(40, np.float32)} | ({"axes": ints(0)} if one_d
+                                                                  else {})
     else:
         nodes = [helper.make_node("MatMul", ["w", "x"], ["y"])]
         consts = {"w": rng.standard_normal((4, 5, 6), np.float32)}
