@@ -21,19 +21,26 @@ inline float group_reduce(float v, __local float* scratch, const int take_max) {
     return total;
 }
 
+// A row is `cols` values `inner` apart: x viewed as (outer, cols, inner), row r at
+// (r / inner, :, r % inner). inner is 1 for trailing axes; a LayerNorm over the channels of an
+// NCHW tensor (the ConvNeXt authors' channels-first LayerNorm) has inner = h * w.
+inline int row_start(const int row, const int cols, const int inner) {
+    return (row / inner) * cols * inner + row % inner;
+}
+
 // Writes row `row` normalized: act((x - mean) * inv * scale[c] + bias[c]) for j = first,
 // first + step, ... < cols, where c = ((row % period) * cols + j) / stride.
-inline void store_normalized(__global const DATA* in, __global const DATA* scale,
+inline void store_normalized(__global const DATA* x, __global const DATA* scale,
                              __global const DATA* bias, __global DATA* out, const int row,
-                             const int cols, const int period, const int stride,
-                             const float mean, const float inv, const int first, const int step,
-                             const int act, const float a, const float b) {
-    const int offset = (row % period) * cols;
+                             const int cols, const int inner, const int period,
+                             const int stride, const float mean, const float inv,
+                             const int first, const int step, const int act, const float a,
+                             const float b) {
+    const int offset = (row % period) * cols, start = row_start(row, cols, inner);
     for (int j = first; j < cols; j += step) {
-        const int c = (offset + j) / stride;
-        const float v = (LOAD_DATA(in, j) - mean) * inv;
-        STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out,
-                   row * cols + j);
+        const int c = (offset + j) / stride, i = start + j * inner;
+        const float v = (LOAD_DATA(x, i) - mean) * inv;
+        STORE_DATA(activate(fma(v, LOAD_DATA(scale, c), LOAD_DATA(bias, c)), act, a, b), out, i);
     }
 }
 
@@ -46,22 +53,22 @@ inline void store_normalized(__global const DATA* in, __global const DATA* scale
 // plane's size.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void norm_rows(__global const DATA* x, __global const DATA* scale, __global const DATA* bias,
-               __global DATA* out, const int cols, const int period, const int stride,
-               const float eps, const int act, const float a, const float b) {
+               __global DATA* out, const int cols, const int inner, const int period,
+               const int stride, const float eps, const int act, const float a, const float b) {
     __local float scratch[WG_1D];
     const int row = get_group_id(0), lid = get_local_id(0);
-    __global const DATA* in = x + row * cols;
+    const int start = row_start(row, cols, inner);
     float part = 0.0f;
-    for (int j = lid; j < cols; j += WG_1D) part += LOAD_DATA(in, j);
+    for (int j = lid; j < cols; j += WG_1D) part += LOAD_DATA(x, start + j * inner);
     const float mean = group_reduce(part, scratch, 0) / cols;
     part = 0.0f;
     for (int j = lid; j < cols; j += WG_1D) {
-        const float d = LOAD_DATA(in, j) - mean;
+        const float d = LOAD_DATA(x, start + j * inner) - mean;
         part = fma(d, d, part);
     }
     const float inv = rsqrt(group_reduce(part, scratch, 0) / cols + eps);
-    store_normalized(in, scale, bias, out, row, cols, period, stride, mean, inv, lid, WG_1D, act,
-                     a, b);
+    store_normalized(x, scale, bias, out, row, cols, inner, period, stride, mean, inv, lid, WG_1D,
+                     act, a, b);
 }
 
 // The same, one work-item per row (CPUs: PoCL runs a work-group's work-items as vector lanes,
@@ -69,20 +76,20 @@ void norm_rows(__global const DATA* x, __global const DATA* scale, __global cons
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void norm_rows_serial(__global const DATA* x, __global const DATA* scale,
                       __global const DATA* bias, __global DATA* out, const int rows,
-                      const int cols, const int period, const int stride, const float eps,
-                      const int act, const float a, const float b) {
+                      const int cols, const int inner, const int period, const int stride,
+                      const float eps, const int act, const float a, const float b) {
     const int row = get_global_id(0);
     if (row >= rows) return;
-    __global const DATA* in = x + row * cols;
+    const int start = row_start(row, cols, inner);
     float sum = 0.0f;
-    for (int j = 0; j < cols; ++j) sum += LOAD_DATA(in, j);
+    for (int j = 0; j < cols; ++j) sum += LOAD_DATA(x, start + j * inner);
     const float mean = sum / cols;
     float squares = 0.0f;
     for (int j = 0; j < cols; ++j) {
-        const float d = LOAD_DATA(in, j) - mean;
+        const float d = LOAD_DATA(x, start + j * inner) - mean;
         squares = fma(d, d, squares);
     }
-    store_normalized(in, scale, bias, out, row, cols, period, stride, mean,
+    store_normalized(x, scale, bias, out, row, cols, inner, period, stride, mean,
                      rsqrt(squares / cols + eps), 0, 1, act, a, b);
 }
 

@@ -30,6 +30,15 @@ def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
     return axes[0]
 
 
+def axis_range(node: Node, axes: list[int], rank: int) -> tuple[int, int]:
+    """The first and last of `axes` if they are adjacent axes of a tensor of `rank`."""
+    axes = sorted(int(a) % rank for a in axes)
+    if not axes or axes != list(range(axes[0], axes[0] + len(axes))):
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: only adjacent axes are "
+                                    f"supported, not attribute axes {axes} of rank {rank}")
+    return axes[0], axes[-1]
+
+
 def _source_coordinates(mode: str, size: int, out: int, scale: float) -> np.ndarray:
     """Where each output position of one axis samples the input (ONNX Resize's
     coordinate_transformation_mode)."""
@@ -51,9 +60,9 @@ class NormLowering:
     these methods use."""
 
     def _norm_rows(self, node: Node, x: Dyn, scale: np.ndarray, bias: np.ndarray, cols: int,
-                   period: int, stride: int) -> None:
-        """x as rows of `cols` values, each normalized; value j of row r scaled by
-        scale[((r % period) * cols + j) // stride] (kernels/normalization.cl)."""
+                   period: int, stride: int, inner: int = 1) -> None:
+        """x as rows of `cols` values `inner` apart, each normalized; value j of row r scaled
+        by scale[((r % period) * cols + j) // stride] (kernels/normalization.cl)."""
         for output in node.outputs[1:]:  # LayerNormalization's mean and inverse deviation
             if output and self.graph.consumers(output):
                 raise UnsupportedModelError(f"{node.op} node {node.name!r}: output {output!r} "
@@ -62,7 +71,7 @@ class NormLowering:
         rows = math.prod(x.shape) // cols
         tensors = [Ref(x.storage), self._ref(scale, f"{node.name}:scale"),
                    self._ref(bias, f"{node.name}:bias"), Ref(out.storage)]
-        rest = [*ints(cols, period, stride), np.float32(node.attrs.get("epsilon", 1e-5)),
+        rest = [*ints(cols, inner, period, stride), np.float32(node.attrs.get("epsilon", 1e-5)),
                 *activation_args(node, self.values)]
         if self.tiling:  # GPUs and FPGAs: a work-group per row
             self._emit(node, "norm_rows", rows * WG_1D, tensors + rest, 8 * math.prod(x.shape))
@@ -89,16 +98,37 @@ class NormLowering:
         return tuple(values)
 
     def _layernormalization(self, node: Node, args: list) -> None:
-        """Over the axes from `axis` on (the decomposed form: its ReduceMean's axes)."""
+        """Over the axes from `axis` on; the decomposed form over its ReduceMeans' axes, which
+        may be followed by others (a channels-first LayerNorm over axis 1 of NCHW)."""
         x = args[0]
         rank = len(x.shape)
         if "reduce_axes" in node.attrs:
-            axis = first_trailing_axis(node, node.attrs["reduce_axes"], rank)
+            first, last = axis_range(node, node.attrs["reduce_axes"], rank)
         else:
-            axis = node.attrs.get("axis", -1) % rank
-        cols = math.prod(x.shape[axis:])
-        scale, bias = self._affine(node, args, cols, "normalized value")
-        self._norm_rows(node, x, scale, bias, cols, 1, 1)
+            first, last = node.attrs.get("axis", -1) % rank, rank - 1
+        scale, bias = (self._per_normalized_value(node, args, i, x.shape, first, last)
+                       for i in (1, 2))
+        self._norm_rows(node, x, scale, bias, math.prod(x.shape[first:last + 1]), 1, 1,
+                        math.prod(x.shape[last + 1:]))
+
+    def _per_normalized_value(self, node: Node, args: list, i: int, shape: tuple[int, ...],
+                              first: int, last: int) -> np.ndarray:
+        """Input i (the scale: 1 where absent, the bias: 0), constant, broadcast against x as
+        numpy does, one value per position of axes first..last (the same along the others)."""
+        v = args[i] if len(args) > i and args[i] is not None else np.float64(i == 1)
+        if isinstance(v, Dyn):
+            raise UnsupportedModelError(f"{node.op} node {node.name!r}: input "
+                                        f"{node.inputs[i]!r} is not constant")
+        v = np.asarray(v, np.float64)
+        aligned = (1,) * (len(shape) - v.ndim) + v.shape
+        normalized = shape[first:last + 1]
+        if len(aligned) != len(shape) or any(
+                d != 1 for d in aligned[:first] + aligned[last + 1:]) or any(
+                d not in (1, n) for d, n in zip(aligned[first:last + 1], normalized)):
+            raise UnsupportedModelError(f"{node.op} node {node.name!r}: input "
+                                        f"{node.inputs[i]!r} of shape {list(v.shape)} does not "
+                                        f"follow axes {first}..{last} of {list(shape)}")
+        return np.broadcast_to(v.reshape(aligned[first:last + 1]), normalized).reshape(-1)
 
     def _instancenormalization(self, node: Node, args: list) -> None:
         """Per sample and channel over the spatial axes; rank 3 too (GroupNorm as torch exports

@@ -85,15 +85,36 @@ def test_decomposed_layer_norm_is_one_op(engine_for, opset, affine, square) -> N
     assert _kernels(engine, 2) == ["norm_rows_serial"]
 
 
-def test_decomposed_layer_norm_over_a_non_last_axis_is_refused(engine_for) -> None:
-    """The fused op keeps the ReduceMeans' axes; over a leading axis it is no row normalization."""
-    nodes = _decomposed_layer_norm(13, False, "Pow")
+@TILINGS
+def test_channels_first_layer_norm(engine_for, local_tiles) -> None:
+    """The ConvNeXt authors' LayerNorm of NCHW tensors: the decomposed form over axis 1, scale
+    and bias of shape (c, 1, 1); each (n, h, w) normalized over c, its values h * w apart."""
+    rng, seed = fresh_rng()
+    c = 24
+    nodes = _decomposed_layer_norm(13, True, "Pow")
     for n in nodes:
         if n.op_type == "ReduceMean":
             n.attribute[0].ints[:] = [1]
-    model = graph(nodes, {"x": (2, 3, 4)}, {"two": np.float32(2), "eps": np.float32(1e-5)},
+    consts = {"two": np.float32(2.0), "eps": np.float32(1e-6),
+              "gamma": rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32),
+              "beta": rng.uniform(-1, 1, (c, 1, 1)).astype(np.float32)}
+    x = rng.standard_normal((2, c, 5, 7)).astype(np.float32)
+    engine = check(_tiled(engine_for, local_tiles), graph(nodes, {"x": x.shape}, consts, ["y"],
+                                                          13), x=x)
+    assert _kernels(engine, 2) == [NORM_KERNEL[local_tiles]], seed
+
+
+def test_decomposed_layer_norm_over_axes_apart_is_refused(engine_for) -> None:
+    """The fused op keeps the ReduceMeans' axes; over axes that are not adjacent it is no row
+    normalization."""
+    nodes = _decomposed_layer_norm(13, False, "Pow")
+    for n in nodes:
+        if n.op_type == "ReduceMean":
+            n.attribute[0].ints[:] = [1, 3]
+    model = graph(nodes, {"x": (2, 3, 4, 5)}, {"two": np.float32(2), "eps": np.float32(1e-5)},
                   ["y"], 13)
-    with pytest.raises(UnsupportedModelError, match=r"LayerNormalization node .*axes \[1\]"):
+    with pytest.raises(UnsupportedModelError, match=r"LayerNormalization node .*only adjacent "
+                                                    r"axes .*axes \[1, 3\]"):
         engine_for(model)
 
 
