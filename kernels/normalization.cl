@@ -112,23 +112,26 @@ void reduce_rows(__global const DATA* x, __global DATA* out, const int cols, con
     if (lid == 0) STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
 }
 
-// 2-D Resize of (n * c) planes, nearest or bilinear: each output row oy reads input rows
-// ys[2 oy] and ys[2 oy + 1] mixed by yw[oy] (the second's weight), each output column likewise
-// from xs and xw. The host computes these tables for the ONNX coordinate mode (nearest: both
-// indices equal, weight 0), so one kernel without mode branches serves every mode.
-// Dimensions: the output pixel, then the plane.
+// 2-D Resize of (n * c) planes: output pixel (oy, ox) is the sum over `taps` x `taps` input
+// pixels (ys[oy taps + ty], xs[ox taps + tx]) weighted by yw[oy taps + ty] * xw[ox taps + tx].
+// The host computes these tables for the ONNX mode (nearest: 1 tap of weight 1, linear: 2,
+// cubic: 4) and coordinate transformation, so one kernel without mode branches serves every
+// mode; taps <= 4, a bound FPGA compilers can unroll. Dimensions: the output pixel, the plane.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void resize2d(__global const DATA* x, __global DATA* out, __global const int* ys,
               __global const float* yw, __global const int* xs, __global const float* xw,
-              const int h, const int w, const int oh, const int ow) {
+              const int taps, const int h, const int w, const int oh, const int ow) {
     const int p = get_global_id(0), plane = get_global_id(1);
     if (p >= oh * ow) return;
     const int oy = p / ow, ox = p % ow;
     __global const DATA* in = x + plane * h * w;
-    const int y0 = ys[2 * oy] * w, y1 = ys[2 * oy + 1] * w;
-    const int x0 = xs[2 * ox], x1 = xs[2 * ox + 1];
-    const float fy = yw[oy], fx = xw[ox];
-    const float top = mix(LOAD_DATA(in, y0 + x0), LOAD_DATA(in, y0 + x1), fx);
-    const float bottom = mix(LOAD_DATA(in, y1 + x0), LOAD_DATA(in, y1 + x1), fx);
-    STORE_DATA(mix(top, bottom, fy), out, plane * oh * ow + p);
+    float sum = 0.0f;
+    for (int ty = 0; ty < taps; ++ty) {
+        const int row = ys[oy * taps + ty] * w;
+        float across = 0.0f;
+        for (int tx = 0; tx < taps; ++tx)
+            across = fma(xw[ox * taps + tx], LOAD_DATA(in, row + xs[ox * taps + tx]), across);
+        sum = fma(yw[oy * taps + ty], across, sum);
+    }
+    STORE_DATA(sum, out, plane * oh * ow + p);
 }

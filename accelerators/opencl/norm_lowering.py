@@ -1,7 +1,7 @@
 """Lowering of the normalizations over rows (LayerNormalization, InstanceNormalization,
 GroupNormalization: kernels/normalization.cl's `norm_rows`, one work-group per row), of the
 reductions of trailing axes (ReduceSum, ReduceL2, ReduceMax: `reduce_rows`), of GELU (an
-activation) and of 2-D Resize (`resize2d`, its coordinate tables computed here)."""
+activation) and of 2-D Resize (`resize2d`, its tables of taps computed here)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import WG_1D, Dyn, Ref, activation_args, ints
 
-RESIZE_MODES = ("nearest", "linear")
+RESIZE_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}  # input pixels per output pixel, per axis
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
                     "half_pixel_symmetric")
 # How a nearest source coordinate is rounded (ONNX's nearest_mode).
@@ -53,6 +53,28 @@ def _source_coordinates(mode: str, size: int, out: int, scale: float) -> np.ndar
     if mode == "half_pixel_symmetric":
         offset = size / 2 * (1 - out / (scale * size))
     return offset + (r + 0.5) / scale - 0.5
+
+
+def _taps(mode: str, at: np.ndarray, size: int, attrs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The input positions each output position of one axis reads and their weights, (out,
+    taps) each: ONNX Resize's formulas, neighbours past the edge reading the edge."""
+    if mode == "nearest":
+        rounded = NEAREST[attrs.get("nearest_mode", "round_prefer_floor")](at)
+        return np.clip(rounded, 0, size - 1)[:, None], np.ones((len(at), 1))
+    floor = np.floor(at)
+    t = (at - floor)[:, None]
+    if mode == "linear":
+        offsets, weights = np.arange(2), np.concatenate([1 - t, t], axis=1)
+    else:  # cubic convolution (Keys) with coefficient A, over floor - 1 .. floor + 2
+        offsets, a = np.arange(-1, 3), attrs.get("cubic_coeff_a", -0.75)
+        d = np.abs(t - offsets)  # each tap's distance
+        weights = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                           ((a * d - 5 * a) * d + 8 * a) * d - 4 * a)
+    index = floor[:, None] + offsets
+    if attrs.get("exclude_outside", 0):  # taps outside the input weigh 0, the rest renormalized
+        weights = np.where((index >= 0) & (index < size), weights, 0.0)
+        weights /= weights.sum(axis=1, keepdims=True)
+    return np.clip(index, 0, size - 1), weights
 
 
 class NormLowering:
@@ -188,13 +210,13 @@ class NormLowering:
         self._activation(node, args)
 
     def _resize(self, node: Node, args: list) -> None:
-        """Nearest or linear over the two spatial axes of an NCHW tensor."""
+        """Nearest, linear or cubic over the two spatial axes of an NCHW tensor."""
         x, a = args[0], node.attrs
         mode = a.get("mode", "nearest")
         coordinates = a.get("coordinate_transformation_mode", "half_pixel")
         nearest_mode = a.get("nearest_mode", "round_prefer_floor")
         refused = [f"{k} {v!r}" for k, v, ok in (
-            ("mode", mode, RESIZE_MODES), ("coordinate_transformation_mode", coordinates,
+            ("mode", mode, RESIZE_TAPS), ("coordinate_transformation_mode", coordinates,
                                            COORDINATE_MODES),
             ("nearest_mode", nearest_mode, NEAREST), ("antialias", a.get("antialias", 0), (0,)),
             ("keep_aspect_ratio_policy", a.get("keep_aspect_ratio_policy", "stretch"),
@@ -212,19 +234,13 @@ class NormLowering:
         tables = []
         for axis, name in ((2, "ys"), (3, "xs")):
             at = _source_coordinates(coordinates, x.shape[axis], sizes[axis], scales[axis])
-            if mode == "nearest":
-                first = np.clip(NEAREST[nearest_mode](at), 0, x.shape[axis] - 1)
-                second, weight = first, np.zeros_like(at)
-            else:
-                floor = np.floor(at)
-                first, second = (np.clip(floor + i, 0, x.shape[axis] - 1) for i in (0, 1))
-                weight = at - floor
-            tables += [self._ref(np.stack([first, second], 1), f"{node.name}:{name}", np.int32),
+            index, weight = _taps(mode, at, x.shape[axis], a)
+            tables += [self._ref(index, f"{node.name}:{name}", np.int32),
                        self._ref(weight, f"{node.name}:{name}:weight", np.float32)]
         oh, ow = sizes[2:]
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, c, oh, ow))
         self._emit(node, "resize2d", (oh * ow, n * c), [
-            Ref(x.storage), Ref(out.storage), *tables, *ints(h, w, oh, ow)])
+            Ref(x.storage), Ref(out.storage), *tables, *ints(RESIZE_TAPS[mode], h, w, oh, ow)])
 
     def _resize_targets(self, node: Node, args: list, shape: tuple[int, ...]
                         ) -> tuple[list[float], list[int]]:

@@ -249,7 +249,7 @@ def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims) -> No
     assert _kernels(engine, shape[0]) == ["reduce_rows"]
 
 
-RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode, scales or sizes)
+RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode or cubic's option, target)
     ("nearest", "asymmetric", "floor", [1, 1, 2, 2]),  # torch's Upsample(scale_factor=2)
     ("nearest", "half_pixel", "round_prefer_floor", [1, 1, 1.5, 0.5]),
     ("nearest", "align_corners", "round_prefer_ceil", (2, 3, 4, 11)),
@@ -257,6 +257,9 @@ RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode, scales or si
     ("linear", "pytorch_half_pixel", "", (2, 3, 1, 5)),
     ("linear", "align_corners", "", (2, 3, 13, 4)),
     ("linear", "asymmetric", "", [1, 1, 0.6, 3]),
+    ("cubic", "half_pixel", "", [1, 1, 2, 2]),  # torch's bicubic interpolate (A = -0.75)
+    ("cubic", "align_corners", "", (2, 3, 9, 4)),
+    ("cubic", "asymmetric", "exclude_outside", [1, 1, 1.7, 0.5]),
 ]
 
 
@@ -264,7 +267,9 @@ RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode, scales or si
 def test_resize(engine_for, mode, coordinates, nearest, target) -> None:
     x = fresh_rng()[0].standard_normal((2, 3, 7, 6)).astype(np.float32)
     attrs = {"mode": mode, "coordinate_transformation_mode": coordinates}
-    if nearest:
+    if nearest == "exclude_outside":
+        attrs |= {"exclude_outside": 1, "cubic_coeff_a": -0.5}
+    elif nearest:
         attrs["nearest_mode"] = nearest
     if isinstance(target, list):
         inputs, consts = ["x", "", "scales"], {"scales": np.array(target, np.float32)}
@@ -276,9 +281,10 @@ def test_resize(engine_for, mode, coordinates, nearest, target) -> None:
 
 
 @pytest.mark.parametrize("node, shape, consts, message", [
-    (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic", name="up"),
-     (1, 2, 4, 4), {"scales": np.array([1, 1, 2, 2], np.float32)},
-     r"Resize node 'up': attribute mode 'cubic'"),
+    (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", antialias=1,
+                      name="down"), (1, 2, 4, 4),
+     {"scales": np.array([1, 1, 0.5, 0.5], np.float32)},
+     r"Resize node 'down': attribute antialias 1"),
     (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="crop",
                       coordinate_transformation_mode="tf_crop_and_resize"),
      (1, 2, 4, 4), {"scales": np.array([1, 1, 2, 2], np.float32)},
@@ -291,7 +297,7 @@ def test_resize(engine_for, mode, coordinates, nearest, target) -> None:
      r"InstanceNormalization node 'flat': input of rank 2"),
     (helper.make_node("LayerNormalization", ["x", "x"], ["y"], name="ln"), (2, 3), {},
      r"LayerNormalization node 'ln': input 'x' is not constant"),
-], ids=["cubic", "crop", "channels", "rank2", "scale"])
+], ids=["antialias", "crop", "channels", "rank2", "scale"])
 def test_what_is_refused_at_load(engine_for, node, shape, consts, message) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         engine_for(graph([node], {"x": shape}, consts, ["y"]))
