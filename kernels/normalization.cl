@@ -94,22 +94,36 @@ void norm_rows_serial(__global const DATA* x, __global const DATA* scale,
 }
 
 // One value per row of `cols`: the sum, the L2 norm (Swin V2's cosine attention normalizes q
-// and k by it) or the maximum; one work-group per row.
+// and k by it) or the maximum.
 #define REDUCE_SUM 0
 #define REDUCE_L2 1
 #define REDUCE_MAX 2
+inline float reduce_step(const float part, const float v, const int op) {
+    return op == REDUCE_MAX ? fmax(part, v) : op == REDUCE_L2 ? fma(v, v, part) : part + v;
+}
+
+// One work-group per row (GPUs, FPGAs).
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void reduce_rows(__global const DATA* x, __global DATA* out, const int cols, const int op) {
     __local float scratch[WG_1D];
     const int row = get_group_id(0), lid = get_local_id(0);
     __global const DATA* in = x + row * cols;
     float part = op == REDUCE_MAX ? -INFINITY : 0.0f;
-    for (int j = lid; j < cols; j += WG_1D) {
-        const float v = LOAD_DATA(in, j);
-        part = op == REDUCE_MAX ? fmax(part, v) : op == REDUCE_L2 ? fma(v, v, part) : part + v;
-    }
+    for (int j = lid; j < cols; j += WG_1D) part = reduce_step(part, LOAD_DATA(in, j), op);
     const float total = group_reduce(part, scratch, op == REDUCE_MAX);
     if (lid == 0) STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
+}
+
+// One work-item per row (CPUs, as norm_rows_serial).
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void reduce_rows_serial(__global const DATA* x, __global DATA* out, const int rows,
+                        const int cols, const int op) {
+    const int row = get_global_id(0);
+    if (row >= rows) return;
+    __global const DATA* in = x + row * cols;
+    float total = op == REDUCE_MAX ? -INFINITY : 0.0f;
+    for (int j = 0; j < cols; ++j) total = reduce_step(total, LOAD_DATA(in, j), op);
+    STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
 }
 
 // 2-D Resize of (n * c) planes: output pixel (oy, ox) is the sum over `taps` x `taps` input

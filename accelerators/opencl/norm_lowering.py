@@ -197,9 +197,13 @@ class NormLowering:
         keep = node.attrs.get("keepdims", 1)
         shape = x.shape[:first] + ((1,) * (rank - first) if keep else ())
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
-        rows = math.prod(x.shape[:first])
-        self._emit(node, "reduce_rows", rows * WG_1D, [
-            Ref(x.storage), Ref(out.storage), *ints(math.prod(x.shape[first:]), REDUCE[node.op])])
+        rows, cols = math.prod(x.shape[:first]), math.prod(x.shape[first:])
+        if self.tiling:  # GPUs and FPGAs: a work-group per row
+            self._emit(node, "reduce_rows", rows * WG_1D, [
+                Ref(x.storage), Ref(out.storage), *ints(cols, REDUCE[node.op])])
+        else:
+            self._emit(node, "reduce_rows_serial", rows, [
+                Ref(x.storage), Ref(out.storage), *ints(rows, cols, REDUCE[node.op])])
 
     _reducesum = _reducel2 = _reducemax = _reduce_rows
 

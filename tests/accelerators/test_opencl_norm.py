@@ -237,7 +237,8 @@ def test_group_normalization_op(engine_for, per) -> None:
 @pytest.mark.parametrize("shape, axes, keepdims", [((2, 3, 5, 100), [-1], 1),
                                                    ((4, 7, 9), [1, 2], 0), ((3, 70), None, 1)],
                          ids=str)
-def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims) -> None:
+@TILINGS
+def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims, local_tiles) -> None:
     """Swin V2 normalizes q and k by ReduceL2 over the last axis (F.normalize)."""
     x = fresh_rng()[0].standard_normal(shape).astype(np.float32)
     inputs, consts = ["x"], {}
@@ -245,8 +246,9 @@ def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims) -> No
         inputs.append("axes")
         consts["axes"] = np.array(axes, np.int64)
     node = helper.make_node(op, inputs, ["y"], keepdims=keepdims)
-    engine = check(engine_for, graph([node], {"x": shape}, consts, ["y"], 18), x=x)
-    assert _kernels(engine, shape[0]) == ["reduce_rows"]
+    engine = check(_tiled(engine_for, local_tiles), graph([node], {"x": shape}, consts, ["y"],
+                                                          18), x=x)
+    assert _kernels(engine, shape[0]) == ["reduce_rows" if local_tiles else "reduce_rows_serial"]
 
 
 RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode or cubic's option, target)
