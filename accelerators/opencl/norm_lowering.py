@@ -1,7 +1,8 @@
 """Lowering of the normalizations over rows (LayerNormalization, InstanceNormalization,
-GroupNormalization: kernels/normalization.cl's `norm_rows`, one work-group per row), of the
-reductions of trailing axes (ReduceSum, ReduceL2, ReduceMax: `reduce_rows`), of GELU (an
-activation) and of 2-D Resize (`resize2d`, its tables of taps computed here)."""
+GroupNormalization: kernels/normalization.cl's `norm_rows`, a work-group per row, on GPUs and
+FPGAs; `norm_rows_serial`, a work-item per row, on CPUs), of the reductions of trailing axes
+(ReduceSum, ReduceL2, ReduceMax: `reduce_rows`, likewise), of GELU (an activation) and of 2-D
+Resize (`resize2d`, its tables of taps computed here)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,10 @@ from accelerators.opencl.launch import WG_1D, Dyn, Ref, activation_args, ints
 RESIZE_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}  # input pixels per output pixel, per axis
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
                     "half_pixel_symmetric")
-# How a nearest source coordinate is rounded (ONNX's nearest_mode).
 REDUCE = {"ReduceSum": 0, "ReduceL2": 1, "ReduceMax": 2}  # normalization.cl's REDUCE_*
+# How a nearest source coordinate is rounded (ONNX's nearest_mode).
 NEAREST = {"round_prefer_floor": lambda x: np.ceil(x - 0.5), "round_prefer_ceil":
            lambda x: np.floor(x + 0.5), "floor": np.floor, "ceil": np.ceil}
-
-
-def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
-    """The first of `axes` if they are the trailing axes of a tensor of `rank`, else an error."""
-    axes = sorted(int(a) % rank for a in axes)
-    if not axes or axes != list(range(rank - len(axes), rank)):
-        raise UnsupportedModelError(f"{node.op} node {node.name!r}: only trailing axes are "
-                                    f"supported, not attribute axes {axes} of rank {rank}")
-    return axes[0]
 
 
 def axis_range(node: Node, axes: list[int], rank: int) -> tuple[int, int]:
@@ -37,6 +29,16 @@ def axis_range(node: Node, axes: list[int], rank: int) -> tuple[int, int]:
         raise UnsupportedModelError(f"{node.op} node {node.name!r}: only adjacent axes are "
                                     f"supported, not attribute axes {axes} of rank {rank}")
     return axes[0], axes[-1]
+
+
+def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
+    """The first of `axes` if they are the trailing axes of a tensor of `rank`, else an error."""
+    first, last = axis_range(node, axes, rank)
+    if last != rank - 1:
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: only trailing axes are "
+                                    f"supported, not attribute axes {first}..{last} of rank "
+                                    f"{rank}")
+    return first
 
 
 def _source_coordinates(mode: str, size: int, out: int, scale: float) -> np.ndarray:
