@@ -142,9 +142,9 @@ def _fuse_layer_norm(graph: Graph) -> None:
         add_eps = graph.producer(sqrt.inputs[0])
         if add_eps is None or add_eps.op != "Add" or mean is None or mean.inputs[0] != x:
             continue
-        eps = next((graph.consts[k] for k in add_eps.inputs if k in graph.consts), None)
-        var = graph.producer(_other(add_eps, next(
-            (k for k in add_eps.inputs if k in graph.consts), "")) or "")
+        eps_name = next((k for k in add_eps.inputs if k in graph.consts), "")
+        eps = graph.consts.get(eps_name)
+        var = graph.producer(_other(add_eps, eps_name) or "")
         square = graph.producer(var.inputs[0]) if var is not None else None
         axes = _reduce_axes(graph, mean)
         if eps is None or eps.size != 1 or square is None or axes is None \
