@@ -298,3 +298,16 @@ def test_cast_of_a_float_activation_is_itself(engine_for) -> None:
                     {"x": (2, 5)}, {}, ["y"])
     with pytest.raises(UnsupportedModelError, match="Cast node 'c': only to a float type"):
         engine_for(refused)
+
+
+@pytest.mark.parametrize("local_tiles", [False, True])
+def test_weights_whose_rows_span_whole_kilobytes_are_padded(engine_for, local_tiles) -> None:
+    """256 columns (1 KiB rows) are stored with a padded row stride; one sample through the
+    split-K GEMV (K >= 1024), three through the GEMM."""
+    rng = fresh_rng()[0]
+    model = graph([helper.make_node("Gemm", ["x", "w", "bias"], ["y"], transB=1)],
+                  {"x": ("n", 1024)}, {"w": rng.standard_normal((256, 1024), np.float32),
+                                       "bias": rng.standard_normal(256, np.float32)}, ["y"])
+    check_batches(engine_for, model, {"x": ("n", 1024)}, local_tiles=local_tiles)
+    engine = engine_for(model, local_tiles=local_tiles)
+    assert engine.graph.derived["w:T"].shape == (1024, 256 + 16)
