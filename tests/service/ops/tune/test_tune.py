@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from service.ops import perf_analyzer
 from service.ops.cli import main
 from service.ops.tune import rank
 from tests.conftest import MODEL, MODELS, Daemon
@@ -138,6 +139,19 @@ def test_a_candidate_that_fails_is_reported_and_the_sweep_goes_on(
     assert measured[-1]["stage"] != "devices" and measured[-1]["points"]  # and it went on
     assert results["written"]["devices"] == "onnxruntime:cpu0"
     assert "failed: the model did not load" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not perf_analyzer.find(), reason="perf_analyzer is not installed (on PATH "
+                    "or PERF_ANALYZER; docs/serving.md says how to get it)")
+def test_perf_analyzer_drives_the_load_where_it_is_installed(model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    assert _tune(model_dir, report, "--devices", "onnxruntime:cpu0", "--budget-s", "10",
+                 "--concurrency", "4", "--seconds", "2.5") == 0
+    results = json.loads((report / "results.json").read_text())
+    assert results["client"].startswith("perf_analyzer")
+    point = results["measurements"][0]["points"][0]
+    assert point["rps"] > 0 and point["p99_ms"] >= point["p50_ms"] > 0 and point["watts"]
 
 
 def test_a_p99_bound_nothing_meets_is_exit_status_2_with_the_points_measured(
