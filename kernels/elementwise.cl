@@ -106,41 +106,52 @@ void channel_affine(__global const DATA* x, __global const DATA* scale,
     STORE_DATA(activate(v, act, a, b), out, i);
 }
 
-// A strided view of a tensor of rank <= 6 copied out contiguously: Transpose (strides
-// permuted), Slice and Split (start offset, strides times steps). out[i0..i5] =
-// x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first. The range is
-// (d5, d4, d0 * d1 * d2 * d3): the two innermost indices come without a division.
-__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void gather_strided(__global const BITS* x, __global BITS* out, const int total,
-                    const int d1, const int d2, const int d3, const int d4, const int d5,
-                    const int s0, const int s1, const int s2, const int s3, const int s4,
-                    const int s5, const int offset) {
-    const int i5 = get_global_id(0), i4 = get_global_id(1);
-    if (i5 >= d5) return;
-    int r = get_global_id(2);
-    const int i = (r * d4 + i4) * d5 + i5;
-    const int i3 = r % d3; r /= d3;
-    const int i2 = r % d2; r /= d2;
+// The indices of an element of a rank-6 output (the first of `width` along the last axis) from
+// the range (d5 / width, d4, d0 * d1 * d2 * d3): the two innermost come without a division.
+// Declares i0..i5 and i, the element's flat index; work-items past d5 return.
+#define OUTPUT_INDEX_6D(width)                                                                  \
+    const int i5 = get_global_id(0) * (width), i4 = get_global_id(1);                           \
+    if (i5 >= d5) return;                                                                        \
+    int r = get_global_id(2);                                                                    \
+    const int i = (r * d4 + i4) * d5 + i5;                                                       \
+    const int i3 = r % d3; r /= d3;                                                              \
+    const int i2 = r % d2; r /= d2;                                                              \
     const int i1 = r % d1, i0 = r / d1;
+
+#define GATHER_ARGS                                                                             \
+    __global const BITS *x, __global BITS *out, const int total, const int d1, const int d2,    \
+        const int d3, const int d4, const int d5, const int s0, const int s1, const int s2,     \
+        const int s3, const int s4, const int s5, const int offset
+
+// A strided view of a tensor of rank <= 6 copied out contiguously: Transpose (strides
+// permuted), Slice and Split (start offset, strides times steps), Expand and Tile (stride 0).
+// out[i0..i5] = x[offset + sum(ik * sk)]; d1..d5 are the output's dims after the first.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void gather_strided(GATHER_ARGS) {
+    OUTPUT_INDEX_6D(1)
     out[i] = x[offset + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3 + i4 * s4 + i5 * s5];
+}
+
+// The same where the last axis is contiguous in x (s5 = 1) and d5 a multiple of VN (attention's
+// heads, a ViT's token transposes): VN values per work-item, as one vector (one value per
+// work-item moved under 2 GB/s on PoCL).
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void gather_strided_vec(GATHER_ARGS) {
+    OUTPUT_INDEX_6D(VN)
+    CAT(vstore, VN)(CAT(vload, VN)(0, x + offset + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3
+                                        + i4 * s4 + i5), 0, out + i);
 }
 
 // Pad with a constant (rank <= 6, negative amounts crop): out[i] = x[i - begin] where that lies
 // inside x, else `value`. d1..d5: the output's dims after the first; n0..n5: the input's;
-// b0..b5: the amounts before each axis. The range is gather_strided's.
+// b0..b5: the amounts before each axis.
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void pad_constant(__global const DATA* x, __global DATA* out, const int d1, const int d2,
                   const int d3, const int d4, const int d5, const int n0, const int n1,
                   const int n2, const int n3, const int n4, const int n5, const int b0,
                   const int b1, const int b2, const int b3, const int b4, const int b5,
                   const float value) {
-    const int i5 = get_global_id(0), i4 = get_global_id(1);
-    if (i5 >= d5) return;
-    int r = get_global_id(2);
-    const int i = (r * d4 + i4) * d5 + i5;
-    const int i3 = r % d3; r /= d3;
-    const int i2 = r % d2; r /= d2;
-    const int i1 = r % d1, i0 = r / d1;
+    OUTPUT_INDEX_6D(1)
     const int j0 = i0 - b0, j1 = i1 - b1, j2 = i2 - b2, j3 = i3 - b3, j4 = i4 - b4, j5 = i5 - b5;
     // One unsigned comparison per axis: a negative index wraps above the size.
     if ((uint)j0 < (uint)n0 && (uint)j1 < (uint)n1 && (uint)j2 < (uint)n2 && (uint)j3 < (uint)n3

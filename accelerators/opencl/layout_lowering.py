@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from accelerators.opencl.ir import Node, UnsupportedModelError
-from accelerators.opencl.launch import Dyn, Ref, ints
+from accelerators.opencl.launch import VN, Dyn, Ref, ints
 
 MAX_RANK = 6
 
@@ -62,9 +62,11 @@ class LayoutLowering:
                 f"{node.op} node {node.name!r}: rank {len(dims)} > {MAX_RANK}")
         pad = MAX_RANK - len(dims)
         dims, steps = (1,) * pad + dims, (0,) * pad + steps
-        total = math.prod(shape)
-        self._emit(node, "gather_strided", (dims[5], dims[4], math.prod(dims[:4])), [
-            Ref(x.storage), Ref(out.storage), *ints(total, *dims[1:], *steps, offset)])
+        vector = steps[5] == 1 and dims[5] % VN == 0  # whole vectors along a contiguous axis
+        self._emit(node, "gather_strided_vec" if vector else "gather_strided",
+                   (dims[5] // VN if vector else dims[5], dims[4], math.prod(dims[:4])), [
+                       Ref(x.storage), Ref(out.storage),
+                       *ints(math.prod(shape), *dims[1:], *steps, offset)])
         return out
 
     def _transpose(self, node: Node, args: list) -> None:

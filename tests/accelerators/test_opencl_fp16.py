@@ -93,6 +93,7 @@ OTHERS = [
     ("Softmax", [(4, 10)], {}, {"axis": -1}),
     ("Concat", [(1, 2, 3, 3), (1, 3, 3, 3)], {}, {"axis": 1}),
     ("Transpose", [(2, 3, 4)], {}, {"perm": [2, 0, 1]}),
+    ("Transpose", [(2, 3, 32)], {}, {"perm": [1, 0, 2]}),  # whole vectors: gather_strided_vec
     ("Tanh", [(3, 7)], {}, {}),
     ("MatMul", [(2, 3, 5, 6), (1, 3, 6, 17)], {}, {}),
     ("BatchNormalization", [(2, 3, 4, 4)], {"scale": (3,), "bias": (3,), "mean": (3,),
