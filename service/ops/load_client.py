@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from service import contract
 
-_START_AFTER_S = 0.2  # from sending a load point to the processes until they all begin it
+START_AFTER_S = 0.2  # from sending a load point to the processes until they all begin it
 
 
 def infer_request(model: str, inputs: dict[str, np.ndarray]) -> pb.ModelInferRequest:
@@ -183,7 +183,7 @@ class ClientPool:
     def run(self, target: str, kind: str, load: float, seconds: float) -> dict:
         """A load point: `kind` closed (load: concurrency), poisson (load: requests per second)
         or stream (load: requests in flight)."""
-        start_at = time.monotonic() + _START_AFTER_S
+        start_at = time.monotonic() + START_AFTER_S
         if kind == "poisson":
             loads = [load / len(self)] * len(self)  # Poisson streams add up to one
         else:

@@ -1,5 +1,6 @@
 """The report's figure: every load point measured, req/s against GFLOP/s per watt, with the
-front of points no other beats on both (up and to the right is better)."""
+front of points no other beats on both (up and to the right is better). Points that miss the
+p99 bound or had errors are hollow and left out of the front: they are not a choice."""
 
 from __future__ import annotations
 
@@ -19,28 +20,33 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return sorted(front)
 
 
-def draw(series: dict[str, list[tuple[float, float]]], shipped: str, winner: str | None,
-         sources: set[str], title: str, path: Path) -> Path:
-    """`series`: candidate label -> its (req/s, GFLOP/s per W) points."""
+def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winner: str | None,
+         sources: set[str], title: str, hollow: str, path: Path) -> Path:
+    """`series`: candidate label -> its (req/s, GFLOP/s per W, qualifies) points; `hollow`
+    says why a point does not qualify."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    everything = [p for points in series.values() for p in points]
+    choices = [(x, y) for points in series.values() for x, y, ok in points if ok]
     for label, points in series.items():
-        if not points:
-            continue
         style = ({"marker": "*", "s": 160, "color": "C3", "label": f"written: {label}"}
                  if label == winner else
                  {"marker": "s", "s": 60, "color": "C0", "label": f"shipped: {label}"}
                  if label == shipped else {"marker": "o", "s": 20, "color": "0.6"})
-        ax.scatter(*zip(*points), zorder=3, **style)
-    if everything:
-        ax.plot(*zip(*pareto(everything)), color="C2", linestyle="--", label="front")
+        for ok in (True, False):
+            mine = [(x, y) for x, y, q in points if q == ok]
+            if mine:
+                ax.scatter(*zip(*mine), zorder=3, **(style if ok else {
+                    **style, "facecolors": "none", "edgecolors": style["color"],
+                    "color": None, "label": None}))
+    if choices:
+        ax.plot(*zip(*pareto(choices)), color="C2", linestyle="--", marker="o", markersize=13,
+                markerfacecolor="none", label="front")  # circled: one point can be the front
     estimate = "model" in sources
     named = ", ".join(sorted(source_label(s) for s in sources)) or "none"
     ax.set(xlabel="req/s (batch-1 requests)", title=title,
            ylabel=f"GFLOP/s per watt ({'ESTIMATE' if estimate else 'measured'})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.text(0.01, 0.01, f"Power sources: {named}"
+    fig.text(0.01, 0.01, f"Hollow: {hollow}. Power sources: {named}"
              + (" (idle/busy watts x measured busy time, not a measurement)" if estimate else ""),
              fontsize=7)
     return save(fig, path)

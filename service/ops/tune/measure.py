@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2
 
 from service import contract
 from service.ops import perf_analyzer
-from service.ops.load_client import ClientPool, infer_request
+from service.ops.load_client import START_AFTER_S, ClientPool, infer_request
 from service.ops.local_daemon import DaemonStartError, LocalDaemon, local_daemon
 from service.ops.tune import energy
 from service.ops.tune.space import Candidate
@@ -157,9 +157,8 @@ def _load_point(daemon: LocalDaemon, model: str, concurrency: int, settings: Loa
     else:
         load = runner.submit(perf_analyzer.run, settings.perf_analyzer, model,
                              daemon.tcp_address, concurrency, settings.seconds)
-    # the load client starts its callers 0.2 s after it is asked (load_client._START_AFTER_S)
-    window = energy.watch(daemon.metrics_url, start + 0.2 + _WARM_S,
-                          start + 0.2 + settings.seconds)
+    begins = start + (START_AFTER_S if pool else 0.0)  # when the callers start
+    window = energy.watch(daemon.metrics_url, begins + _WARM_S, begins + settings.seconds)
     result = load.result()
     errors = result.get("errors", {})
     return LoadPoint(concurrency, result["rps"], result["p50_ms"], result["p99_ms"], errors,

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators.engines import DeviceSpec
 from service.ops.progress import progress_bar
-from service.ops.tune import report, space
+from service.ops.tune import rank, report, space
 from service.ops.tune.measure import LoadSettings, Measurement, Workspace, request_inputs
 from service.ops.tune.sweep import (
     ShippedConfigError,
@@ -132,12 +132,14 @@ def _figure(plan: Plan, result: SweepResult,
     except ImportError:
         return None, ("no PNG: matplotlib is not installed (pip install 'hetserve[tune]' "
                       "adds it)")
-    series = {m.candidate.label(): [(p.rps, p.gflops_per_watt) for p in m.points
-                                    if p.gflops_per_watt] for m in result.measurements}
+    series = {m.candidate.label(): [(p.rps, p.gflops_per_watt, rank.qualifies(p, plan.p99_ms))
+                                    for p in m.points if p.gflops_per_watt]
+              for m in result.measurements}
     sources = {s for m in result.measurements for p in m.points for s in p.sources.values()}
     if not any(series.values()):
         return None, "no PNG: no load point has watts (each needs two power samples)"
     title = f"{plan.model}: every load point measured (objective {plan.objective})"
+    hollow = f"p99 over {plan.p99_ms:g} ms or errors" if plan.p99_ms else "errors"
     return front.draw(series, result.shipped.candidate.label(),
-                      chosen.candidate.label() if chosen else None, sources, title,
+                      chosen.candidate.label() if chosen else None, sources, title, hollow,
                       plan.report_dir / "front.png"), ""
