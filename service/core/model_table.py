@@ -19,8 +19,9 @@ class ModelTable(Generic[M]):
         self.failures: dict[str, str] = {}  # model name -> why it is not served
 
     def get(self, name: str, version: str = "") -> M:
-        versions = self._models.get(check_model_name(name))
+        versions = self._models.get(name)  # served names are valid: checked only when absent
         if versions is None:
+            check_model_name(name)
             reason = self.failures.get(name)
             raise ModelNotFoundError(f"model_name {name!r}: " + (
                 f"failed to load: {reason}" if reason else
