@@ -29,10 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import tritonclient.grpc as grpcclient
-
 from service.contract import default_socket
 from service.grpc import unix_socket
+from service.ops.local_daemon import is_ready, stop, wait_ready
 from service.workers.parent_death import end_with
 
 log = logging.getLogger(__name__)
@@ -44,18 +43,6 @@ def resolve_address(explicit: str | None = None) -> str:
     """An explicit address (a flag, or the Spark conf read on the driver), else this node's
     environment, else the unix socket."""
     return explicit or os.environ.get(ADDRESS_ENV) or f"unix:{default_socket()}"
-
-
-def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
-    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs)."""
-    client = grpcclient.InferenceServerClient(address)
-    try:
-        return (client.is_server_live if live else client.is_server_ready)(
-            client_timeout=timeout_s)
-    except Exception:  # any transport failure means "not serving here"
-        return False
-    finally:
-        client.close()
 
 
 def _node_socket(address: str) -> Path:
@@ -91,31 +78,13 @@ class DaemonProcess:
         return self._process.pid
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        _wait_ready(self.address, self._process, self.log_path, timeout_s)
+        wait_ready(self.address, self._process, self.log_path, timeout_s)
 
     def poll(self) -> int | None:
         return self._process.poll()
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-        return self._process.wait()
-
-
-def _wait_ready(address: str, process: subprocess.Popen, log_path: Path,
-                timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not is_ready(address, timeout_s=1.0):
-        if process.poll() is not None or time.monotonic() > deadline:
-            if process.poll() is None:
-                process.terminate()
-            raise RuntimeError(f"hetserve daemon did not become ready on {address}; "
-                               f"its log:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.2)
+        return stop(self._process, timeout_s)
 
 
 @contextlib.contextmanager
@@ -187,7 +156,7 @@ class NodeDaemon:
                 [sys.executable, "-m", "spark_jobs.daemon", "supervise", str(_spark_jvm_pid()),
                  "--", *serve],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_ready(address, supervisor, log_path, timeout_s)
+        wait_ready(address, supervisor, log_path, timeout_s)
         record = socket.parent / "daemon.owner"
         staged = record.with_suffix(".new")
         staged.write_text(json.dumps({"owner": self.owner, "supervisor": supervisor.pid,

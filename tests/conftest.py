@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 import mnist_digits
+from service.ops.local_daemon import free_port
 from spark_jobs.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,12 +25,6 @@ def self_signed(cert: Path, key: Path, name: str = "localhost") -> None:
                     "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}",
                     "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
                    check=True, capture_output=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

@@ -1,6 +1,7 @@
 """A `hetserve serve` child process on free loopback ports and a socket in a given folder, for
 `hetserve tune` and the benchmarks; stopped (SIGTERM, then SIGKILL) when its block ends, also on
-errors and Ctrl-C, and sent SIGTERM by the kernel if its parent dies without stopping it."""
+errors and Ctrl-C, and sent SIGTERM by the kernel if its parent dies without stopping it. Its
+readiness check, wait and stop serve every daemon a process starts (spark_jobs/daemon.py)."""
 
 from __future__ import annotations
 
@@ -56,36 +57,42 @@ def local_daemon(models: Path, folder: Path, *extra: str,
             stdout=log_file, stderr=subprocess.STDOUT,
             preexec_fn=functools.partial(end_with, os.getpid()))
     try:
-        _wait_ready(address, process, log_path, timeout_s)
+        wait_ready(address, process, log_path, timeout_s)
         yield LocalDaemon(f"unix:{folder / 'grpc.sock'}", address,
                           f"http://127.0.0.1:{metrics_port}/metrics", log_path)
     finally:
-        _stop(process)
+        stop(process)
 
 
-def _ready(address: str) -> bool:
+def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
+    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs)."""
     client = grpcclient.InferenceServerClient(address)
     try:
-        return client.is_server_ready(client_timeout=1.0)
-    except Exception:  # any transport failure means "not serving yet"
+        return (client.is_server_live if live else client.is_server_ready)(
+            client_timeout=timeout_s)
+    except Exception:  # any transport failure means "not serving here"
         return False
     finally:
         client.close()
 
 
-def _wait_ready(address: str, process: subprocess.Popen, log_path: Path,
-                timeout_s: float) -> None:
+def wait_ready(address: str, process: subprocess.Popen, log_path: Path,
+               timeout_s: float) -> None:
+    """Until the daemon `process` started serves at `address`; DaemonStartError (the process
+    stopped) if it exits or is not ready within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not _ready(address):
+    while not is_ready(address, timeout_s=1.0):
         if process.poll() is not None or time.monotonic() > deadline:
             state = (f"exited with status {process.returncode}" if process.poll() is not None
                      else f"was not ready after {timeout_s:g} s")
+            stop(process)
             raise DaemonStartError(f"hetserve daemon on {address} {state}; its log:\n"
                                    f"{log_path.read_text(errors='replace')[-_LOG_TAIL_CHARS:]}")
         time.sleep(0.1)
 
 
-def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+def stop(process: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL after `timeout_s`; the exit status."""
     if process.poll() is None:
         process.terminate()
         try:
@@ -95,7 +102,6 @@ def _stop(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     # A second Ctrl-C while it drains must not leave it running.
     while True:
         try:
-            process.wait()
-            return
+            return process.wait()
         except KeyboardInterrupt:
             process.kill()

@@ -7,15 +7,13 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from accelerators.opencl.program_cache import CACHE_DIR_ENV, FPGA_BINARIES_ENV
-from service.ops import cli
+from service.ops import cli, local_daemon
 from service.settings import ENV_PREFIX, Settings
-from spark_jobs.daemon import is_ready
 
 # Read by the OpenCL engine itself, not by Settings.
 ENGINE_ENV = {CACHE_DIR_ENV, FPGA_BINARIES_ENV}
@@ -77,19 +75,10 @@ def start(argv: list[str], environ: dict[str, str], log: Path) -> subprocess.Pop
 
 
 def wait_ready(address: str, process: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not is_ready(address, timeout_s=1.0):
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop(process)
-            pytest.fail(f"the daemon did not become ready on {address}:\n{log.read_text()}")
-        time.sleep(0.2)
+    try:
+        local_daemon.wait_ready(address, process, log, timeout_s)
+    except local_daemon.DaemonStartError as e:
+        pytest.fail(str(e))
 
 
-def stop(process: subprocess.Popen, timeout_s: float = 30) -> int:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
+stop = local_daemon.stop

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from service.ops import local_daemon
 from service.ops.systemd import notify
 from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
@@ -89,7 +90,7 @@ def test_the_daemon_notifies_ready_once_serving_and_stopping_on_sigterm(tmp_path
             ready = systemd.recv(4096).decode().split("\n")
             # READY=1 comes only once the daemon serves.
             assert ready[0] == "READY=1" and ready[1].startswith("STATUS=serving ")
-            assert commands.is_ready(f"unix:{sock}")
+            assert local_daemon.is_ready(f"unix:{sock}")
             assert os.stat(sock).st_mode & 0o777 == 0o660  # the group's members may connect
             daemon.send_signal(signal.SIGTERM)
             assert systemd.recv(4096) == b"STOPPING=1"
