@@ -9,9 +9,9 @@ MNIST CNN at batch 1, 8, 64; with --int8 also the MNIST CNN quantized to int8 QD
 (tools/quantize_int8.py) on the engine's int8 kernels against onnxruntime's own int8 kernels;
 with --fp16 also the MNIST CNN in the engine's fp16 precision (half storage) against
 onnxruntime's FP32;
-with --resnet or --architectures classifiers of tools/cnn_architectures.py (random weights) at
-batch 1 and 8. On a GPU node: --device gpu0 --provider CUDAExecutionProvider. Prints a Markdown
-table for docs/BENCHMARKS.md."""
+with --resnet or --architectures classifiers of tools/cnn_architectures.py and ViT-B/16 of
+tools/vit_architecture.py (random weights) at batch 1 and 8. On a GPU node: --device gpu0
+--provider CUDAExecutionProvider. Prints a Markdown table for docs/BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -32,9 +32,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import cnn_architectures  # noqa: E402
 import quantize_int8  # noqa: E402
+import vit_architecture  # noqa: E402
 
 import mnist_digits  # noqa: E402
 from accelerators.opencl.engine import OpenCLEngine  # noqa: E402
+
+ARCHITECTURES = cnn_architectures.ARCHITECTURES | {"vit_b_16": vit_architecture.vit}
 
 
 def images_per_s(run: Callable[[], object], batch: int, seconds: float) -> float:
@@ -83,7 +86,7 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also the int8 MNIST CNN")
     parser.add_argument("--fp16", action="store_true", help="also the MNIST CNN in fp16")
     parser.add_argument("--architectures", default="",
-                        help=f"comma-separated, of {', '.join(cnn_architectures.ARCHITECTURES)}")
+                        help=f"comma-separated, of {', '.join(ARCHITECTURES)}")
     parser.add_argument("--architecture-batches", default="1,8",
                         help="batch sizes for the architectures")
     parser.add_argument("--provider", default="CPUExecutionProvider",
@@ -110,7 +113,7 @@ def main() -> None:
                     args.seconds, args.provider)
         for name in names:
             path = Path(tmp) / f"{name}.onnx"
-            onnx.save(cnn_architectures.ARCHITECTURES[name](), str(path))
+            onnx.save(ARCHITECTURES[name](), str(path))
             compare(name, path, "image", (3, 224, 224), arch_batches, args.device,
                     args.seconds, args.provider)
 
