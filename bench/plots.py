@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 from bench.models import TITLES
-from service.ops.figures import plt
+from service.ops.figures import pareto, plt
 from service.ops.figures import save as _save
 
 _PLAIN = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:.2g}")
@@ -102,11 +102,7 @@ def efficiency(points: list[dict], path: Path) -> Path:
 def pareto_front(points: list[dict]) -> list[dict]:
     """The points that no other point beats on both images/s and GFLOP/s per watt, from the
     most efficient to the fastest."""
-    front: list[dict] = []
-    for p in sorted(points, key=lambda p: (-p["gflops_per_watt"], -p["images_per_s"])):
-        if not front or p["images_per_s"] > front[-1]["images_per_s"]:
-            front.append(p)
-    return front
+    return pareto(points, key=lambda p: (p["gflops_per_watt"], p["images_per_s"]))
 
 
 def tradeoff(points: list[dict], path: Path) -> Path:

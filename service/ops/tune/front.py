@@ -6,18 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.ops.figures import plt, save
+from service.ops.figures import pareto, plt, save
 from service.ops.watts import source_label
-
-
-def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points that no other point beats on both coordinates, by the first ascending."""
-    front, best_y = [], float("-inf")
-    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
-        if y > best_y:
-            front.append((x, y))
-            best_y = y
-    return sorted(front)
 
 
 def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winner: str | None,
@@ -38,7 +28,8 @@ def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winne
                     **style, "facecolors": "none", "edgecolors": style["color"],
                     "color": None, "label": None}))
     if choices:
-        ax.plot(*zip(*pareto(choices)), color="C2", linestyle="--", marker="o", markersize=13,
+        front = pareto(choices, key=lambda p: (p[1], p[0]))  # (GFLOP/s per W, req/s)
+        ax.plot(*zip(*front), color="C2", linestyle="--", marker="o", markersize=13,
                 markerfacecolor="none", label="front")  # circled: one point can be the front
     estimate = "model" in sources
     named = ", ".join(sorted(source_label(s) for s in sources)) or "none"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from service.ops.figures import pareto
 from service.ops.tune import rank
-from service.ops.tune.front import pareto
 from service.ops.tune.measure import LoadPoint, Measurement
 from service.ops.tune.space import Candidate
 
@@ -46,4 +46,4 @@ def test_ranking_puts_candidates_without_a_qualifying_point_last_in_measured_ord
 
 def test_the_front_keeps_the_points_nothing_beats_on_both_axes() -> None:
     points = [(100, 1.0), (200, 0.5), (150, 0.4), (50, 1.2), (200, 0.3)]
-    assert pareto(points) == [(50, 1.2), (100, 1.0), (200, 0.5)]
+    assert pareto(points, key=lambda p: (p[1], p[0])) == [(50, 1.2), (100, 1.0), (200, 0.5)]
