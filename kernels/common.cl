@@ -4,6 +4,9 @@
 #ifndef WG_1D
 #define WG_1D 64
 #endif
+#ifndef VN  // the vector width of the GEMM tiles and vector copies (launch.VN)
+#define VN 16
+#endif
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 

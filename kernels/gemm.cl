@@ -6,9 +6,6 @@
 // Dimension 0 of the range walks the tiles along whichever operand is larger (`rows_first`:
 // row tiles, when B is the larger), so the work-items running together share that operand's
 // slice in cache and it is read from memory about once.
-#ifndef VN
-#define VN 16
-#endif
 #define VEC CAT(float, VN)
 #define VLOAD CAT(vload, VN)
 #define VSTORE CAT(vstore, VN)
