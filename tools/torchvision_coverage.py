@@ -26,13 +26,17 @@ import numpy as np
 BATCH = 2
 # Models whose layers fix their input size (AlexNet's and VGG's 6x6 and 7x7 adaptive pools
 # export only as identities, MaxViT's and Swin's windows tile 224); the others take SMALL_SIZE
-# images, which keeps a 2-core run short. ViTs are built for SMALL_SIZE (image_size).
+# images, which keeps a 2-core run short. ViTs are built for SMALL_SIZE (image_size), rounded
+# down to whole patches.
 FIXED_SIZE = {"alexnet": 224, "vgg": 224, "maxvit": 224, "swin": 224}
 SMALL_SIZE = 128
 TOLERANCE = 1e-3
 
 
 def input_size(name: str) -> int:
+    if name.startswith("vit_"):  # a whole number of patches: vit_h_14's are 14 pixels
+        patch = int(name.rsplit("_", 1)[1])
+        return SMALL_SIZE // patch * patch
     return next((s for prefix, s in FIXED_SIZE.items() if name.startswith(prefix)), SMALL_SIZE)
 
 
