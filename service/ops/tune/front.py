@@ -36,7 +36,8 @@ def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winne
     ax.set(xlabel="req/s (batch-1 requests)", title=title,
            ylabel=f"GFLOP/s per watt ({'ESTIMATE' if estimate else 'measured'})")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # none when every point missed the bound
+        ax.legend(fontsize=8)
     fig.text(0.01, 0.01, f"Hollow: {hollow}. Power sources: {named}"
              + (" (idle/busy watts x measured busy time, not a measurement)" if estimate else ""),
              fontsize=7)
