@@ -1,5 +1,6 @@
 // Normalizations over rows (LayerNormalization, InstanceNormalization, GroupNormalization),
-// reductions of rows (ReduceSum, ReduceL2, ReduceMax over trailing axes) and 2-D Resize. A row is normalized by one work-group of WG_1D work-items: each sums a strided
+// reductions of rows (ReduceSum, ReduceMean, ReduceL2, ReduceMax over adjacent axes) and 2-D
+// Resize. A row is normalized by one work-group of WG_1D work-items: each sums a strided
 // share of the row, and the shares meet in a local-memory tree of log2(WG_1D) fixed steps
 // (WG_1D is a power of two), so FPGA compilers see fixed trip counts in the reduction.
 
@@ -93,37 +94,45 @@ void norm_rows_serial(__global const DATA* x, __global const DATA* scale,
                      rsqrt(squares / cols + eps), 0, 1, act, a, b);
 }
 
-// One value per row of `cols`: the sum, the L2 norm (Swin V2's cosine attention normalizes q
-// and k by it) or the maximum.
+// One value per row (of `cols` values `inner` apart, as the normalizations' rows): the sum, the
+// mean (MLP-Mixer's and LeViT's mean over tokens), the L2 norm (Swin V2's cosine attention
+// normalizes q and k by it) or the maximum.
 #define REDUCE_SUM 0
 #define REDUCE_L2 1
 #define REDUCE_MAX 2
+#define REDUCE_MEAN 3
 inline float reduce_step(const float part, const float v, const int op) {
     return op == REDUCE_MAX ? fmax(part, v) : op == REDUCE_L2 ? fma(v, v, part) : part + v;
 }
 
+inline float reduce_result(const float total, const int cols, const int op) {
+    return op == REDUCE_L2 ? sqrt(total) : op == REDUCE_MEAN ? total / cols : total;
+}
+
 // One work-group per row (GPUs, FPGAs).
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void reduce_rows(__global const DATA* x, __global DATA* out, const int cols, const int op) {
+void reduce_rows(__global const DATA* x, __global DATA* out, const int cols, const int inner,
+                 const int op) {
     __local float scratch[WG_1D];
     const int row = get_group_id(0), lid = get_local_id(0);
-    __global const DATA* in = x + row * cols;
+    const int start = row_start(row, cols, inner);
     float part = op == REDUCE_MAX ? -INFINITY : 0.0f;
-    for (int j = lid; j < cols; j += WG_1D) part = reduce_step(part, LOAD_DATA(in, j), op);
+    for (int j = lid; j < cols; j += WG_1D)
+        part = reduce_step(part, LOAD_DATA(x, start + j * inner), op);
     const float total = group_reduce(part, scratch, op == REDUCE_MAX);
-    if (lid == 0) STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
+    if (lid == 0) STORE_DATA(reduce_result(total, cols, op), out, row);
 }
 
 // One work-item per row (CPUs, as norm_rows_serial).
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void reduce_rows_serial(__global const DATA* x, __global DATA* out, const int rows,
-                        const int cols, const int op) {
+                        const int cols, const int inner, const int op) {
     const int row = get_global_id(0);
     if (row >= rows) return;
-    __global const DATA* in = x + row * cols;
+    const int start = row_start(row, cols, inner);
     float total = op == REDUCE_MAX ? -INFINITY : 0.0f;
-    for (int j = 0; j < cols; ++j) total = reduce_step(total, LOAD_DATA(in, j), op);
-    STORE_DATA(op == REDUCE_L2 ? sqrt(total) : total, out, row);
+    for (int j = 0; j < cols; ++j) total = reduce_step(total, LOAD_DATA(x, start + j * inner), op);
+    STORE_DATA(reduce_result(total, cols, op), out, row);
 }
 
 // 2-D Resize of (n * c) planes: output pixel (oy, ox) is the sum over `taps` x `taps` input

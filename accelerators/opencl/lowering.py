@@ -24,7 +24,7 @@ from accelerators.opencl.launch import (
 )
 from accelerators.opencl.layout_lowering import LayoutLowering
 from accelerators.opencl.matmul_lowering import MatMulLowering
-from accelerators.opencl.norm_lowering import NormLowering, first_trailing_axis
+from accelerators.opencl.norm_lowering import NormLowering, axis_range
 from accelerators.opencl.pipeline_lowering import PipelineLowering
 from accelerators.opencl.quant_lowering import QuantLowering
 
@@ -150,13 +150,17 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
         self._mean_of_last_axes(node, args[0], 2, True)
 
     def _reducemean(self, node: Node, args: list) -> None:
-        """Over trailing axes only: torchvision's `x.mean([2, 3])` (ShuffleNet's global pool)."""
+        """Over trailing axes: torchvision's `x.mean([2, 3])` (ShuffleNet's global pool), by the
+        global pool's kernel; over other adjacent axes (MLP-Mixer's mean over tokens):
+        norm_lowering's row reduction."""
         x, rank = args[0], len(args[0].shape)
         axes = node.attrs.get("axes") if len(args) < 2 or args[1] is None else args[1]
-        if axes is None or isinstance(axes, Dyn):
-            raise UnsupportedModelError(f"ReduceMean node {node.name!r}: constant axes needed")
-        self._mean_of_last_axes(node, x, first_trailing_axis(node, axes, rank),
-                                bool(node.attrs.get("keepdims", 1)))
+        first, last = axis_range(node, axes, rank) if isinstance(axes, np.ndarray | list) \
+            and np.size(axes) else (0, 0)  # no axes: all, or none (_reduce_rows decides)
+        if last != rank - 1:
+            self._reduce_rows(node, args)
+            return
+        self._mean_of_last_axes(node, x, first, bool(node.attrs.get("keepdims", 1)))
 
     def _lrn(self, node: Node, args: list) -> None:
         x, a = args[0], node.attrs

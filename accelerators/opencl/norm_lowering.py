@@ -1,8 +1,9 @@
 """Lowering of the normalizations over rows (LayerNormalization, InstanceNormalization,
 GroupNormalization: kernels/normalization.cl's `norm_rows`, a work-group per row, on GPUs and
-FPGAs; `norm_rows_serial`, a work-item per row, on CPUs), of the reductions of trailing axes
-(ReduceSum, ReduceL2, ReduceMax: `reduce_rows`, likewise), of GELU (an activation) and of 2-D
-Resize (`resize2d`, its tables of taps computed here)."""
+FPGAs; `norm_rows_serial`, a work-item per row, on CPUs), of the reductions of adjacent axes
+(ReduceSum, ReduceL2, ReduceMax; ReduceMean where lowering.py's global pool does not serve:
+`reduce_rows`, likewise), of GELU (an activation) and of 2-D Resize (`resize2d`, its tables
+of taps computed here)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from accelerators.opencl.launch import WG_1D, Dyn, Ref, activation_args, ints
 RESIZE_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}  # input pixels per output pixel, per axis
 COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
                     "half_pixel_symmetric")
-REDUCE = {"ReduceSum": 0, "ReduceL2": 1, "ReduceMax": 2}  # normalization.cl's REDUCE_*
+REDUCE = {"ReduceSum": 0, "ReduceL2": 1, "ReduceMax": 2, "ReduceMean": 3}  # REDUCE_*
 # How a nearest source coordinate is rounded (ONNX's nearest_mode).
 NEAREST = {"round_prefer_floor": lambda x: np.ceil(x - 0.5), "round_prefer_ceil":
            lambda x: np.floor(x + 0.5), "floor": np.floor, "ceil": np.ceil}
@@ -29,16 +30,6 @@ def axis_range(node: Node, axes: list[int], rank: int) -> tuple[int, int]:
         raise UnsupportedModelError(f"{node.op} node {node.name!r}: only adjacent axes are "
                                     f"supported, not attribute axes {axes} of rank {rank}")
     return axes[0], axes[-1]
-
-
-def first_trailing_axis(node: Node, axes: list[int], rank: int) -> int:
-    """The first of `axes` if they are the trailing axes of a tensor of `rank`, else an error."""
-    first, last = axis_range(node, axes, rank)
-    if last != rank - 1:
-        raise UnsupportedModelError(f"{node.op} node {node.name!r}: only trailing axes are "
-                                    f"supported, not attribute axes {first}..{last} of rank "
-                                    f"{rank}")
-    return first
 
 
 def _source_coordinates(mode: str, size: int, out: int, scale: float) -> np.ndarray:
@@ -184,8 +175,9 @@ class NormLowering:
         self._norm_rows(node, x, scale, bias, c // groups * plane, groups, plane)
 
     def _reduce_rows(self, node: Node, args: list) -> None:
-        """Over trailing axes (ONNX's default, all axes, included); axes from the attribute or,
-        from opset 13 (ReduceSum) or 18 (the others), the second input."""
+        """Over adjacent axes (ONNX's default, all axes, included); axes from the attribute or,
+        from opset 13 (ReduceSum) or 18 (the others), the second input. The values reduced
+        together lie `inner` apart: the product of the axes after the last one reduced."""
         x, rank = args[0], len(args[0].shape)
         axes = args[1] if len(args) > 1 and args[1] is not None else node.attrs.get("axes")
         if isinstance(axes, Dyn):
@@ -195,17 +187,18 @@ class NormLowering:
                 self.values[node.outputs[0]] = x
                 return
             axes = range(rank)
-        first = first_trailing_axis(node, list(np.ravel(axes)), rank)
-        keep = node.attrs.get("keepdims", 1)
-        shape = x.shape[:first] + ((1,) * (rank - first) if keep else ())
+        first, last = axis_range(node, list(np.ravel(axes)), rank)
+        kept = (1,) * (last + 1 - first) if node.attrs.get("keepdims", 1) else ()
+        shape = x.shape[:first] + kept + x.shape[last + 1:]
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
-        rows, cols = math.prod(x.shape[:first]), math.prod(x.shape[first:])
+        cols, inner = math.prod(x.shape[first:last + 1]), math.prod(x.shape[last + 1:])
+        rows = math.prod(x.shape) // cols
         if self.tiling:  # GPUs and FPGAs: a work-group per row
             self._emit(node, "reduce_rows", rows * WG_1D, [
-                Ref(x.storage), Ref(out.storage), *ints(cols, REDUCE[node.op])])
+                Ref(x.storage), Ref(out.storage), *ints(cols, inner, REDUCE[node.op])])
         else:
             self._emit(node, "reduce_rows_serial", rows, [
-                Ref(x.storage), Ref(out.storage), *ints(rows, cols, REDUCE[node.op])])
+                Ref(x.storage), Ref(out.storage), *ints(rows, cols, inner, REDUCE[node.op])])
 
     _reducesum = _reducel2 = _reducemax = _reduce_rows
 

@@ -1,9 +1,9 @@
 """The normalizations (LayerNormalization, also spelled out as exporters before opset 17 emit it;
 InstanceNormalization; GroupNorm as torch exports it and as opset 18's op) on both tilings, GELU
-in its exact and tanh forms, ReduceSum, ReduceL2 and ReduceMax of trailing axes, and Resize, each
-in a small ONNX graph built with onnx.helper, run by the engine and by ONNX Runtime on the same
-fresh random inputs (max relative error 1e-4); the fusions they get, and the load-time refusals
-of what the engine does not handle."""
+in its exact and tanh forms, ReduceSum, ReduceL2, ReduceMax and ReduceMean of adjacent axes, and
+Resize, each in a small ONNX graph built with onnx.helper, run by the engine and by ONNX Runtime
+on the same fresh random inputs (max relative error 1e-4); the fusions they get, and the
+load-time refusals of what the engine does not handle."""
 
 from __future__ import annotations
 
@@ -233,13 +233,15 @@ def test_group_normalization_op(engine_for, per) -> None:
     check(engine_for, graph([node], {"x": x.shape}, consts, ["y"], opset), x=x)
 
 
-@pytest.mark.parametrize("op", ["ReduceSum", "ReduceL2", "ReduceMax"])
-@pytest.mark.parametrize("shape, axes, keepdims", [((2, 3, 5, 100), [-1], 1),
-                                                   ((4, 7, 9), [1, 2], 0), ((3, 70), None, 1)],
-                         ids=str)
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceL2", "ReduceMax", "ReduceMean"])
+@pytest.mark.parametrize("shape, axes, keepdims", [
+    ((2, 3, 5, 100), [-1], 1), ((4, 7, 9), [1, 2], 0), ((3, 70), None, 1),
+    ((2, 49, 24), [1], 0),  # MLP-Mixer's mean over tokens
+    ((2, 3, 2, 8, 5), [1], 1),  # ResNeSt's sum over the radix
+    ((3, 2, 10), [0], 0),  # CrossViT's mean over its branches
+    ((2, 6, 7, 16), [1, 2], 1)], ids=str)  # ConvNeXt V2's GRN: the L2 norm over h and w
 @TILINGS
-def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims, local_tiles) -> None:
-    """Swin V2 normalizes q and k by ReduceL2 over the last axis (F.normalize)."""
+def test_reduction_of_adjacent_axes(engine_for, op, shape, axes, keepdims, local_tiles) -> None:
     x = fresh_rng()[0].standard_normal(shape).astype(np.float32)
     inputs, consts = ["x"], {}
     if axes is not None:
@@ -248,7 +250,11 @@ def test_reduction_of_trailing_axes(engine_for, op, shape, axes, keepdims, local
     node = helper.make_node(op, inputs, ["y"], keepdims=keepdims)
     engine = check(_tiled(engine_for, local_tiles), graph([node], {"x": shape}, consts, ["y"],
                                                           18), x=x)
-    assert _kernels(engine, shape[0]) == ["reduce_rows" if local_tiles else "reduce_rows_serial"]
+    # ReduceMean of trailing axes named: the global pool's kernel (torchvision's x.mean([2, 3]))
+    trailing = axes is not None and sorted(a % len(shape) for a in axes)[-1] == len(shape) - 1
+    row_kernel = "reduce_rows" if local_tiles else "reduce_rows_serial"
+    assert _kernels(engine, shape[0]) == [
+        "global_avg_pool" if op == "ReduceMean" and trailing else row_kernel]
 
 
 RESIZES = [  # (mode, coordinate_transformation_mode, nearest_mode or cubic's option, target)
