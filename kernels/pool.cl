@@ -98,16 +98,20 @@ void lrn(__global const DATA* x, __global DATA* out, const int c, const int hw,
           (b * c + ch) * hw + p);
 }
 
-// Softmax over the last axis: one work-item per row.
+// Softmax over one axis: one work-item per row of `cols` values `inner` apart (1 for the last
+// axis; ResNeSt's softmax over its radix, axis 1 of 4, has inner = h * w).
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void softmax_rows(__global const DATA* x, __global DATA* out, const int rows,
-                  const int cols) {
+                  const int cols, const int inner) {
     const int r = get_global_id(0);
     if (r >= rows) return;
-    __global const DATA* row = x + r * cols;
+    const int start = (r / inner) * cols * inner + r % inner;
     float m = -INFINITY;
-    for (int j = 0; j < cols; ++j) m = fmax(m, LOAD_DATA(row, j));
+    for (int j = 0; j < cols; ++j) m = fmax(m, LOAD_DATA(x, start + j * inner));
     float s = 0.0f;
-    for (int j = 0; j < cols; ++j) s += exp(LOAD_DATA(row, j) - m);
-    for (int j = 0; j < cols; ++j) STORE_DATA(exp(LOAD_DATA(row, j) - m) / s, out, r * cols + j);
+    for (int j = 0; j < cols; ++j) s += exp(LOAD_DATA(x, start + j * inner) - m);
+    for (int j = 0; j < cols; ++j) {
+        const int i = start + j * inner;
+        STORE_DATA(exp(LOAD_DATA(x, i) - m) / s, out, i);
+    }
 }

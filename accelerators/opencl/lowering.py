@@ -211,16 +211,17 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
             offset += inner
 
     def _softmax(self, node: Node, args: list) -> None:
+        """Over one axis from opset 13 (its values `inner` apart where it is not the last),
+        over the axes from `axis` on before (the input coerced to 2-D)."""
         x = args[0]
         rank = len(x.shape)
         axis = node.attrs.get("axis", 1 if self.graph.opset < 13 else -1) % rank
-        if self.graph.opset >= 13 and axis != rank - 1:
-            raise UnsupportedModelError(f"Softmax node {node.name!r}: only the last axis is "
-                                        f"supported, not axis {axis} of {rank}")
+        last = axis if self.graph.opset >= 13 else rank - 1
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], x.shape)
-        rows = math.prod(x.shape[:axis])
-        self._emit(node, "softmax_rows", rows, [Ref(x.storage), Ref(out.storage),
-                                                *ints(rows, math.prod(x.shape[axis:]))])
+        cols = math.prod(x.shape[axis:last + 1])
+        rows = math.prod(x.shape) // cols
+        self._emit(node, "softmax_rows", rows, [Ref(x.storage), Ref(out.storage), *ints(
+            rows, cols, math.prod(x.shape[last + 1:]))])
 
 
 def lower(graph: Graph, batch: int, build: Build = Build()) -> Lowered:

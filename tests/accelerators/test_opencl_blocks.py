@@ -3,7 +3,7 @@ ONNX Runtime: a ConvNeXt block served by the daemon through the OpenCL engine, a
 with shifted windows (roll as Slice + Concat, rank-6 window partition, relative position bias
 gathered from a constant table, the shift's attention mask) on the engine; and the pieces
 they need beside the normalizations: Einsum as a batched matrix product (MaxViT's attention),
-a Pad of zero amounts (Swin's windows)."""
+a Pad of zero amounts (Swin's windows), Softmax over any axis (other zoos' ResNeSt, CoaT)."""
 
 from __future__ import annotations
 
@@ -247,3 +247,13 @@ def test_a_pad_of_zero_amounts_is_a_view(engine_for) -> None:
     engine = check(engine_for, graph(nodes, {"x": x.shape}, {"pads": np.zeros(8, np.int64)},
                                      ["y"]), x=x)
     assert [la.kernel for la in engine.plan(2).launches] == ["activation"]
+
+
+@pytest.mark.parametrize("shape, axis, opset", [
+    ((2, 2, 3, 16), 1, 17),  # ResNeSt's softmax over its radix
+    ((2, 4, 49, 8), 2, 17),  # CoaT's over tokens
+    ((3, 5, 7), 0, 17), ((3, 4, 5), 1, 11)], ids=str)  # opset 11: axes 1.. coerced to one
+def test_softmax_over_any_axis(engine_for, shape, axis, opset) -> None:
+    x = (fresh_rng()[0].standard_normal(shape) * 3).astype(np.float32)
+    check(engine_for, graph([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
+                            {"x": shape}, {}, ["y"], opset), x=x)
