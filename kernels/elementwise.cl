@@ -142,17 +142,32 @@ void gather_strided_vec(GATHER_ARGS) {
                                         + i4 * s4 + i5), 0, out + i);
 }
 
-// Pad with a constant (rank <= 6, negative amounts crop): out[i] = x[i - begin] where that lies
-// inside x, else `value`. d1..d5: the output's dims after the first; n0..n5: the input's;
+// Pad (rank <= 6): out[i] = x[i - begin], positions outside x taking `value` (mode constant;
+// negative amounts crop) or mirrored (reflect: TResNet's blur pool), clamped (edge) or wrapped
+// around (wrap) into it. d1..d5: the output's dims after the first; n0..n5: the input's;
 // b0..b5: the amounts before each axis.
+#define PAD_CONSTANT 0
+#define PAD_REFLECT 1
+#define PAD_EDGE 2
+#define PAD_WRAP 3
+inline int pad_source(const int j, const int n, const int mode) {
+    switch (mode) {
+    case PAD_REFLECT: return j < 0 ? -j : j >= n ? 2 * (n - 1) - j : j;
+    case PAD_EDGE: return clamp(j, 0, n - 1);
+    case PAD_WRAP: return (j % n + n) % n;
+    default: return j;
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void pad_constant(__global const DATA* x, __global DATA* out, const int d1, const int d2,
-                  const int d3, const int d4, const int d5, const int n0, const int n1,
-                  const int n2, const int n3, const int n4, const int n5, const int b0,
-                  const int b1, const int b2, const int b3, const int b4, const int b5,
-                  const float value) {
+void pad(__global const DATA* x, __global DATA* out, const int d1, const int d2, const int d3,
+         const int d4, const int d5, const int n0, const int n1, const int n2, const int n3,
+         const int n4, const int n5, const int b0, const int b1, const int b2, const int b3,
+         const int b4, const int b5, const float value, const int mode) {
     OUTPUT_INDEX_6D(1)
-    const int j0 = i0 - b0, j1 = i1 - b1, j2 = i2 - b2, j3 = i3 - b3, j4 = i4 - b4, j5 = i5 - b5;
+    const int j0 = pad_source(i0 - b0, n0, mode), j1 = pad_source(i1 - b1, n1, mode),
+              j2 = pad_source(i2 - b2, n2, mode), j3 = pad_source(i3 - b3, n3, mode),
+              j4 = pad_source(i4 - b4, n4, mode), j5 = pad_source(i5 - b5, n5, mode);
     // One unsigned comparison per axis: a negative index wraps above the size.
     if ((uint)j0 < (uint)n0 && (uint)j1 < (uint)n1 && (uint)j2 < (uint)n2 && (uint)j3 < (uint)n3
             && (uint)j4 < (uint)n4 && (uint)j5 < (uint)n5)

@@ -2,7 +2,7 @@
 Tile and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's
 heads, a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of
 rank <= 6 into a contiguous tensor (a broadcast axis is one of stride 0); Pad to
-`pad_constant`; a Cast between float types is a view."""
+`pad`; a Cast between float types is a view."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import VN, Dyn, Ref, ints
 
 MAX_RANK = 6
+PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}  # elementwise.cl's PAD_*
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
@@ -181,10 +182,11 @@ class LayoutLowering:
                            flat[0] * src[axis])
 
     def _pad(self, node: Node, args: list) -> None:
-        """Mode "constant", any axes, negative amounts cropping: timm's "same" padding, whose
-        amounts exporters compute from the input's shape (folded for each batch size). One of
-        zero amounts is a view (Swin's window padding where the windows tile the map). A zero
-        Pad read by a Conv alone never gets here: graph.py folds it into the Conv's padding."""
+        """Modes constant (negative amounts cropping), reflect (TResNet's blur pool), edge and
+        wrap, any axes: timm's "same" padding, whose amounts exporters compute from the input's
+        shape (folded for each batch size). One of zero amounts is a view (Swin's window padding
+        where the windows tile the map). A zero Pad read by a Conv alone never gets here:
+        graph.py folds it into the Conv's padding."""
         x, a = args[0], node.attrs
         if self.graph.opset < 11:
             amounts, value, axes = a.get("pads"), a.get("value", 0.0), None
@@ -193,9 +195,10 @@ class LayoutLowering:
             value = args[2] if len(args) > 2 and args[2] is not None else 0.0
             axes = args[3] if len(args) > 3 else None
         mode = a.get("mode", "constant")
-        if mode != "constant" or any(isinstance(v, Dyn) for v in (amounts, value, axes)):
-            raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only mode 'constant' "
-                                        f"with constant amounts is supported, not mode={mode!r}")
+        if mode not in PAD_MODES or any(isinstance(v, Dyn) for v in (amounts, value, axes)):
+            raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only modes "
+                                        f"{list(PAD_MODES)} with constant amounts are "
+                                        f"supported, not mode={mode!r}")
         rank = len(x.shape)
         axes = range(rank) if axes is None else [int(ax) % rank for ax in np.ravel(axes)]
         amounts = [int(v) for v in np.ravel(amounts)]
@@ -206,11 +209,13 @@ class LayoutLowering:
         if not any(begin + end):
             self.values[node.outputs[0]] = x
             return
-        if rank > MAX_RANK:
-            raise UnsupportedModelError(f"Pad node {node.name!r}: rank {rank} > {MAX_RANK}")
+        if rank > MAX_RANK or mode == "reflect" and any(
+                max(b, e) >= d for b, e, d in zip(begin, end, x.shape)):
+            raise UnsupportedModelError(f"Pad node {node.name!r}: rank {rank} > {MAX_RANK}, or "
+                                        f"a reflection wider than its axis")
         fill = MAX_RANK - rank
         dims, sizes = (1,) * fill + shape, (1,) * fill + tuple(x.shape)
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], shape)
-        self._emit(node, "pad_constant", (dims[5], dims[4], math.prod(dims[:4])), [
+        self._emit(node, "pad", (dims[5], dims[4], math.prod(dims[:4])), [
             Ref(x.storage), Ref(out.storage), *ints(*dims[1:], *sizes, *([0] * fill + begin)),
-            np.float32(np.ravel(value)[0])])
+            np.float32(np.ravel(value)[0]), np.int32(PAD_MODES[mode])])

@@ -3,7 +3,8 @@ ONNX Runtime: a ConvNeXt block served by the daemon through the OpenCL engine, a
 with shifted windows (roll as Slice + Concat, rank-6 window partition, relative position bias
 gathered from a constant table, the shift's attention mask) on the engine; and the pieces
 they need beside the normalizations: Einsum as a batched matrix product (MaxViT's attention),
-a Pad of zero amounts (Swin's windows), Softmax over any axis (other zoos' ResNeSt, CoaT)."""
+a Pad of zero amounts (Swin's windows), Softmax over any axis (other zoos' ResNeSt, CoaT), Pad
+by reflection (TResNet), edge or wrap."""
 
 from __future__ import annotations
 
@@ -257,3 +258,14 @@ def test_softmax_over_any_axis(engine_for, shape, axis, opset) -> None:
     x = (fresh_rng()[0].standard_normal(shape) * 3).astype(np.float32)
     check(engine_for, graph([helper.make_node("Softmax", ["x"], ["y"], axis=axis)],
                             {"x": shape}, {}, ["y"], opset), x=x)
+
+
+@pytest.mark.parametrize("mode, amounts, opset", [
+    ("reflect", [0, 0, 1, 1, 0, 0, 1, 1], 17),  # TResNet's blur pool
+    ("reflect", [0, 0, 2, 0, 0, 0, 0, 3], 17), ("edge", [0, 1, 2, 0, 0, 0, 1, 3], 17),
+    ("wrap", [0, 0, 3, 1, 0, 0, 2, 4], 19)], ids=str)
+def test_pad_by_reflection_edge_or_wrap(engine_for, mode, amounts, opset) -> None:
+    x = fresh_rng()[0].standard_normal((2, 3, 5, 4)).astype(np.float32)
+    node = helper.make_node("Pad", ["x", "amounts"], ["y"], mode=mode)
+    check(engine_for, graph([node], {"x": x.shape}, {"amounts": np.array(amounts, np.int64)},
+                            ["y"], opset), x=x)
