@@ -26,6 +26,7 @@ kernel-check: setup
 	  tests/accelerators/test_opencl_fp16.py tests/accelerators/test_opencl_norm.py \
 	  tests/accelerators/test_opencl_blocks.py::test_softmax_over_any_axis \
 	  tests/accelerators/test_opencl_blocks.py::test_pad_by_reflection_edge_or_wrap \
+	  tests/accelerators/test_opencl_blocks.py::test_conv1d \
 	  tests/accelerators/test_opencl_tensor_ops.py tests/accelerators/test_opencl_vit.py::test_vit \
 	  2>$(OCLGRIND_LOG); status=$$?; cat $(OCLGRIND_LOG) >&2; \
 	  if grep -qE 'Invalid (read|write)|data race|OCLGRIND|Oclgrind' $(OCLGRIND_LOG); then \

@@ -180,7 +180,7 @@ def _fold_batch_norm(graph: Graph) -> None:
         b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
             else np.zeros(w.shape[0])
         wname, bname = f"{conv.name}:bn_weight", f"{conv.name}:bn_bias"
-        c[wname] = (w * scale[:, None, None, None]).astype(np.float32)
+        c[wname] = (w * scale.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
         c[bname] = ((b - mean) * scale + beta).astype(np.float32)
         conv.inputs = [conv.inputs[0], wname, bname]
         conv.outputs = [bn.outputs[0]]

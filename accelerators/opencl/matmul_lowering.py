@@ -74,6 +74,9 @@ class MatMulLowering:
         return out, [cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw]
 
     def _conv(self, node: Node, args: list) -> None:
+        if len(args[0].shape) == 3 and isinstance(args[1], np.ndarray) and args[1].ndim == 3:
+            self._conv1d(node, args)
+            return
         if "quant_in" in node.attrs:
             self._conv_q8(node, args)
             return
@@ -114,6 +117,22 @@ class MatMulLowering:
                           (0, mg * kg, g * kg * p, kg * p, oc * p, mg * p, n * g),
                           BIAS_ROW if bias else BIAS_NONE, activation_args(node, self.values),
                           2 * n * oc * kg * p)
+
+    def _conv1d(self, node: Node, args: list) -> None:
+        """A 1-D Conv (ECA-Net's channel attention) as a 2-D one of height 1: its input and
+        output are views, its weights and attributes gain a leading spatial axis of size 1."""
+        x, w = args[0], args[1]
+        attrs = dict(node.attrs)
+        for key in ("kernel_shape", "strides", "dilations"):
+            if key in attrs:
+                attrs[key] = [1, *attrs[key]]
+        if "pads" in attrs:
+            attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+        flat = Node("Conv", node.name, node.inputs, [f"{node.name}:2d"], attrs)
+        self._conv(flat, [Dyn((*x.shape[:2], 1, x.shape[2]), x.storage), w[:, :, None, :],
+                          *args[2:]])
+        out = self.values[flat.outputs[0]]
+        self.values[node.outputs[0]] = Dyn((*out.shape[:2], out.shape[3]), out.storage)
 
     def _gemm_node(self, node: Node, args: list, alpha: float, beta: float,
                    trans_b: bool) -> None:

@@ -3,8 +3,8 @@ ONNX Runtime: a ConvNeXt block served by the daemon through the OpenCL engine, a
 with shifted windows (roll as Slice + Concat, rank-6 window partition, relative position bias
 gathered from a constant table, the shift's attention mask) on the engine; and the pieces
 they need beside the normalizations: Einsum as a batched matrix product (MaxViT's attention),
-a Pad of zero amounts (Swin's windows), Softmax over any axis (other zoos' ResNeSt, CoaT), Pad
-by reflection (TResNet), edge or wrap."""
+a Pad of zero amounts (Swin's windows); for other zoos' models, Softmax over any axis (ResNeSt,
+CoaT), Pad by reflection (TResNet), edge or wrap, and 1-D Conv (ECA-Net)."""
 
 from __future__ import annotations
 
@@ -269,3 +269,27 @@ def test_pad_by_reflection_edge_or_wrap(engine_for, mode, amounts, opset) -> Non
     node = helper.make_node("Pad", ["x", "amounts"], ["y"], mode=mode)
     check(engine_for, graph([node], {"x": x.shape}, {"amounts": np.array(amounts, np.int64)},
                             ["y"], opset), x=x)
+
+
+@pytest.mark.parametrize("cin, cout, k, attrs, then", [
+    (1, 1, 3, {"pads": [1, 1]}, "Sigmoid"),  # ECA-Net's channel attention
+    (6, 4, 5, {"strides": [2], "dilations": [2], "pads": [3, 1]}, "BatchNormalization"),
+    (6, 6, 3, {"group": 6, "auto_pad": "SAME_UPPER"}, "Relu")], ids=str)
+@pytest.mark.parametrize("local_tiles", [False, True], ids=["registers", "local"])
+def test_conv1d(engine_for, cin, cout, k, attrs, then, local_tiles) -> None:
+    """A 1-D Conv runs as a 2-D one of height 1; BatchNormalization folds into it."""
+    rng, _ = fresh_rng()
+    consts = {"w": rng.standard_normal((cout, cin // attrs.get("group", 1), k)).astype(
+        np.float32), "b": rng.standard_normal(cout).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    if then == "BatchNormalization":
+        consts |= {n: rng.uniform(0.5, 1.5, cout).astype(np.float32)
+                   for n in ("gamma", "beta", "mean", "var")}
+        nodes.append(helper.make_node(then, ["c", "gamma", "beta", "mean", "var"], ["y"]))
+    else:
+        nodes.append(helper.make_node(then, ["c"], ["y"]))
+    x = rng.standard_normal((3, cin, 17)).astype(np.float32)
+    engine = check(lambda m: engine_for(m, local_tiles),
+                   graph(nodes, {"x": x.shape}, consts, ["y"]), x=x)
+    assert all(la.kernel not in ("activation", "channel_affine")
+               for la in engine.plan(3).launches)
