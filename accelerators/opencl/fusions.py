@@ -212,23 +212,53 @@ def _fuse_group_norm(graph: Graph) -> None:
 
 
 def _einsum_as_matmul(graph: Graph) -> None:
-    """Two operands, the same leading (batch) axes in both and in the output, the output's last
-    two axes (i, j) one from each operand and the fourth letter (k) summed over."""
+    """Two operands, one letter k summed (in both, not in the output), one column letter (in
+    the second operand and the output), the others in the output: batch letters in both
+    operands, row letters in the first only. The operands are transposed to (batch, rows, k)
+    and (batch, k, column), the second given a 1 for each row letter but the last (numpy's
+    broadcasting of MatMul's batch axes), and the product transposed to the output's order:
+    MaxViT's "BGHID,BGHJD->BGHIJ" transposes only its second operand, MViTv2's relative
+    positions "byhwc,hkc->byhwk" all three."""
     for node in [n for n in graph.nodes if n.op == "Einsum" and len(n.inputs) == 2]:
-        lhs, _, out = node.attrs.get("equation", "").replace(" ", "").partition("->")
+        lhs, arrow, out = node.attrs.get("equation", "").replace(" ", "").partition("->")
         a, _, b = lhs.partition(",")
-        batch, (i, j) = out[:-2], out[-2:] if len(out) >= 2 else ("", "")
-        k = "".join(set(a[-2:]) - {i})
-        if "." in lhs or not (len(a) == len(b) == len(out) >= 2) or a[:-2] != batch \
-                or b[:-2] != batch or len(k) != 1 or {i, k} != set(a[-2:]) \
-                or {k, j} != set(b[-2:]) or i == j or k in out:
+        summed = [c for c in a if c in b and c not in out]
+        batch = [c for c in out if c in a and c in b]
+        rows = [c for c in out if c in a and c not in b]
+        column = [c for c in out if c in b and c not in a]
+        if not arrow or "." in lhs or any(len(set(t)) != len(t) for t in (a, b, out)) \
+                or len(summed) != 1 or len(column) != 1 or not rows \
+                or sorted(a) != sorted(batch + rows + summed) \
+                or sorted(b) != sorted(batch + summed + column) \
+                or sorted(out) != sorted(batch + rows + column):
             continue
-        perm = list(range(len(out) - 2)) + [len(out) - 1, len(out) - 2]
-        for index, wanted in ((0, i + k), (1, k + j)):
-            if (a, b)[index][-2:] != wanted:
-                swapped = f"{node.name}:transposed{index}"
-                graph.nodes.insert(graph.nodes.index(node), Node(
-                    "Transpose", swapped, [node.inputs[index]], [swapped], {"perm": perm}))
-                node.inputs[index] = swapped
-        node.op, node.attrs = "MatMul", {}
+
+        def insert(op: str, source: str, attrs: dict, extra: list[str] = ()) -> str:
+            """A node reading `source` placed just before the Einsum; its output's name."""
+            name = f"{node.name}:{op.lower()}{len(graph.nodes)}"
+            graph.nodes.insert(graph.nodes.index(node), Node(op, name, [source, *extra], [name],
+                                                             attrs))
+            return name
+
+        operands = []
+        for source, letters, order in ((node.inputs[0], a, batch + rows + summed),
+                                       (node.inputs[1], b, batch + summed + column)):
+            if list(letters) != order:
+                source = insert("Transpose", source, {"perm": [letters.index(c) for c in order]})
+            operands.append(source)
+        if len(rows) > 1:  # a 1 for each row letter but the last: they broadcast
+            axes = list(range(len(batch), len(batch) + len(rows) - 1))
+            if graph.opset < 13:
+                operands[1] = insert("Unsqueeze", operands[1], {"axes": axes})
+            else:
+                graph.consts[f"{node.name}:axes"] = np.array(axes, np.int64)
+                operands[1] = insert("Unsqueeze", operands[1], {}, [f"{node.name}:axes"])
+        product = batch + rows + column
+        node.op, node.inputs, node.attrs = "MatMul", operands, {}
+        if product != list(out):
+            output = node.outputs[0]
+            node.outputs = [f"{node.name}:product"]
+            graph.nodes.insert(graph.nodes.index(node) + 1, Node(
+                "Transpose", f"{node.name}:to_output", node.outputs, [output],
+                {"perm": [product.index(c) for c in out]}))
         graph.fused["Einsum->MatMul"] += 1

@@ -224,7 +224,9 @@ def test_swin_block_with_shifted_windows(engine_for) -> None:
 @pytest.mark.parametrize("equation, shapes", [
     ("B G H I D, B G H J D -> B G H I J", [(2, 3, 2, 5, 4), (2, 3, 2, 6, 4)]),  # MaxViT's
     ("B G H I J, B G H J D -> B G H I D", [(2, 3, 2, 5, 6), (2, 3, 2, 6, 4)]),
-    ("bkd,bjk->bdj", [(3, 7, 5), (3, 4, 7)])], ids=["qk", "av", "both_swapped"])
+    ("bkd,bjk->bdj", [(3, 7, 5), (3, 4, 7)]),
+    ("byhwc,hkc->byhwk", [(2, 3, 4, 5, 6), (4, 7, 6)]),  # MViTv2's relative positions
+    ("nqc,ck->kqn", [(2, 5, 3), (3, 4)])], ids=["qk", "av", "both_swapped", "mvit", "to_output"])
 def test_einsum_of_a_batched_matrix_product(engine_for, equation, shapes) -> None:
     rng, _ = fresh_rng()
     a, b = (rng.standard_normal(s).astype(np.float32) for s in shapes)
