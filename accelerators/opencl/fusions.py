@@ -4,8 +4,8 @@ tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activatio
 LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (as
 exporters emit it before opset 17) becomes one `LayerNormalization`; GroupNorm as torch exports
 it (Reshape, InstanceNormalization, Reshape, Mul, Add) one `GroupNormalization`. An Einsum that
-is a batched matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with a
-Transpose of an operand whose last two axes are swapped."""
+is a batched matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with
+the Transposes (and an Unsqueeze) that bring its letters into MatMul's order."""
 
 from __future__ import annotations
 
