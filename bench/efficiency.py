@@ -30,7 +30,7 @@ from accelerators.flops import count_flops  # noqa: E402
 from accelerators.power.meter import DeviceMeter  # noqa: E402
 from accelerators.power.model import ModelEstimate  # noqa: E402
 from service.ops.local_daemon import free_port  # noqa: E402
-from service.ops.top import Snapshot, fetch  # noqa: E402
+from service.ops.top import fetch  # noqa: E402
 from spark_jobs.daemon import DaemonProcess  # noqa: E402
 
 MODEL = "mnist_cnn"
@@ -58,10 +58,6 @@ def throughput_ratio(client, tensor, images: np.ndarray, seconds: float,
     return (len(daemon) / sum(daemon)) / (len(ref) / sum(ref)), float(np.median(ref))
 
 
-def total(snap: Snapshot, name: str) -> float:
-    return sum(snap.series(name).values())
-
-
 def through_daemon(client, tensor, metrics_url: str, seconds: float) -> dict:
     time.sleep(1.1)  # a power sample between runs
     before, end = fetch(metrics_url), time.monotonic() + seconds
@@ -69,7 +65,7 @@ def through_daemon(client, tensor, metrics_url: str, seconds: float) -> dict:
         client.infer(MODEL, [tensor])
     time.sleep(1.1)  # the power monitor's next sample covers the end of the run
     after = fetch(metrics_url)
-    d = {n: total(after, n) - total(before, n) for n in (
+    d = {n: after.total(n) - before.total(n) for n in (
         "hetserve_inferences_total", "hetserve_flops_total",
         "hetserve_device_energy_joules_total", "hetserve_model_energy_joules_total")}
     d["elapsed"] = after.time - before.time - 1.1

@@ -27,6 +27,10 @@ class Snapshot:
     def series(self, name: str) -> dict[Labels, float]:
         return {labels: v for (n, labels), v in self.samples.items() if n == name}
 
+    def total(self, name: str) -> float:
+        """A metric summed over all its label sets."""
+        return sum(self.series(name).values())
+
 
 def fetch(url: str, timeout_s: float = 5.0) -> Snapshot:
     with urllib.request.urlopen(url, timeout=timeout_s) as reply:
