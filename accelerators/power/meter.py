@@ -23,6 +23,7 @@ from accelerators.power.source import PowerSource, SourceError
 log = logging.getLogger(__name__)
 _FORGET = 0.98  # weight each older interval keeps: the fit follows drift over a minute or so
 _RIDGE = 1e-3  # utilization variance below which the fitted line stays about flat
+SAMPLE_S = 1.0  # between samples, unless told otherwise (a power budget samples faster)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class PowerMonitor:
     """Owns the meters and the sampling thread; `meter()` hands a worker its device's meter."""
 
     def __init__(self, sources: str = "", model_watts: str = DEFAULT_MODEL_WATTS,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = SAMPLE_S) -> None:
         self._picker = SourcePicker(sources, model_watts)
         self.interval_s = interval_s
         self._meters: dict[str, DeviceMeter] = {}

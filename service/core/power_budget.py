@@ -1,10 +1,10 @@
 """The node's power budget (`--power-budget-w`): held as an energy account, so that the node's
 power averages at most the budget over any stretch of sustained load.
 
-After each power sample (the power monitor's thread, every SAMPLE_S) the account is credited the
-budget's joules for the interval and debited what the node's devices drew (sensors, or the
-`model` estimate: the exported source says which); it never banks more than it spent, so idle
-time buys no burst. The deeper the account is in debt, the more the daemon gives up:
+After each power sample (the power monitor's thread, every BUDGET_SAMPLE_S) the account is
+credited the budget's joules for the interval and debited what the node's devices drew (sensors,
+or the `model` estimate: the exported source says which); it never banks more than it spent, so
+idle time buys no burst. The deeper the account is in debt, the more the daemon gives up:
 
     stage 1  route every batch to the device with the fewest joules per inference that meets
              the model's latency budget (the router's `efficiency` order);
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from accelerators.power.meter import PowerMonitor
 from accelerators.power.model import ModelEstimate
 
-SAMPLE_S = 0.25  # power samples while a budget is set (1 s otherwise)
+BUDGET_SAMPLE_S = 0.25  # between power samples while a budget is set
 DEBT_STEP_S = 0.5
 
 

@@ -14,10 +14,10 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from accelerators.power.meter import PowerMonitor
+from accelerators.power.meter import SAMPLE_S, PowerMonitor
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
-from service.core.power_budget import SAMPLE_S, PowerBudget, check_budget
+from service.core.power_budget import BUDGET_SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
 from service.errors import StartupError
 from service.grpc import unix_socket
@@ -133,7 +133,7 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
                            "node's idle power")
     try:
         return token, PowerMonitor(settings.power_sources, settings.power_model,
-                                   interval_s=1.0 if budget is None else SAMPLE_S)
+                                   interval_s=SAMPLE_S if budget is None else BUDGET_SAMPLE_S)
     except ValueError as e:
         raise StartupError(str(e)) from e
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from accelerators.power.meter import SAMPLE_S
 from service.ops.top import Snapshot, fetch
 
 _POLL_S = 0.02
-_SAMPLE_INTERVAL_S = 1.0  # the daemon's power sampling interval (accelerators/power/meter.py)
 JOULES = "hetserve_device_energy_joules_total"
 
 
@@ -35,10 +35,6 @@ class EnergyWindow:
         return self.flops / self.inferences if self.inferences else None
 
 
-def _total(snapshot: Snapshot, name: str) -> float:
-    return sum(snapshot.series(name).values())
-
-
 def sources(snapshot: Snapshot) -> dict[str, str]:
     return {dict(labels)["device"]: dict(labels)["source"] for labels in snapshot.series(JOULES)}
 
@@ -48,22 +44,22 @@ def watch(url: str, start: float, end: float) -> EnergyWindow | None:
     (time.monotonic()); None when fewer than two do (a window under about a second)."""
     time.sleep(max(0.0, start - time.monotonic()))
     moves: list[Snapshot] = []
-    last = _total(fetch(url), JOULES)
+    last = fetch(url).total(JOULES)
     while time.monotonic() < end:
         snapshot = fetch(url)
-        joules = _total(snapshot, JOULES)
+        joules = snapshot.total(JOULES)
         if joules == last:
             time.sleep(_POLL_S)
             continue
         moves.append(snapshot)
         last = joules
         # the next sample is about a second away: wait for most of it
-        time.sleep(max(0.0, min(0.9 * _SAMPLE_INTERVAL_S, end - time.monotonic())))
+        time.sleep(max(0.0, min(0.9 * SAMPLE_S, end - time.monotonic())))
     if len(moves) < 2:
         return None
     first, final = moves[0], moves[-1]
     return EnergyWindow(
-        _total(final, JOULES) - _total(first, JOULES), final.time - first.time,
-        _total(final, "hetserve_flops_total") - _total(first, "hetserve_flops_total"),
-        _total(final, "hetserve_inferences_total") - _total(first, "hetserve_inferences_total"),
+        final.total(JOULES) - first.total(JOULES), final.time - first.time,
+        final.total("hetserve_flops_total") - first.total("hetserve_flops_total"),
+        final.total("hetserve_inferences_total") - first.total("hetserve_inferences_total"),
         sources(final))
