@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -32,27 +33,19 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from serving import MODEL, ROOT, model_repository, process_tree_cpu_s  # noqa: E402
 
 from service import contract  # noqa: E402
-from service.ops.local_daemon import free_port  # noqa: E402
-from service.ops.top import Snapshot, fetch  # noqa: E402
-from spark_jobs.daemon import DaemonProcess  # noqa: E402
+from service.ops.local_daemon import LocalDaemon, local_daemon  # noqa: E402
+from service.ops.top import fetch  # noqa: E402
 
 IMAGE = np.zeros((1, 1, 28, 28), np.float32)
 BUDGET_DEVICES = {"gpu0": (0.002, "10:100"), "fpga0": (0.008, "5:25")}
 BUDGET_W = 50.0
 
 
-class Daemon:
-    def __init__(self, tmp: Path, models: Path, *flags: str) -> None:
-        self.port, metrics = free_port(), free_port()
-        self.url, self.metrics_url = f"127.0.0.1:{self.port}", f"http://127.0.0.1:{metrics}/metrics"
-        self.process = DaemonProcess(
-            ["--models", str(models), "--port", str(self.port), "--socket", "",
-             "--metrics-port", str(metrics), "--workers", "1", "--engine-modules", "null_engine",
-             "--log-level", "WARNING", *flags], self.url, tmp / f"daemon-{self.port}.log")
-        self.process.wait_ready()
-
-    def counter(self, name: str) -> float:
-        return sum(fetch(self.metrics_url).series(name).values())
+def _daemon(tmp: Path, name: str, models: Path, *flags: str
+            ) -> contextlib.AbstractContextManager[LocalDaemon]:
+    """One process (--workers 1) on the null engine."""
+    return local_daemon(models, tmp / f"{name}-daemon", "--workers", "1", "--engine-modules",
+                        "null_engine", "--log-level", "WARNING", *flags)
 
 
 async def _load(url: str, seconds: float, concurrency: int, priority: int = 0
@@ -78,25 +71,24 @@ async def _load(url: str, seconds: float, concurrency: int, priority: int = 0
 
 def response_energy(tmp: Path, seconds: float, rounds: int) -> dict:
     models = model_repository(tmp / "null", devices="null:cpu0")
-    daemons = {mode: Daemon(tmp, models, "--response-energy", mode, "--power-sources",
-                            "cpu=model") for mode in ("on", "off")}
-    cpu = {mode: 0.0 for mode in daemons}
-    answered = {mode: 0 for mode in daemons}
-    joules = counted = 0.0
-    try:
+    counter = "hetserve_model_energy_joules_total"
+    with contextlib.ExitStack() as stack:
+        daemons = {mode: stack.enter_context(_daemon(
+            tmp, mode, models, "--response-energy", mode, "--power-sources", "cpu=model"))
+            for mode in ("on", "off")}
+        cpu = {mode: 0.0 for mode in daemons}
+        answered = {mode: 0 for mode in daemons}
+        joules = counted = 0.0
         for _ in range(rounds):
             for mode, daemon in daemons.items():
-                before_j = daemon.counter("hetserve_model_energy_joules_total")
-                before_cpu = process_tree_cpu_s(daemon.process.pid)
-                n, j = asyncio.run(_load(daemon.url, seconds, 64))
-                cpu[mode] += process_tree_cpu_s(daemon.process.pid) - before_cpu
+                before_j = fetch(daemon.metrics_url).total(counter)
+                before_cpu = process_tree_cpu_s(daemon.pid)
+                n, j = asyncio.run(_load(daemon.tcp_address, seconds, 64))
+                cpu[mode] += process_tree_cpu_s(daemon.pid) - before_cpu
                 answered[mode] += n
                 if mode == "on":
                     joules += j
-                    counted += daemon.counter("hetserve_model_energy_joules_total") - before_j
-    finally:
-        for daemon in daemons.values():
-            daemon.process.stop()
+                    counted += fetch(daemon.metrics_url).total(counter) - before_j
     us = {mode: 1e6 * cpu[mode] / answered[mode] for mode in daemons}
     return {"cpu_us_on": us["on"], "cpu_us_off": us["off"], "cpu_ratio": us["on"] / us["off"],
             "requests_on": answered["on"], "joules_sum": joules, "joules_counter": counted,
@@ -115,16 +107,13 @@ def power_budget(tmp: Path, seconds: float) -> dict:
         text = config.read_text().replace("max_batch_size: 128", "max_batch_size: 8")
         config.write_text(text.replace("dynamic_batching {", "dynamic_batching { priority_levels"
                                        ": 2 default_priority_level: 2"))
-        daemon = Daemon(tmp, models, *power, *flags)
-        try:
-            asyncio.run(_load(daemon.url, 1.0, 64, priority=2))  # past the first overshoot
+        with _daemon(tmp, name, models, *power, *flags) as daemon:
+            asyncio.run(_load(daemon.tcp_address, 1.0, 64, priority=2))  # past the overshoot
             before, start = fetch(daemon.metrics_url), time.monotonic()
-            n, _ = asyncio.run(_load(daemon.url, seconds, 64, priority=2))
+            n, _ = asyncio.run(_load(daemon.tcp_address, seconds, 64, priority=2))
             after, wall = fetch(daemon.metrics_url), time.monotonic() - start
-        finally:
-            daemon.process.stop()
         energy = "hetserve_device_energy_joules_total"
-        return {"rps": n / wall, "watts": (_total(after, energy) - _total(before, energy)) / wall}
+        return {"rps": n / wall, "watts": (after.total(energy) - before.total(energy)) / wall}
 
     budgeted = run("budget", "null:gpu0,null:fpga0", "--power-budget-w", str(BUDGET_W))
     unbudgeted = run("free", "null:gpu0,null:fpga0")
@@ -134,10 +123,6 @@ def power_budget(tmp: Path, seconds: float) -> dict:
             "frugal_rps": frugal["rps"], "frugal_watts": frugal["watts"],
             "rps_ratio": budgeted["rps"] / frugal["rps"], "free_watts": unbudgeted["watts"],
             "free_rps": unbudgeted["rps"]}
-
-
-def _total(snapshot: Snapshot, name: str) -> float:
-    return sum(snapshot.series(name).values())
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ class LocalDaemon:
     tcp_address: str
     metrics_url: str
     log_path: Path
+    pid: int
 
 
 class DaemonStartError(RuntimeError):
@@ -59,7 +60,7 @@ def local_daemon(models: Path, folder: Path, *extra: str,
     try:
         wait_ready(address, process, log_path, timeout_s)
         yield LocalDaemon(f"unix:{folder / 'grpc.sock'}", address,
-                          f"http://127.0.0.1:{metrics_port}/metrics", log_path)
+                          f"http://127.0.0.1:{metrics_port}/metrics", log_path, process.pid)
     finally:
         stop(process)
 
