@@ -237,12 +237,16 @@ class DynamicBatcher:
                 continue
             while queue:
                 pending = queue[0]
+                # A request answered, cancelled or expired leaves the counts now, not when its
+                # future's callbacks run: counts above what the queues hold would spin
+                # _next_batch (a request whose deadline passed before its batch formed).
                 if pending.taken or pending.future.done():  # answered or cancelled
-                    queue.popleft()
+                    self._leave(queue.popleft())
                     continue
                 if pending.expires is not None and now >= pending.expires:
                     queue.popleft()
                     self._expire(pending)
+                    self._leave(pending)
                     continue
                 if (queue is not self._delayed and pending.delay_after is not None
                         and now >= pending.delay_after):

@@ -154,6 +154,22 @@ def test_an_expired_request_is_answered_at_its_deadline_and_never_runs() -> None
     assert runs == [[1]] and answered_in < 0.2
 
 
+@pytest.mark.timeout(30)  # a regression spins the event loop: no wait_for could end it
+def test_a_deadline_passed_before_the_batch_forms_does_not_stall_the_model() -> None:
+    """The batch former meets the request expired before its own timer does: it is answered
+    DEADLINE_EXCEEDED, and the batcher goes on (it once spun the event loop for good)."""
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 500"), runs)
+        with pytest.raises(DeadlineExceededError):
+            await asyncio.wait_for(b.submit(_x(9), 1, _later(-0.001)), 2.0)
+        out = await asyncio.wait_for(b.submit(_x(2), 1), 2.0)
+        await b.close()
+        return runs, out
+    runs, out = asyncio.run(main())
+    assert [9] not in runs and out.outputs["y"].tolist() == [4]
+
+
 @pytest.mark.parametrize("requested_us, expires", [(0, True), (20_000, True), (10_000_000, True)])
 def test_queue_timeout_rejects_and_a_request_may_only_shorten_it(requested_us, expires) -> None:
     async def main():

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
@@ -75,6 +76,24 @@ def test_expired_requests_never_reach_the_device(serve, holdout) -> None:
     metrics = scrape(daemon.metrics_url)
     assert total(metrics, "hetserve_inferences_total", model=MODEL) == 100
     assert total(metrics, "hetserve_requests_expired_total", model=MODEL) >= 10
+
+
+@pytest.mark.timeout(60)
+def test_deadlines_shorter_than_the_queue_never_stall_the_daemon(serve, holdout) -> None:
+    """Clients whose deadlines pass between arrival and batch (a millisecond or less) get
+    DEADLINE_EXCEEDED or an answer, and every other client is still served: such a request
+    once spun the daemon's event loop for good."""
+    daemon, _ = serve(8, "max_queue_delay_microseconds: 500")
+    image = holdout[0][:1]
+
+    async def main():
+        async with aioclient.InferenceServerClient(daemon.url) as client:
+            for i in range(200):
+                await _timed(client, image, client_timeout=0.0002 + i % 10 * 0.0001)
+            return await asyncio.wait_for(_timed(client, image, client_timeout=5.0), 10.0)
+
+    _, status = asyncio.run(main())
+    assert status == "OK"
 
 
 def test_overload_at_three_times_capacity(serve, holdout) -> None:
