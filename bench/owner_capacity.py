@@ -34,6 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from service.core.dataplane import DataPlane  # noqa: E402
 from service.core.metrics import Metrics  # noqa: E402
 from service.core.registry import ModelRegistry  # noqa: E402
+from service.grpc.shared_memory import SHM_ROOT  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from service.workers import arena, owner_channel  # noqa: E402
 from service.workers import messages as msg  # noqa: E402
@@ -94,7 +95,7 @@ class Owner:
         finally:
             there.close()
             os.close(fd)
-            (Path("/dev/shm") / key).unlink()
+            (SHM_ROOT / key).unlink()  # both processes hold it now
         await side.open(here)
         side.send(*self._catalog)
         return side, process
