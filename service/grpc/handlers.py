@@ -3,11 +3,13 @@ Every method of Triton's service receives the bytes of its request and parses th
 message that does not parse gets INVALID_ARGUMENT (grpc's own deserializer would answer UNKNOWN);
 the one streaming method parses each message itself, so that a bad one fails alone. A domain
 error answers its status; any other exception, a bug, answers INTERNAL with one log line, never
-UNKNOWN. Methods the servicer does not define get UNIMPLEMENTED, in one line and without the
-traceback the generated base class logs."""
+UNKNOWN; a call whose gRPC deadline has passed is left to gRPC, which answers it
+DEADLINE_EXCEEDED. Methods the servicer does not define get UNIMPLEMENTED, in one line and
+without the traceback the generated base class logs."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -52,9 +54,11 @@ def _parsed(behaviour: Callable, request_class: type, name: str) -> Callable:
         except InvalidInputError as e:
             await context.abort(e.status, f"{name}: {e}")
         try:
-            return await behaviour(request, context)
+            reply = await behaviour(request, context)
         except Exception as e:
             await _abort(context, name, e)
+        _end_if_past_deadline(context)
+        return reply
     return handle
 
 
@@ -79,7 +83,17 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exceptio
     if isinstance(error, grpc.aio.AbortError):  # aborted already, with its status
         raise error
     status, message = status_of(error, method)
+    _end_if_past_deadline(context)
     await context.abort(status, message)
+
+
+def _end_if_past_deadline(context: grpc.aio.ServicerContext) -> None:
+    """Ends a call whose gRPC deadline has passed without a reply: gRPC answers it
+    DEADLINE_EXCEEDED itself, and a reply or status sent meanwhile races that end (grpc logs the
+    send that loses with a traceback, for each such call). The daemon's queue answers at the
+    same deadline, so without this a client with short deadlines floods the log."""
+    if context.time_remaining() == 0:
+        raise asyncio.CancelledError  # what gRPC raises in a call its client has left
 
 
 def status_of(error: BaseException, where: str) -> tuple[grpc.StatusCode, str]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -22,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from service.errors import LimitError, ModelNotFoundError
+from service.errors import DeadlineExceededError, LimitError, ModelNotFoundError
 from service.grpc import handlers
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
 from spark_jobs.daemon import DaemonProcess
@@ -317,6 +318,58 @@ async def _call_the_broken_servicer() -> None:
             assert caught.value.code() == grpc.StatusCode.INTERNAL
     finally:
         await server.stop(0)
+
+
+class _Late:
+    """Fails each call with the daemon's own DEADLINE_EXCEEDED (its queue's timer fires at the
+    call's gRPC deadline), or answers it."""
+
+    async def ModelInfer(self, request, context):
+        raise DeadlineExceededError("model 'm': the request's deadline passed in the queue")
+
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=True)
+
+
+class _Context:
+    def __init__(self, remaining_s: float | None) -> None:
+        self.remaining_s, self.sent = remaining_s, []
+
+    def time_remaining(self) -> float | None:
+        return self.remaining_s
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.sent.append(code)
+        raise grpc.aio.AbortError(details)
+
+
+def _handler(method: str):
+    """The handler `add_to_server` gives `method` of the _Late servicer."""
+    class Server:
+        def add_generic_rpc_handlers(self, generic) -> None:
+            self.generic = generic[0]
+    server = Server()
+    handlers.add_to_server(_Late(), server)
+    details = SimpleNamespace(method=f"/{handlers.SERVICE.full_name}/{method}",
+                              invocation_metadata=())
+    return server.generic.service(details).unary_unary
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive"])
+def test_a_call_past_its_deadline_ends_without_sending(method) -> None:
+    """Past the call's gRPC deadline gRPC ends it DEADLINE_EXCEEDED itself; a status or reply
+    sent then races that end, and grpc logged the loser with a traceback, once per such call."""
+    late = _Context(remaining_s=0.0)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_handler(method)(b"", late))
+    assert late.sent == []
+    in_time = _Context(remaining_s=1.0)  # e.g. a queue timeout shorter than the deadline
+    if method == "ModelInfer":
+        with pytest.raises(grpc.aio.AbortError):
+            asyncio.run(_handler(method)(b"", in_time))
+        assert in_time.sent == [grpc.StatusCode.DEADLINE_EXCEEDED]
+    else:
+        assert asyncio.run(_handler(method)(b"", in_time)).live
 
 
 # 5. The socket folder is ours or we refuse.
