@@ -64,12 +64,17 @@ def _parsed(behaviour: Callable, request_class: type, name: str) -> Callable:
 
 def _streamed(behaviour: Callable, name: str) -> Callable:
     """Replies written here (not yielded to grpc, which logs a traceback when the client has
-    gone while one is written): a write that fails ends the stream, and what it raised."""
+    gone while one is written): a write fails only once the call has ended (the client gone,
+    or its deadline passed), and then the stream ends as gRPC ends a call its client has left,
+    sending nothing more (a status sent then would fail, and grpc log it with a traceback)."""
     async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         replies = behaviour(requests, context)
         try:
             async for reply in replies:
-                await context.write(reply)
+                try:
+                    await context.write(reply)
+                except Exception:
+                    raise asyncio.CancelledError from None
         except Exception as e:
             if context.done():  # the client has gone: nobody to answer
                 return

@@ -6,6 +6,7 @@ front-ends; the cross-user cases run as `nobody` where the tests run as root."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -330,6 +331,9 @@ class _Late:
     async def ServerLive(self, request, context):
         return service_pb2.ServerLiveResponse(live=True)
 
+    async def ModelStreamInfer(self, requests, context):
+        yield service_pb2.ModelStreamInferResponse()
+
 
 class _Context:
     def __init__(self, remaining_s: float | None) -> None:
@@ -338,9 +342,15 @@ class _Context:
     def time_remaining(self) -> float | None:
         return self.remaining_s
 
+    def done(self) -> bool:
+        return False
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.sent.append(code)
         raise grpc.aio.AbortError(details)
+
+    async def write(self, reply) -> None:  # as grpc's, once the call has ended in its core
+        raise RuntimeError('Failed "execute_batch": (SendMessageOperation,)')
 
 
 def _handler(method: str):
@@ -352,7 +362,8 @@ def _handler(method: str):
     handlers.add_to_server(_Late(), server)
     details = SimpleNamespace(method=f"/{handlers.SERVICE.full_name}/{method}",
                               invocation_metadata=())
-    return server.generic.service(details).unary_unary
+    found = server.generic.service(details)
+    return found.stream_stream or found.unary_unary
 
 
 @pytest.mark.parametrize("method", ["ModelInfer", "ServerLive"])
@@ -370,6 +381,16 @@ def test_a_call_past_its_deadline_ends_without_sending(method) -> None:
         assert in_time.sent == [grpc.StatusCode.DEADLINE_EXCEEDED]
     else:
         assert asyncio.run(_handler(method)(b"", in_time)).live
+
+
+def test_a_stream_whose_call_has_ended_stops_without_an_error(caplog) -> None:
+    """A reply that can no longer be written (the client gone, or the deadline passed) ends the
+    stream: no status is sent, and nothing is logged as a failure."""
+    ended = _Context(remaining_s=1.0)
+    with pytest.raises(asyncio.CancelledError):  # as grpc ends a call its client has left
+        asyncio.run(_handler("ModelStreamInfer")(None, ended))
+    assert ended.sent == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # 5. The socket folder is ours or we refuse.
