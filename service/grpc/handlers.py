@@ -66,7 +66,8 @@ def _streamed(behaviour: Callable, name: str) -> Callable:
     """Replies written here (not yielded to grpc, which logs a traceback when the client has
     gone while one is written): a write fails only once the call has ended (the client gone,
     or its deadline passed), and then the stream ends as gRPC ends a call its client has left,
-    sending nothing more (a status sent then would fail, and grpc log it with a traceback)."""
+    sending nothing more (a status sent then would fail, and grpc would log it with a
+    traceback)."""
     async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         replies = behaviour(requests, context)
         try:
