@@ -34,11 +34,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from service.core.dataplane import DataPlane  # noqa: E402
 from service.core.metrics import Metrics  # noqa: E402
 from service.core.registry import ModelRegistry  # noqa: E402
-from service.grpc.shared_memory import SHM_ROOT  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from service.workers import arena, owner_channel  # noqa: E402
 from service.workers import messages as msg  # noqa: E402
+from service.workers import owner_channel  # noqa: E402
 from service.workers.arena import Arena  # noqa: E402
+from service.workers.frontends import start_frontend  # noqa: E402
 from service.workers.owner_channel import Channel, OwnerSide  # noqa: E402
 
 MODEL = "mnist_cnn"
@@ -85,18 +85,10 @@ class Owner:
         self._catalog = owner_channel.catalog(plane)
 
     async def start(self, in_flight: int) -> tuple[OwnerSide, asyncio.subprocess.Process]:
-        key, fd = arena.create(ARENA_BYTES)
-        here, there = socket.socketpair()
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, __file__, "--frontend", str(there.fileno()), str(fd),
-                str(in_flight), pass_fds=(there.fileno(), fd))
-            side = OwnerSide(self._plane, Arena(fd, ARENA_BYTES), lambda *_: None)
-        finally:
-            there.close()
-            os.close(fd)
-            (SHM_ROOT / key).unlink()  # both processes hold it now
-        await side.open(here)
+        side, process = await start_frontend(
+            self._plane, ARENA_BYTES, lambda channel_fd, arena_fd: [
+                sys.executable, __file__, "--frontend", str(channel_fd), str(arena_fd),
+                str(in_flight)], lambda *_: None)
         side.send(*self._catalog)
         return side, process
 

@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from grpc_health.v1 import health, health_pb2
@@ -154,25 +155,13 @@ class Frontends:
     async def _run(self, index: int) -> tuple[int, bool]:
         """Starts front-end `index` with a fresh arena and channel; its exit code, and whether
         it listened."""
-        key, fd = arena.create(self._arena_size)
-        here, there = socket.socketpair()
-        try:
-            inputs = Arena(fd, self._arena_size)  # where the owner reads its requests' inputs
-            if self._settings.unix_socket:  # a dead front-end's socket file is stale
-                worker_socket(self._settings.unix_socket, index).unlink(missing_ok=True)
-            process = await asyncio.create_subprocess_exec(
+        if self._settings.unix_socket:  # a dead front-end's socket file is stale
+            worker_socket(self._settings.unix_socket, index).unlink(missing_ok=True)
+        side, process = await start_frontend(
+            self._plane, self._arena_size, lambda channel_fd, arena_fd: [
                 sys.executable, "-m", "service.workers.frontend_process", str(index),
-                str(there.fileno()), str(fd), str(self._arena_size), str(os.getpid()),
-                pass_fds=(there.fileno(), fd), env=self._env)
-        except BaseException:
-            here.close()
-            raise
-        finally:
-            there.close()
-            os.close(fd)
-            (SHM_ROOT / key).unlink()  # both hold it now (or nobody): no death can leak it
-        side = OwnerSide(self._plane, inputs, self._share)
-        await side.open(here)
+                str(channel_fd), str(arena_fd), str(self._arena_size), str(os.getpid())],
+            self._share, self._env)
         for registered in self._shared.values():  # known before it listens: sent first
             side.send(registered)
         side.send(*(self._catalog or (msg.Loading(), b"")))
@@ -213,6 +202,32 @@ class Frontends:
         await side.listening.wait()
         if not self._started[index].done():
             self._started[index].set_result(None)
+
+
+async def start_frontend(plane: DataPlane, arena_size: int,
+                         command: Callable[[int, int], list[str]],
+                         on_share: Callable[[OwnerSide, msg.Register | msg.Unregister], None],
+                         env: dict[str, str] | None = None
+                         ) -> tuple[OwnerSide, asyncio.subprocess.Process]:
+    """A front-end process with a fresh arena and channel to `plane`, and this process's side
+    of them: `command(channel_fd, arena_fd)` is its command line (the descriptors it inherits).
+    The arena's name is unlinked once both processes hold it, so that no death can leak it."""
+    key, fd = arena.create(arena_size)
+    here, there = socket.socketpair()
+    try:
+        inputs = Arena(fd, arena_size)  # where the owner reads its requests' inputs
+        process = await asyncio.create_subprocess_exec(
+            *command(there.fileno(), fd), pass_fds=(there.fileno(), fd), env=env)
+    except BaseException:
+        here.close()
+        raise
+    finally:
+        there.close()
+        os.close(fd)
+        (SHM_ROOT / key).unlink()  # both hold it now (or nobody)
+    side = OwnerSide(plane, inputs, on_share)
+    await side.open(here)
+    return side, process
 
 
 def _hold_port(host: str, port: int) -> list[socket.socket]:
