@@ -45,7 +45,7 @@ async def measure(models: Path, concurrency: int, seconds: float, image: np.ndar
     async def client(end: float) -> None:
         nonlocal done
         while time.perf_counter() < end:
-            await servicer._infer(request, None)
+            await servicer._infer(request, None, None)
             done += 1
     await asyncio.gather(*[client(time.perf_counter() + 1.0) for _ in range(concurrency)])
     done, cpu, wall = 0, time.process_time(), time.perf_counter()
