@@ -3,9 +3,11 @@
 One FIFO queue per priority level (level 1 first). A batch leaves only when a device slot is
 free, so batches grow while devices are busy. When every slot is free (the devices idle), what
 is queued leaves at once, as waiting would only delay it, unless the devices were busy more than
-half the time lately (_worth_waiting). Otherwise the wait window opens when the oldest waiting
-request arrived, and a batch leaves when it is full (max_batch_size, or the largest preferred
-size) or when the window closes, to the microsecond (service/core/precise_timer.py).
+half the time lately (_worth_waiting); such a request alone, if its device runs it quickly on the
+event loop's thread (Router.run_now), runs in the call that queues it. Otherwise the wait window
+opens when the oldest waiting request arrived, and a batch leaves when it is full
+(max_batch_size, or the largest preferred size) or when the window closes, to the microsecond
+(service/core/precise_timer.py).
 `max_queue_delay_microseconds` stays the upper bound of every wait. Requests whose gRPC deadline
 or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the moment it passes and never
 reach a device; DELAY requests move behind every other request; cancelled ones are dropped. A
@@ -21,8 +23,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from service.core.batch_buffers import BatchBuffers
 from service.core.power_budget import PowerBudget
@@ -38,9 +41,20 @@ from service.errors import (
 )
 
 log = logging.getLogger(__name__)
+# Arrivals closer than this come together (one event-loop iteration hands over many: a
+# front-end's frame, several gRPC calls), so a request after so short a gap may have company.
+_TOGETHER_S = 100e-6
 
 
-RunBatch = Callable[[Tensors, int], Awaitable[Answer]]
+class BatchRunner(Protocol):
+    """Runs a batch on the model's devices (service/core/router.py)."""
+
+    async def run(self, inputs: Tensors, size: int) -> Answer:
+        ...
+
+    def run_now(self, inputs: Tensors, size: int) -> Answer | None:
+        """The answer computed at once on this thread, or None when `run` must."""
+        ...
 
 
 @dataclass(eq=False)
@@ -58,13 +72,13 @@ class _Pending:
 
 
 class DynamicBatcher:
-    def __init__(self, model: str, policy: BatchPolicy, run_batch: RunBatch, slots: int,
+    def __init__(self, model: str, policy: BatchPolicy, runner: BatchRunner, slots: int,
                  buffers: BatchBuffers, stats: ModelStatistics,
                  observe_queue_s: Callable[[float], None],
                  on_expired: Callable[[], None], budget: PowerBudget | None = None) -> None:
         self.model = model
         self.policy = policy
-        self._run_batch = run_batch
+        self._runner = runner
         self._buffers = buffers
         self._stats = stats
         self._observe_queue_s = observe_queue_s
@@ -85,6 +99,7 @@ class DynamicBatcher:
         self._timer = PreciseTimer(self._loop, self._close_window)
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
         self._last_run_s = 0.0  # how long that batch ran
+        self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
         self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
 
     def queued(self) -> int:
@@ -94,10 +109,11 @@ class DynamicBatcher:
                      options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
         return await self.enqueue(inputs, size, options)
 
-    def enqueue(self, inputs: Tensors, size: int,
-                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions = DEFAULT_OPTIONS,
+                alone: bool = True) -> asyncio.Future[Answer]:
         """`submit` without waiting: queues the request now (QueueFullError refuses it) and
-        returns its answer's future; cancelling the future takes the request out of the queue."""
+        returns its answer's future; cancelling the future takes the request out of the queue.
+        `alone` false says that others came with it (a front-end's frame of several)."""
         level = self.policy.level(options.priority)
         limit = self.policy.levels[level].max_queue_size
         if self._queued[level] + size > limit:
@@ -113,6 +129,11 @@ class DynamicBatcher:
             expires = queue_until
         pending = _Pending(inputs, size, level, self._loop.create_future(), now, expires,
                            None if reject else queue_until)
+        alone = alone and \
+            now - self._last_arrival >= max(self.policy.max_queue_delay_s, _TOGETHER_S)
+        self._last_arrival = now
+        if alone and self._runs_now(pending):
+            return pending.future
         if expires is not None:
             pending.timer = self._loop.call_at(expires, self._expire, pending)
         pending.future.add_done_callback(lambda _, p=pending: self._leave(p))
@@ -121,6 +142,25 @@ class DynamicBatcher:
         if self._takeable() >= self._wanted:
             self._arrived.set()
         return pending.future
+
+    def _runs_now(self, pending: _Pending) -> bool:
+        """Runs a request that came alone (none other within the window) at once, in this call,
+        when it would leave the queue at once as a batch of its own (nothing queued or running,
+        the devices idle long enough, its level not held, its deadline ahead) and its device
+        takes it on this thread; false leaves it to the queue, where requests that come together
+        share a batch. Saves the dispatcher's wake-up, the batch's task and the caller's
+        wake-up: three event-loop iterations per request at low load."""
+        if self.queued() or self._running or self._worth_waiting() or (
+                pending.expires is not None and pending.expires <= pending.enqueued) or (
+                self._budget is not None and self._budget.holds(pending.level)):
+            return False
+        started = time.monotonic()
+        answer = self._runner.run_now(pending.inputs, pending.size)
+        if answer is None:
+            return False
+        self._idle_since = ran = time.monotonic()
+        self._answer([pending], answer, pending.size, started, started, ran)
+        return True
 
     def _takeable(self) -> int:
         """Samples a batch may take now: those of the levels the power budget does not hold."""
@@ -264,14 +304,11 @@ class DynamicBatcher:
 
     async def _run(self, batch: list[_Pending]) -> None:
         started = time.monotonic()
-        for pending in batch:
-            self._observe_queue_s(started - pending.enqueued)
-        self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
         total = sum(p.size for p in batch)
         inputs, buffers = self._buffers.assemble([p.inputs for p in batch], total)
         assembled = time.monotonic()
         try:
-            answer = await self._run_batch(inputs, total)
+            answer = await self._runner.run(inputs, total)
         except HetserveError as e:
             for pending in batch:
                 _settle(pending, error=e)
@@ -283,8 +320,16 @@ class DynamicBatcher:
             raise
         finally:
             self._buffers.release(buffers)
-        ran = time.monotonic()
+        self._answer(batch, answer, total, started, assembled, time.monotonic())
+
+    def _answer(self, batch: list[_Pending], answer: Answer, total: int, started: float,
+                assembled: float, ran: float) -> None:
+        """Answers a batch's requests with their rows of `answer`, and records the batch (times
+        from time.monotonic(): taken from the queue, inputs assembled, run)."""
         self._last_run_s = ran - started
+        for pending in batch:
+            self._observe_queue_s(started - pending.enqueued)
+        self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
         if len(batch) == 1:  # nothing to split (and unbatched models have no batch axis)
             _settle(batch[0], result=answer)
         else:

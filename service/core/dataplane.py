@@ -57,16 +57,16 @@ class DataPlane:
         return names, self.enqueue(model, inputs, size, options, start)
 
     def enqueue(self, model: ServedModel, inputs: Tensors, size: int,
-                options: RequestOptions = DEFAULT_OPTIONS,
-                start: float | None = None) -> asyncio.Future[Answer]:
+                options: RequestOptions = DEFAULT_OPTIONS, start: float | None = None,
+                alone: bool = True) -> asyncio.Future[Answer]:
         """Queues a request validated already (by submit, or by a front-end process) and
         returns the future of its batch's answer, every output; `start` (time.monotonic()) is
-        when its handling began."""
+        when its handling began; `alone` false says that others came with it."""
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic() if start is None else start
         try:
-            answer = model.batcher.enqueue(inputs, size, options)
+            answer = model.batcher.enqueue(inputs, size, options, alone)
         except BaseException:
             model.stats.fail.add(time.monotonic() - start)
             raise

@@ -131,7 +131,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
         batcher = DynamicBatcher(
-            name, policy, router.run, slots, buffers, stats,
+            name, policy, router, slots, buffers, stats,
             self._metrics.queue_duration.labels(model=name).observe,
             self._metrics.expired.labels(model=name).inc, self._power_budget)
         config = model_config_pb2.ModelConfig()

@@ -58,6 +58,18 @@ class Router:
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
 
+    def run_now(self, inputs: Tensors, size: int) -> Answer | None:
+        """The batch's answer, computed now on this thread, when the device that `run` would
+        try first takes it so (DeviceWorker.run_now: idle and quick); None when it would not,
+        or when it failed the batch (marked failed: `run` re-runs the batch on the next
+        device)."""
+        worker = self.candidates(size)[0]
+        try:
+            return worker.run_now(inputs, self._outputs, size)
+        except DeviceError as e:
+            self._failed(worker, inputs, size, e)
+            return None
+
     def candidates(self, size: int) -> list[DeviceWorker]:
         """Healthy devices in policy order, then the unhealthy ones as a last resort."""
         healthy = [w for w in self.workers if w.healthy]

@@ -43,10 +43,10 @@ class Answer:
 
 
 class Batcher(Protocol):
-    def enqueue(self, inputs: Tensors, size: int,
-                options: RequestOptions) -> asyncio.Future[Answer]:
+    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions,
+                alone: bool = True) -> asyncio.Future[Answer]:
         """Queues a request now (raising what refuses it); its answer's future. Cancelling the
-        future withdraws the request."""
+        future withdraws the request. `alone` false says that others came with it."""
         ...
 
 

@@ -1,9 +1,9 @@
 """A device worker: runs one model's batches on one device, on one or more engine instances
 (config.pbtxt's instance_group count), each in its own thread (engines release the GIL), or a
-short batch on an idle device on the event loop's thread; meters them, and keeps what the router
-needs: expected completion time, joules per inference, and health with backoff. A worker with
-buckets hands its engines bucket shapes only (service.core.buckets), and warms every instance on
-every warm-up batch before the model is READY."""
+short batch on an idle device on the calling event loop's thread (run_now); meters them, and
+keeps what the router needs: expected completion time, joules per inference, and health with
+backoff. A worker with buckets hands its engines bucket shapes only (service.core.buckets), and
+warms every instance on every warm-up batch before the model is READY."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class DeviceWorker:
         # as many threads as engines, a thread always finds an idle engine to pop. Batches reach
         # them through one queue and come back through one wake-up of the event loop: half the
         # CPU of an executor's hand-off (measured: 36 against 70 µs per batch on 2 vCPUs). Short
-        # batches on an idle device run on the loop itself (_inline).
+        # batches on an idle device run on the loop itself (run_now).
         self._idle = list(engines)
         self._batches: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._serve, daemon=True,
@@ -77,28 +77,35 @@ class DeviceWorker:
         return watts * self.seconds_per_sample
 
     async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
-        inline = self._inline(size)
+        if (answer := self.run_now(inputs, outputs, size)) is not None:
+            return answer
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
         self.pending_samples += size
         try:
-            if inline:
-                return self._timed_run(inputs, outputs, size)
-            loop = asyncio.get_running_loop()
-            done = loop.create_future()
             self._batches.put((loop, done, inputs, outputs, size))
             return await done
         except Exception as e:
-            raise DeviceError(f"device {self.device.name} failed to run a batch of "
-                              f"{size}: {type(e).__name__}: {e}") from e
+            raise self._failure(size, e) from e
         finally:
             self.pending_samples -= size
 
-    def _inline(self, size: int) -> bool:
-        """Whether to run a batch on the event loop's own thread, sparing it the hand-off to an
-        instance thread and back: on a healthy, idle device (a busy one's batches queue for its
-        threads) and when such a batch has taken less than _INLINE_S, so the loop is held no
-        longer than the hand-off's thread switches would have taken."""
-        return (self.healthy and not self.pending_samples and self.seconds_per_sample is not None
-                and self.seconds_per_sample * size < _INLINE_S)
+    def run_now(self, inputs: Tensors, outputs: list[str], size: int) -> Answer | None:
+        """The batch's answer, computed on the calling (event loop's) thread when the device is
+        healthy and idle and such a batch has taken less than _INLINE_S, sparing it the hand-off
+        to an instance thread and back (the loop is held no longer than the hand-off's thread
+        switches would have taken); None otherwise, leaving the batch to `run`."""
+        if not (self.healthy and not self.pending_samples and self.seconds_per_sample is not None
+                and self.seconds_per_sample * size < _INLINE_S):
+            return None
+        try:
+            return self._timed_run(inputs, outputs, size)
+        except Exception as e:
+            raise self._failure(size, e) from e
+
+    def _failure(self, size: int, error: Exception) -> DeviceError:
+        return DeviceError(f"device {self.device.name} failed to run a batch of {size}: "
+                           f"{type(error).__name__}: {error}")
 
     def _serve(self) -> None:
         """An instance thread: runs batches until close(), each answer handed to its loop."""

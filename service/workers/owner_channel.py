@@ -47,6 +47,7 @@ class Channel(asyncio.Protocol, Generic[M]):
         self._payloads: list[bytes] = []
         self._transport: asyncio.Transport | None = None
         self.closed = asyncio.Event()
+        self.in_frame = 0  # messages in the frame being handed to on_message
 
     @classmethod
     async def open(cls, sock: socket.socket, kind: type[M],
@@ -82,6 +83,7 @@ class Channel(asyncio.Protocol, Generic[M]):
                 self.close()
                 return
             view, start = memoryview(payload), 0
+            self.in_frame = len(messages)
             for message, size in zip(messages, sizes, strict=True):
                 self._on_message(message, view[start:start + size])
                 start += size
@@ -158,13 +160,14 @@ class OwnerSide:
 
     def _infer(self, m: msg.Infer) -> None:
         """Queues the request now, validated by the front-end; `_reply` answers it when its
-        batch is done (no task per request)."""
+        batch is done (no task per request). Requests of one frame came together."""
         try:
             inputs = {name: np.frombuffer(self._inputs.view((offset, nbytes)), dtype).reshape(shape)
                       for name, dtype, shape, offset, nbytes in m.inputs}
-            answer = self._plane.enqueue(self._plane.model(m.model, str(m.version)), inputs,
-                                         m.size, RequestOptions(m.priority, m.timeout_us,
-                                                                m.deadline))
+            answer = self._plane.enqueue(
+                self._plane.model(m.model, str(m.version)), inputs, m.size,
+                RequestOptions(m.priority, m.timeout_us, m.deadline),
+                alone=self.channel.in_frame == 1)
         except Exception as e:
             self.fail(m.id, e)
         else:

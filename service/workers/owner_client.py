@@ -170,8 +170,10 @@ class RemoteBatcher:
     owner: OwnerClient
     spec: ModelSpec
 
-    def enqueue(self, inputs: Tensors, size: int,
-                options: RequestOptions = DEFAULT_OPTIONS) -> asyncio.Future[Answer]:
+    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions = DEFAULT_OPTIONS,
+                alone: bool = True) -> asyncio.Future[Answer]:
+        """Hands the request to the owner, which sees for itself what comes together (its
+        frames)."""
         return self.owner.enqueue(self.spec.name, self.spec.version, inputs, size, options)
 
 

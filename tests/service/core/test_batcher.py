@@ -1,4 +1,4 @@
-"""The batcher's rules, with policies read from config.pbtxt text and a plain function as the
+"""The batcher's rules, with policies read from config.pbtxt text and a plain object as the
 model run."""
 
 from __future__ import annotations
@@ -30,15 +30,35 @@ def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microse
     return BatchPolicy.from_config(config, max_queue_size)
 
 
-def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
-             slots: int = 1) -> DynamicBatcher:
-    async def run(inputs, size):
-        runs.append(inputs["x"].tolist())
-        await asyncio.sleep(delay_s)
+class _Runner:
+    """The model run: `run` after `delay_s`; `run_now` runs at once (busy for `delay_s`, as an
+    idle device on the loop's thread) when `now`, else leaves the batch to `run`."""
+
+    def __init__(self, runs: list, delay_s: float, now: bool) -> None:
+        self.runs, self.delay_s, self.now = runs, delay_s, now
+
+    async def run(self, inputs, size):
+        self.runs.append(inputs["x"].tolist())
+        await asyncio.sleep(self.delay_s)
+        return self._answer(inputs, size)
+
+    def run_now(self, inputs, size):
+        if not self.now:
+            return None
+        self.runs.append(inputs["x"].tolist())
+        time.sleep(self.delay_s)
+        return self._answer(inputs, size)
+
+    @staticmethod
+    def _answer(inputs, size):
         return Answer({"y": inputs["x"] * 2}, "d0", Cost(0.5 * size, "model", 100 * size))
+
+
+def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
+             slots: int = 1, now: bool = False) -> DynamicBatcher:
     buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, policy.max_batch_size, slots)
-    return DynamicBatcher("m", policy, run, slots, buffers, ModelStatistics(),
-                          lambda s: None, lambda: None)
+    return DynamicBatcher("m", policy, _Runner(runs, delay_s, now), slots, buffers,
+                          ModelStatistics(), lambda s: None, lambda: None)
 
 
 def _x(*values: float) -> dict[str, np.ndarray]:
@@ -262,13 +282,73 @@ def test_queue_delay_when_idle_keeps_the_window_for_idle_devices_too() -> None:
     async def main():
         runs: list = []
         b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000",
-                             parameters={"queue_delay_when_idle": "true"}), runs)
+                             parameters={"queue_delay_when_idle": "true"}), runs, now=True)
         first = asyncio.create_task(b.submit(_x(1), 1))
         await asyncio.sleep(0.05)
         await asyncio.gather(first, b.submit(_x(2), 1))
         await b.close()
         return runs
     assert asyncio.run(main()) == [[1, 2]]
+
+
+def test_a_lone_request_to_idle_devices_runs_in_the_call_that_queues_it() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000"), runs, now=True)
+        answer = b.enqueue(_x(1), 1)
+        done_at_once, queued = answer.done(), b.queued()  # no task or loop iteration between
+        await b.close()
+        return runs, answer.result(), done_at_once, queued
+    runs, answer, done_at_once, queued = asyncio.run(main())
+    assert done_at_once and queued == 0 and runs == [[1]]
+    assert answer.outputs["y"].tolist() == [2] and answer.cost == Cost(0.5, "model", 100)
+
+
+@pytest.mark.parametrize("window_us, busy_s, pause_s", [
+    # the next requests come within the window (the device long idle): they may have company
+    (200000, 0.0, 0.01),
+    # they come after the window, but the device was busy until then: arrivals come quickly
+    (1000, 0.1, 0.0),
+])
+def test_requests_right_after_a_run_now_queue_and_share_a_batch(window_us, busy_s,
+                                                                pause_s) -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, f"max_queue_delay_microseconds: {window_us}"), runs,
+                     delay_s=busy_s, now=True)
+        first = b.enqueue(_x(1), 1)  # came alone: runs now
+        await asyncio.sleep(pause_s)
+        later = [b.enqueue(_x(i), 1) for i in (2, 3)]
+        waited = [not f.done() for f in later]
+        await asyncio.gather(*later)
+        await b.close()
+        return runs, first.done(), waited
+    runs, first_done, waited = asyncio.run(main())
+    assert first_done and waited == [True, True] and runs == [[1], [2, 3]]
+
+
+def test_requests_that_came_together_are_not_run_now_but_share_a_batch() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8), runs, now=True)
+        answers = [b.enqueue(_x(i), 1, alone=False) for i in (1, 2)]  # a front-end's frame
+        waited = [not a.done() for a in answers]
+        await asyncio.gather(*answers)
+        await b.close()
+        return runs, waited
+    runs, waited = asyncio.run(main())
+    assert waited == [True, True] and runs == [[1, 2]]
+
+
+def test_a_request_past_its_deadline_is_not_run_now() -> None:
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8), runs, now=True)
+        with pytest.raises(DeadlineExceededError):
+            await b.submit(_x(1), 1, RequestOptions(deadline=time.monotonic() - 1))
+        await b.close()
+        return runs
+    assert asyncio.run(main()) == []
 
 
 @pytest.mark.parametrize("text, message", [

@@ -89,3 +89,43 @@ def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, hol
     result = asyncio.run(main())
     assert result.outputs["logits"].shape == (2, 10) and fpga.healthy
     assert result.device == "cpu0"  # the batch that fpga0 failed ran on cpu0
+
+
+def test_run_now_runs_on_this_thread_only_when_the_first_choice_is_idle_and_quick(
+        workers, holdout) -> None:
+    fpga, cpu = workers
+    images = {"image": holdout[0][:1]}
+
+    async def main():
+        router = _router(workers, "prefer")
+        answers = {"unmeasured": router.run_now(images, 1)}
+        _measured(fpga, 0.0001, pending=1)
+        answers["busy"] = router.run_now(images, 1)
+        _measured(fpga, 0.01)
+        answers["slow"] = router.run_now(images, 1)
+        _measured(fpga, 0.0001)
+        answers["idle and quick"] = router.run_now(images, 1)
+        await router.close()
+        return answers
+    answers = asyncio.run(main())
+    assert answers["unmeasured"] is answers["busy"] is answers["slow"] is None
+    assert answers["idle and quick"].device == "fpga0"
+    assert answers["idle and quick"].outputs["logits"].shape == (1, 10)
+
+
+def test_a_device_that_fails_a_run_now_is_marked_failed_and_run_uses_the_next(
+        workers, tmp_path, holdout) -> None:
+    fpga, cpu = workers
+    images = {"image": holdout[0][:1]}
+
+    async def main():
+        router = _router(workers, "prefer")
+        (tmp_path / "control.json").write_text('{"fail": true}')
+        _measured(fpga, 0.0001)
+        now = router.run_now(images, 1)
+        healthy = fpga.healthy
+        result = await router.run(images, 1)
+        await router.close()
+        return now, healthy, result
+    now, healthy, result = asyncio.run(main())
+    assert now is None and not healthy and result.device == "cpu0"
