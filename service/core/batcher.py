@@ -3,8 +3,9 @@
 One FIFO queue per priority level (level 1 first). A batch leaves only when a device slot is
 free, so batches grow while devices are busy. When every slot is free (the devices idle), what
 is queued leaves at once, as waiting would only delay it, unless the devices were busy more than
-half the time lately (_worth_waiting); such a request alone, if its device runs it quickly on the
-event loop's thread (Router.run_now), runs in the call that queues it. Otherwise the wait window
+half the time lately and such waits lately grew batches (_worth_waiting); such a request alone,
+if its device runs it quickly on the event loop's thread (Router.run_now), runs in the call
+that queues it. Otherwise the wait window
 opens when the oldest waiting request arrived, and a batch leaves when it is full
 (max_batch_size, or the largest preferred size) or when the window closes, to the microsecond
 (service/core/precise_timer.py).
@@ -44,6 +45,13 @@ log = logging.getLogger(__name__)
 # Arrivals closer than this come together (one event-loop iteration hands over many: a
 # front-end's frame, several gRPC calls), so a request after so short a gap may have company.
 _TOGETHER_S = 100e-6
+# Whether the window still grows batches when the devices were busy lately: the share of the
+# latest waits during which the batch grew (a moving average, the newest weighing 1/8). Below a
+# quarter the window is skipped (one client on a slow device: its next request never has
+# company), but every 8th request still waits, to notice when company comes back.
+_PAID_WEIGHT = 1 / 8
+_PAID_MIN = 0.25
+_PROBE_EVERY = 8
 
 
 class BatchRunner(Protocol):
@@ -100,6 +108,8 @@ class DynamicBatcher:
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
         self._last_run_s = 0.0  # how long that batch ran
         self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
+        self._waits_paid = 1.0  # share of the latest waits that grew their batch
+        self._waits_skipped = 0  # windows skipped since the last wait
         self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
 
     def queued(self) -> int:
@@ -229,9 +239,12 @@ class DynamicBatcher:
             if self._worth_waiting():
                 oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
                 close_at = oldest + self.policy.max_queue_delay_s
-                if self._takeable() < self.policy.dispatch_size and \
-                        close_at > self._loop.time():
+                queued = self._takeable()
+                if queued < self.policy.dispatch_size and close_at > self._loop.time():
                     await self._wait_until(close_at, self.policy.dispatch_size)
+                    self._waited(grew=self._takeable() > queued)
+            elif self._busy_lately():  # but waits lately did not pay
+                self._waits_skipped += 1
             batch = self._take()
             if batch:
                 return batch
@@ -240,9 +253,19 @@ class DynamicBatcher:
         """Whether waiting out the window can grow the batch to good effect: while a batch runs
         (requests queue behind it anyway), or when the devices have just stopped, idle for less
         time than the last batch ran (over half busy lately: arrivals come quickly and running
-        them one by one would cost throughput). Otherwise waiting only delays the request."""
-        return bool(self._running) or self.policy.delay_when_idle or \
-            self._loop.time() - self._idle_since < self._last_run_s
+        them one by one would cost throughput) and such waits lately grew batches. Otherwise
+        waiting only delays the request: one client on a device slower than its round trip
+        keeps the devices busy lately, yet no other request comes within the window."""
+        return bool(self._running) or self.policy.delay_when_idle or (
+            self._busy_lately() and (self._waits_paid > _PAID_MIN
+                                     or self._waits_skipped >= _PROBE_EVERY - 1))
+
+    def _busy_lately(self) -> bool:
+        return self._loop.time() - self._idle_since < self._last_run_s
+
+    def _waited(self, grew: bool) -> None:
+        self._waits_skipped = 0
+        self._waits_paid += _PAID_WEIGHT * (grew - self._waits_paid)
 
     async def _wait_until(self, deadline: float, samples: int) -> None:
         """Until `samples` are queued or the loop's clock reaches `deadline`, to the

@@ -351,6 +351,39 @@ def test_a_request_past_its_deadline_is_not_run_now() -> None:
     assert asyncio.run(main()) == []
 
 
+def _queue_waits(company_s: float | None, rounds: int) -> tuple[list[bool], list[list]]:
+    """One client on a device slower than its round trip (40 ms batches, a 50 ms window): per
+    request, whether it waited the window, and the runs; with `company_s`, each request is
+    followed that much later by a second one, which a wait lets into its batch."""
+    async def main():
+        runs: list = []
+        b = _batcher(_policy(8, "max_queue_delay_microseconds: 50000"), runs, delay_s=0.04)
+        waited = []
+        for i in range(rounds):
+            start = time.monotonic()
+            answers = [b.enqueue(_x(i), 1)]
+            if company_s is not None:
+                await asyncio.sleep(company_s)
+                answers.append(b.enqueue(_x(-i), 1))
+            await asyncio.gather(*answers)
+            waited.append(time.monotonic() - start > 0.04 + 0.025)
+        await b.close()
+        return waited, runs
+    return asyncio.run(main())
+
+
+def test_one_client_on_a_slow_device_stops_waiting_for_company_that_never_comes() -> None:
+    waited, _ = _queue_waits(None, 28)
+    assert not waited[0] and waited[1]  # idle devices run at once; busy lately, the window waits
+    # once waits bring nobody, only every 8th request still waits, to notice company coming back
+    assert waited[-16:].count(True) == 2
+
+
+def test_waits_that_grow_batches_go_on() -> None:
+    waited, runs = _queue_waits(0.005, 16)
+    assert all(waited[1:]) and all(len(run) == 2 for run in runs[2:])  # after [0], [-0]
+
+
 @pytest.mark.parametrize("text, message", [
     ("dynamic_batching { max_queue_delay_microseconds: 10000001 }",
      r"max_queue_delay_microseconds 10000001 is above 10000000 \(10 s\)"),
