@@ -3,11 +3,11 @@
 One FIFO queue per priority level (level 1 first). A batch leaves only when a device slot is
 free, so batches grow while devices are busy. When every slot is free (the devices idle), what
 is queued leaves at once, as waiting would only delay it, unless the devices were busy more than
-half the time lately and such waits lately grew batches (_worth_waiting); such a request alone,
-if its device runs it quickly on the event loop's thread (Router.run_now), runs in the call
-that queues it. Otherwise the wait window
-opens when the oldest waiting request arrived, and a batch leaves when it is full
-(max_batch_size, or the largest preferred size) or when the window closes, to the microsecond
+half the time lately and such waits lately grew batches (_worth_waiting). A request that comes
+alone to idle devices, if its device runs it quickly on the event loop's thread
+(Router.run_now), runs in the call that queues it. Otherwise the wait window opens when the
+oldest waiting request arrived, and a batch leaves when it is full (max_batch_size, or the
+largest preferred size) or when the window closes, to the microsecond
 (service/core/precise_timer.py).
 `max_queue_delay_microseconds` stays the upper bound of every wait. Requests whose gRPC deadline
 or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the moment it passes and never
