@@ -119,7 +119,8 @@ def main() -> None:
           f"{model_us:.0f} µs per image at batch 16; the path costs {path_us / model_us:.2f}× "
           "the model's own time\n"
           f"a lone request: {alone['hot_us']:.0f} µs hot, {alone['cold_us']:.0f} µs with the CPU "
-          f"caches evicted before it (median; {alone['queue_us']:.0f} µs of it in the queue)")
+          f"caches evicted before it (medians; {alone['queue_us']:.0f} µs in the queue on "
+          "average)")
 
 
 if __name__ == "__main__":
