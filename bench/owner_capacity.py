@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import socket
 import sys
@@ -32,9 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from service.core.dataplane import DataPlane  # noqa: E402
-from service.core.metrics import Metrics  # noqa: E402
-from service.core.registry import ModelRegistry  # noqa: E402
-from service.settings import Settings  # noqa: E402
 from service.workers import messages as msg  # noqa: E402
 from service.workers import owner_channel  # noqa: E402
 from service.workers.arena import Arena  # noqa: E402
@@ -123,18 +119,11 @@ class Owner:
 
 
 async def _owner(args: argparse.Namespace) -> list[dict]:
-    import null_engine  # noqa: F401  registers null:<device>
-    import serving  # bench/serving.py: the example model's repository on the null engine
+    from request_path import data_plane  # registers null:<device>
+    from serving import model_repository
 
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(model_repository=serving.model_repository(
-            Path(tmp), devices="null:cpu0"))
-        registry = ModelRegistry(settings, Metrics(), None)
-        plane = DataPlane(registry)
-        async with contextlib.AsyncExitStack() as cleanup:
-            cleanup.push_async_callback(registry.close)
-            await registry.load_all()
-            plane.ready = True
+        async with data_plane(model_repository(Path(tmp), devices="null:cpu0")) as (plane, _, _):
             owner = Owner(plane)
             return [await owner.point(n, args.frontends, args.seconds) for n in args.in_flight]
 

@@ -47,19 +47,27 @@ _APART_S = 0.001  # between lone requests: longer than the example model's 500 Â
 
 
 @contextlib.asynccontextmanager
-async def serving(models: Path) -> AsyncIterator[InferenceServicer]:
-    """A servicer on `models`, as the daemon builds it, without gRPC around it."""
+async def data_plane(models: Path) -> AsyncIterator[tuple[DataPlane, Metrics, Settings]]:
+    """The daemon's data plane on `models`, loaded and ready, in this process without gRPC
+    (owner_capacity.py's too), with its metrics and settings."""
     metrics = Metrics()
     settings = Settings(model_repository=models, unix_socket=None)
     registry = ModelRegistry(settings, metrics)
-    await registry.load_all()
-    plane = DataPlane(registry)
-    plane.ready = True
     try:
-        yield InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
-                                settings)
+        await registry.load_all()
+        plane = DataPlane(registry)
+        plane.ready = True
+        yield plane, metrics, settings
     finally:
         await registry.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(models: Path) -> AsyncIterator[InferenceServicer]:
+    """A servicer on `models`, as the daemon builds it, without gRPC around it."""
+    async with data_plane(models) as (plane, metrics, settings):
+        yield InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
+                                settings)
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:
