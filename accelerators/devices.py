@@ -6,6 +6,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from accelerators import icd
+
 log = logging.getLogger(__name__)
 
 # FPGA vendors' OpenCL platforms (Intel FPGA SDK and its emulator, AMD/Xilinx XRT).
@@ -21,6 +23,12 @@ class OpenCLDevice:
     driver_version: str
     compute_units: int
     global_mem_bytes: int
+    emulated: bool = False  # an FPGA emulator: runs the kernels, never a board's speed or watts
+
+
+def is_emulator(platform_name: str) -> bool:
+    """Intel's FPGA Emulation Platform (and its older "Emulator" names)."""
+    return "emulat" in platform_name.lower()
 
 
 def classify(platform_name: str, device_name: str, type_bits: int) -> str:
@@ -44,10 +52,13 @@ def classify(platform_name: str, device_name: str, type_bits: int) -> str:
 
 def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
     """Every device of every platform with its pyopencl handle; no ICD loader or no platform
-    means none."""
+    means none. The runtimes pip installed here (accelerators.icd) come after the system's, so
+    that adding them renumbers no device."""
+    icd.register()
     try:
         import pyopencl as cl
-        platforms = cl.get_platforms()
+        platforms = sorted(cl.get_platforms(),
+                           key=lambda p: p.name.strip() in icd.BUNDLED.values())
     except Exception as e:  # pyopencl raises LogicError/RuntimeError for "no platforms"
         log.info("no OpenCL platform: %s", e)
         return []
@@ -63,7 +74,7 @@ def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
                 platform=platform.name.strip(), name=d.name.strip(),
                 kind=classify(platform.name, d.name, d.type), type_bits=int(d.type),
                 driver_version=d.driver_version, compute_units=d.max_compute_units,
-                global_mem_bytes=d.global_mem_size)))
+                global_mem_bytes=d.global_mem_size, emulated=is_emulator(platform.name))))
     return found
 
 
@@ -124,11 +135,15 @@ def format_table(found: dict[str, list[dict]]) -> str:
     for d in found["opencl"]:
         detail = (f"{d['platform']}; driver {d['driver_version']}; {d['compute_units']} CUs; "
                   f"{d['global_mem_bytes'] / 2**30:.1f} GiB")
-        lines.append(f"{d['kind']:<6} {'opencl':<12} {d['name'][:40]:<40} {detail}")
+        kind = f"{d['kind']}*" if d["emulated"] else d["kind"]
+        lines.append(f"{kind:<6} {'opencl':<12} {d['name'][:40]:<40} {detail}")
     for p in found["onnxruntime"]:
         lines.append(f"{p['kind']:<6} {'onnxruntime':<12} {p['provider']:<40}")
     if len(lines) == 1:
         lines.append("(no OpenCL device and no ONNX Runtime provider found)")
+    if any(d["emulated"] for d in found["opencl"]):
+        lines.append("* emulated: runs the FPGA kernels on the CPU; its speed and power say "
+                     "nothing about a board")
     if "models" in found:
         lines += ["", f"{'DEVICE':<20} {'MODEL':<24} CAN RUN"]
         lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()

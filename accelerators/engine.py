@@ -29,6 +29,17 @@ class Device:
     name: str
     kind: str  # "fpga" | "gpu" | "cpu"
     engine: str  # "onnxruntime" | "opencl"
+    emulated: bool = False  # an FPGA emulator: the kernels run, on the CPU, at no board's speed
+
+    @property
+    def kind_label(self) -> str:
+        """The kind as metrics and replies report it: an emulator is never counted as an FPGA."""
+        return f"{self.kind}-emulator" if self.emulated else self.kind
+
+    @property
+    def reported(self) -> str:
+        """The device as replies name it: `fpga0`, or `fpga0 (emulated)`."""
+        return f"{self.name} (emulated)" if self.emulated else self.name
 
 
 @dataclass(frozen=True)

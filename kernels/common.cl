@@ -40,6 +40,15 @@
 #define VSTORE_DATA(n, v, p) CAT(vstore, n)((v), 0, (p))
 #endif
 
+// The storage a program was built for, as a kernel the engine requires (program_cache.py): a
+// precompiled FPGA binary built for the other storage is refused at load, naming this kernel,
+// instead of reading halves as floats.
+#ifdef HALF_STORAGE
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void storage_fp16(void) {}
+#else
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) void storage_fp32(void) {}
+#endif
+
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_LEAKY_RELU 2

@@ -89,10 +89,15 @@ def summarize_metrics(url: str) -> None:
     print(f"\n== Daemon metrics ({url})")
     print(f"   batches run: {batches:.0f}, mean batch size: "
           f"{total('hetserve_batch_size', '_sum') / max(batches, 1):.1f}")
+    emulated = False
     for s in families["hetserve_inferences"].samples:
         if s.name.endswith("_total"):
             print(f"   inferences on {s.labels['device']} ({s.labels['kind']}, "
                   f"{s.labels['engine']}): {s.value:.0f}")
+            emulated |= s.labels["kind"] == "fpga-emulator" and s.value > 0
+    if emulated:
+        print("   fpga-emulator: Intel's FPGA Emulation Platform ran the FPGA kernels (as a "
+              "board's binary is built) on this CPU; its speed and power are not an FPGA's")
 
 
 def online_request(address: str) -> None:

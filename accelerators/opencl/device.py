@@ -25,22 +25,28 @@ class OpenCLDevice:
     device: cl.Device
     context: cl.Context
     queue: cl.CommandQueue
+    emulated: bool = False  # accelerators.devices.OpenCLDevice.emulated
 
     @property
     def description(self) -> str:
         return f"{self.device.platform.name.strip()} / {self.device.name.strip()}"
 
 
-def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
-    """(name, kind, device) for a spec such as "gpu0", or the preferred device for ""."""
+def find_device(spec: str = "") -> tuple[str, str, cl.Device, bool]:
+    """(name, kind, device, emulated) for a spec such as "gpu0", or the preferred device for
+    ""."""
     by_kind: dict[str, list[cl.Device]] = {}
+    emulated = set()
     for handle, record in opencl_handles():
         by_kind.setdefault(record.kind, []).append(handle)
+        if record.emulated:
+            emulated.add(handle.int_ptr)
     present = {k: len(v) for k, v in by_kind.items()}
     if not spec:
         for kind in PREFERENCE:
             if by_kind.get(kind):
-                return device_name(kind, 0), kind, by_kind[kind][0]
+                device = by_kind[kind][0]
+                return device_name(kind, 0), kind, device, device.int_ptr in emulated
         raise NoSuchDeviceError(f"no OpenCL fpga, gpu or cpu device found (present: {present})")
     parsed = parse_device_name(spec)
     if parsed is None or parsed[0] not in (*PREFERENCE, "other"):
@@ -49,13 +55,15 @@ def find_device(spec: str = "") -> tuple[str, str, cl.Device]:
     kind, index = parsed
     devices = by_kind.get(kind, [])
     if index >= len(devices):
-        raise NoSuchDeviceError(f"OpenCL device {spec!r} does not exist: found {present}")
-    return spec, kind, devices[index]
+        hint = " (no FPGA board; Intel's emulator comes with hetserve[fpga-emulator])" \
+            if kind == "fpga" else ""
+        raise NoSuchDeviceError(f"OpenCL device {spec!r} does not exist: found {present}{hint}")
+    return spec, kind, devices[index], devices[index].int_ptr in emulated
 
 
 def open_device(spec: str = "") -> OpenCLDevice:
-    name, kind, device = find_device(spec)
+    name, kind, device, emulated = find_device(spec)
     context = cl.Context([device])
     queue = cl.CommandQueue(
         context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    return OpenCLDevice(name, kind, device, context, queue)
+    return OpenCLDevice(name, kind, device, context, queue, emulated)

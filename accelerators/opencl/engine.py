@@ -30,14 +30,29 @@ PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
 PRECISIONS = ("fp32", "fp16")
 
 
+def lowered_plans(graph: Graph, build: Build) -> tuple[Lowered, Lowered]:
+    """The plans for one sample and for a CPU slice: kernels differ between them (GEMV vs GEMM
+    tiles), so a program, and an FPGA binary, must hold both sets. A slice is as many samples
+    as fill whole register tiles of the fully connected layers: 12 with AVX2's 6-row tiles (8
+    ran half-empty second tiles)."""
+    return lower(graph, 1, build), lower(graph, SLICE_TILES * build.rows, build)
+
+
+def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
+    """The kernels the plans launch, and the marker of the storage they were built for."""
+    return {la.kernel for plan in (first, several) for la in plan.launches} | {
+        build.storage_kernel}
+
+
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
                  local_tiles: bool | None = None, pipelined: bool | None = None,
                  precision: str = "fp32") -> None:
-        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs and
-        FPGAs only. Their tile size follows the device's limits; an FPGA binary is built with
-        the default tiles (docs/opencl.md). `pipelined`: fp32 convolutions through the
-        pipelined single work-item kernels, built with -DPIPELINED; by default when
+        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs, and
+        always on FPGAs. Their tile size follows the device's limits; FPGAs, emulated or not,
+        take the default tiles their binaries are built with (docs/opencl.md). `pipelined`:
+        fp32 convolutions through the pipelined single work-item kernels, built with
+        -DPIPELINED (and the FPGA's channels or pipes); by default when
         $HETSERVE_OPENCL_PIPELINED is 1. `precision` "fp16": tensors and weights stored as
         halves on the device (any device), the local tiles computed in half where the device
         has cl_khr_fp16; inputs and outputs stay FP32."""
@@ -56,28 +71,24 @@ class OpenCLEngine:
         d = self._dev.device
         if not (self._dev.kind in ("gpu", "fpga") if local_tiles is None else local_tiles):
             tiling = None
-        elif self._dev.kind == "fpga":
-            tiling = LocalTiling()
         else:
             tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
-        self.build = Build(Build.register_rows(self._dev.kind, d.native_vector_width_float),
-                           tiling, pipelined, half, half and "cl_khr_fp16" in d.extensions)
-        self.device = Device(self._dev.name, self._dev.kind, "opencl")
+        half_compute = half and "cl_khr_fp16" in d.extensions
+        self.build = Build.for_fpga(d.platform.name, pipelined, half, half_compute) \
+            if self._dev.kind == "fpga" else Build(
+                Build.register_rows(self._dev.kind, d.native_vector_width_float), tiling,
+                pipelined, "", half, half_compute)
+        self.device = Device(self._dev.name, self._dev.kind, "opencl", self._dev.emulated)
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
         self._cache = cache or ProgramCache()
         self._consts: dict[str, cl.Buffer] = {}
         self._plans: dict[int, Executor] = {}
-        # Raises for unsupported ops before the device is touched. Kernels differ between one
-        # sample and several (GEMV vs GEMM tiles); an FPGA binary must hold both sets.
-        first = lower(self.graph, 1, self.build)
-        # On CPUs a batch runs in slices whose samples fill whole register tiles of the fully
-        # connected layers: 12 with AVX2's 6-row tiles (8 ran half-empty second tiles).
+        # Raises for unsupported ops before the device is touched.
+        first, several = lowered_plans(self.graph, self.build)
         self.slice = SLICE_TILES * self.build.rows
-        several = lower(self.graph, self.slice, self.build)
-        self.program = self._cache.program(
-            self._dev, {la.kernel for plan in (first, several) for la in plan.launches},
-            self.build.defines)
+        self.kernels = kernels_of(first, several, self.build)
+        self.program = self._cache.program(self._dev, self.kernels, self.build.defines)
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s, %s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
@@ -95,15 +106,18 @@ class OpenCLEngine:
                     self._consts[key] = cl.Buffer(
                         self._dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                         hostbuf=value)
-            # FPGA binaries join the pipelined stages with channels or pipes (docs/opencl.md).
             plan = self._plans[batch] = Executor(
                 self._dev, self.program, lowered, self._consts,
-                concurrent_stages=self._dev.kind == "fpga")
+                concurrent_stages=self.build.concurrent_stages)
         return plan
+
+    def step(self, batch: int) -> int:
+        """The samples one plan runs at a time: CPUs run slices, other devices the batch."""
+        return min(batch, self.slice) if self.device.kind == "cpu" else batch
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         batch = next(iter(inputs.values())).shape[0]
-        step = self.slice if self.device.kind == "cpu" else batch
+        step = self.step(batch)
         if batch <= step:
             return self.plan(batch).run(inputs, outputs)
         sliced = self.plan(step)  # shapes from the plan: declared outputs may lack them

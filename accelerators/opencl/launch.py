@@ -55,6 +55,9 @@ class Build:
     rows: int = 8  # of a gemm_tile register tile (CPUs: register_rows)
     tiling: LocalTiling | None = None  # local-memory tiles (GPUs, FPGAs)
     pipelined: bool = False  # fp32 convolutions through kernels/pipelined.cl
+    # What joins the pipelined stages: "" global-memory buffers filled and drained in turn;
+    # "INTEL_CHANNELS" or "XILINX_PIPES" (FPGAs) FIFOs between stages that run at once.
+    fifo: str = ""
     half: bool = False  # fp16 models: tensors and weights stored as halves
     half_compute: bool = False  # the local tiles in half arithmetic (cl_khr_fp16)
 
@@ -66,9 +69,29 @@ class Build:
     @property
     def defines(self) -> str:
         flags = [f"-DTM={self.rows}", self.tiling.defines if self.tiling else "",
-                 "-DPIPELINED" if self.pipelined else "", "-DHALF_STORAGE" if self.half else "",
+                 "-DPIPELINED" if self.pipelined else "",
+                 f"-D{self.fifo}" if self.pipelined and self.fifo else "",
+                 "-DHALF_STORAGE" if self.half else "",
                  "-DHALF_COMPUTE" if self.half_compute else ""]
         return " ".join(filter(None, flags))
+
+    @property
+    def storage_kernel(self) -> str:
+        """kernels/common.cl's marker of the storage the program was built for."""
+        return "storage_fp16" if self.half else "storage_fp32"
+
+    @property
+    def concurrent_stages(self) -> bool:
+        """The pipelined stages are joined by channels or pipes and must run at the same time."""
+        return self.pipelined and bool(self.fifo)
+
+    @classmethod
+    def for_fpga(cls, platform: str, pipelined: bool = False, half: bool = False,
+                 half_compute: bool = False) -> Build:
+        """What FPGA programs, binaries and emulated boards alike, are built with: the default
+        local tiles (TS = 32) and the vendor's FIFOs between pipelined stages."""
+        fifo = "XILINX_PIPES" if "xilinx" in platform.lower() else "INTEL_CHANNELS"
+        return cls(8, LocalTiling(), pipelined, fifo, half, half_compute)
 
     @staticmethod
     def register_rows(kind: str, native_float_width: int) -> int:

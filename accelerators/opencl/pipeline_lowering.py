@@ -1,8 +1,8 @@
 """Lowering of convolutions to the pipelined kernels of kernels/pipelined.cl (engine option
 `pipelined`, built with -DPIPELINED): three single work-item stages chained by FIFOs, each on its
-own queue (executor.py). With channels or pipes (FPGA binaries) the stages run at once; where
-the device has neither, the FIFOs are buffers in global memory and each stage waits for the
-one before."""
+own queue (executor.py). With channels or pipes (FPGAs, `Build.fifo`) the stages run at once
+and take no FIFO argument; elsewhere the FIFOs are buffers in global memory and each stage
+waits for the one before."""
 
 from __future__ import annotations
 
@@ -33,14 +33,17 @@ class PipelineLowering:
             raise UnsupportedModelError(
                 f"Conv node {node.name!r}: a window of {kg} values exceeds the pipelined "
                 f"kernels' {PIPE_MAX_K}")
-        col = Ref(self._new(f"{node.name}:col_fifo", (planes * p * kg,)).storage)
-        sums = Ref(self._new(f"{node.name}:sum_fifo", (planes * p * mg,)).storage)
+        if self.build.fifo:  # program-scope channels or pipes
+            col, sums = [], []
+        else:
+            col = [Ref(self._new(f"{node.name}:col_fifo", (planes * p * kg,)).storage)]
+            sums = [Ref(self._new(f"{node.name}:sum_fifo", (planes * p * mg,)).storage)]
         weights = self._ref(w.reshape(oc, kg), node.inputs[1])
         has_bias = len(args) > 2 and args[2] is not None
         bias = self._ref(args[2], node.inputs[2]) if has_bias else weights
-        self._stage(node, "pipe_conv_feed", [Ref(x.storage), col, np.int32(planes),
+        self._stage(node, "pipe_conv_feed", [Ref(x.storage), *col, np.int32(planes),
                                              *ints(*geometry)])
-        self._stage(node, "pipe_conv_mac", [weights, col, sums, *ints(planes, g, p, mg, kg)],
+        self._stage(node, "pipe_conv_mac", [weights, *col, *sums, *ints(planes, g, p, mg, kg)],
                     2 * n * oc * kg * p)
-        self._stage(node, "pipe_conv_drain", [bias, Ref(out.storage), sums, *ints(
+        self._stage(node, "pipe_conv_drain", [bias, Ref(out.storage), *sums, *ints(
             planes, g, p, mg, has_bias), *activation_args(node, self.values)])

@@ -20,15 +20,19 @@ class BufferPlan:
 
 def plan_buffers(lowered: Lowered) -> tuple[BufferPlan, int]:
     """The plan and the sum of all tensors' sizes. A storage lives from the launch that first
-    touches it to the last that reads it; graph inputs from the start, outputs to the end."""
+    touches it to the last that reads it; graph inputs from the start, outputs to the end. The
+    stages of a pipelined chain count as one launch: joined by channels they run at once, so
+    the chain's output must not reuse the buffer its first stage is still reading."""
     end = len(lowered.launches)
     first: dict[str, int] = {name: -1 for name in {d.storage for d in lowered.inputs.values()}}
     last: dict[str, int] = dict.fromkeys(first, -1)
+    step = -1
     for i, launch in enumerate(lowered.launches):
+        step = step if launch.stage > 1 else i  # a chain's later stages: its first's step
         for arg in launch.args:
             if isinstance(arg, Ref) and arg.name in lowered.storages:
-                first.setdefault(arg.name, i)
-                last[arg.name] = i
+                first.setdefault(arg.name, step)
+                last[arg.name] = step
     for d in lowered.outputs.values():
         last[d.storage] = end
     slot_of: dict[str, int] = {}

@@ -1,7 +1,8 @@
 """Programs for a device: GPU and CPU programs are built from kernels/*.cl and their binaries
 cached on disk, keyed by source, build options, device name and driver version (a driver
-upgrade invalidates them); FPGA programs are precompiled (`.aocx` for Intel, `.xclbin` for
-AMD/Xilinx) and loaded from a configured folder."""
+upgrade invalidates them); FPGA boards load precompiled binaries (`.aocx` for Intel, `.xclbin`
+for AMD/Xilinx) from a configured folder. An emulated FPGA builds from source like a CPU, with
+the board's macros, unless that folder is configured: then it loads its binary like a board."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class MissingKernelsError(RuntimeError):
     pass
 
 
+class BadBinaryError(RuntimeError):
+    """An FPGA binary the device refuses (built for another board or runtime, or damaged)."""
+
+
 def kernel_source() -> str:
     """kernels/common.cl, then every other kernel file, in a stable order."""
     files = sorted((f for f in resources.files("kernels").iterdir() if f.name.endswith(".cl")),
@@ -49,22 +54,34 @@ def default_binary_dir() -> Path | None:
 
 class ProgramCache:
     def __init__(self, cache_dir: Path | None = None, binary_dir: Path | None = None,
-                 options: str = BUILD_OPTIONS) -> None:
+                 options: str = BUILD_OPTIONS, from_source: bool = False) -> None:
+        """`binary_dir`: FPGA binaries ($HETSERVE_FPGA_BINARIES by default). `from_source`:
+        emulated FPGAs build from source even where that folder is set (`hetserve fpga
+        build`, which writes the binaries)."""
         self.cache_dir = cache_dir or default_cache_dir()
-        self.binary_dir = binary_dir if binary_dir is not None else default_binary_dir()
+        self.binary_dir = None if from_source else (
+            binary_dir if binary_dir is not None else default_binary_dir())
         self.options = options
         self.hits = 0  # programs loaded from the on-disk cache
 
     def program(self, dev: OpenCLDevice, required: set[str], defines: str = "") -> cl.Program:
         """`defines`: build macros beside BUILD_OPTIONS (launch.Build's); FPGA binaries were
-        built with theirs."""
-        program = self._fpga(dev) if dev.kind == "fpga" else self._built(
-            dev, f"{self.options} {defines}".strip())
+        built with theirs. `required` names the kernels the model's plans launch, and the
+        storage marker of its precision (`storage_fp32`, `storage_fp16`: kernels/common.cl),
+        so that a binary built for another precision is refused too."""
+        options = f"{self.options} {defines}".strip()
+        binary = None
+        if dev.kind == "fpga" and (self.binary_dir is not None or not dev.emulated):
+            binary = self._fpga_binary(dev)
+            program = self._load(dev, binary)
+        else:
+            program = self._built(dev, options)
         present = set(filter(None, program.get_info(cl.program_info.KERNEL_NAMES).split(";")))
         missing = sorted(required - present)
         if missing:
             raise MissingKernelsError(
-                f"the program for {dev.name} ({dev.description}) lacks kernels {missing}; "
+                f"the program for {dev.name} ({dev.description}"
+                f"{f', from {binary}' if binary else ''}) lacks kernels {missing}; "
                 f"it has {sorted(present)}")
         return program
 
@@ -93,14 +110,26 @@ class ProgramCache:
         log.info("built OpenCL kernels for %s; cached at %s", dev.description, path)
         return program
 
-    def _fpga(self, dev: OpenCLDevice) -> cl.Program:
+    def _fpga_binary(self, dev: OpenCLDevice) -> Path:
         if self.binary_dir is None:
             raise FileNotFoundError(
                 f"{dev.name} is an FPGA: set {FPGA_BINARIES_ENV} to the folder holding its "
-                f"precompiled kernels ({' or '.join(FPGA_BINARY_SUFFIXES)}; see docs/opencl.md)")
-        binary = fpga_binary(self.binary_dir, dev.device.name)
-        program = cl.Program(dev.context, [dev.device], [binary.read_bytes()])
-        program.build()
+                f"precompiled kernels ({' or '.join(FPGA_BINARY_SUFFIXES)}; `hetserve fpga "
+                f"build` writes them, docs/opencl.md)")
+        return fpga_binary(self.binary_dir, dev.device.name)
+
+    @staticmethod
+    def _load(dev: OpenCLDevice, binary: Path) -> cl.Program:
+        """clCreateProgramWithBinary, then the build that readies it, with an error naming the
+        file where the device refuses it."""
+        try:
+            program = cl.Program(dev.context, [dev.device], [binary.read_bytes()])
+            program.build()
+        except cl.Error as e:
+            raise BadBinaryError(
+                f"{dev.name} ({dev.description}) refuses the binary {binary}: {e}; it was "
+                f"built for another device or runtime, or is damaged: rebuild it for this one "
+                f"(`hetserve fpga build`, docs/opencl.md)") from e
         log.info("loaded FPGA binary %s on %s", binary, dev.description)
         return program
 

@@ -9,12 +9,16 @@ from accelerators.power.source import PowerSource, Sample, SourceError
 class ModelEstimate(PowerSource):
     source = "model"
 
-    def __init__(self, idle_w: float, busy_w: float, reason: str = "") -> None:
+    def __init__(self, idle_w: float, busy_w: float, reason: str = "",
+                 priced: bool = True) -> None:
+        """`priced` False: 0 W stands for "unknown" (an emulated FPGA without a configured
+        figure), so routing by energy must not take the device for free."""
         if not 0 <= idle_w <= busy_w:
             raise SourceError(f"model estimate: need 0 <= idle watts <= busy watts, got "
                               f"idle {idle_w} W and busy {busy_w} W")
         self.idle_w, self.busy_w = idle_w, busy_w
         self.reason = reason  # why no sensor is used, shown to operators
+        self.priced = priced
         self._energy_j = 0.0
         self._last: float | None = None
 

@@ -88,6 +88,8 @@ class SourcePicker:
         self.watts = parse_watts(model_watts)
 
     def pick(self, device: Device) -> PowerSource:
+        if device.emulated:
+            return self._emulated(device)
         spec = self.sources.get(device.name) or self.sources.get(device.kind) or "auto"
         name, _, arg = spec.partition(":")
         if name == "model":
@@ -116,6 +118,18 @@ class SourcePicker:
         estimate = ModelEstimate(idle, busy, reason)
         log.warning("%s: no power sensor, using the %s", device.name, estimate.describe())
         return estimate
+
+
+    def _emulated(self, device: Device) -> ModelEstimate:
+        """An emulator runs on the host's CPU: no board sensor speaks for it and no FPGA
+        placeholder applies. Only figures configured for it (by its name or `fpga-emulator`)
+        price it; without them it draws "0 W" that routing by energy knows to be unknown."""
+        watts = self.watts.get(device.name) or self.watts.get(device.kind_label)
+        if watts is not None:
+            return ModelEstimate(*watts, "an emulated FPGA, configured")
+        log.warning("%s is an emulated FPGA: no power figure (power_model %s=IDLE_W:BUSY_W "
+                    "sets one); routing by energy ranks it last", device.name, device.kind_label)
+        return ModelEstimate(0.0, 0.0, "an emulated FPGA: no power figure", priced=False)
 
 
 def _index(device: Device) -> str:

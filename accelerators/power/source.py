@@ -24,6 +24,7 @@ class Sample:
 
 class PowerSource(abc.ABC):
     source: str  # the metrics' `source` label: nvml | rapl | hwmon | xrt | opae | model
+    priced = True  # False: no figure for the device's power at all (an emulator's)
 
     @abc.abstractmethod
     def sample(self, now: float, utilization: float) -> Sample:

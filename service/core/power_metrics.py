@@ -43,7 +43,7 @@ class PowerCollector(Collector):
             "share a GPU)", labels=["engine", *_SOURCE])
         for meter in self._monitor.meters():
             r = meter.read()
-            device = [r.device.name, r.device.kind]
+            device = [r.device.name, r.device.kind_label]
             source = [*device, r.source]
             energy.add_metric(source, r.energy_j)
             power.add_metric(source, r.power_w)

@@ -121,7 +121,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
         workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
         outputs = [o.name for o in spec.outputs]
-        warmup_s = await self._warm_up(spec, workers, warmup, outputs)
+        workers, warmup_s = await self._warm_up(spec, workers, warmup, outputs)
         _log_gpu_memory(spec, workers, gpu_memory)
         router = Router(name, workers, routing, budget_s, outputs, self._metrics,
                         self._power_budget)
@@ -150,21 +150,30 @@ class ModelRegistry(ModelTable[LoadedModel]):
         return LoadedModel(spec, config, router, batcher, stats)
 
     async def _warm_up(self, spec: ModelSpec, workers: list[DeviceWorker],
-                       batches: list[WarmupBatch], outputs: list[str]) -> float:
-        """Runs the warm-up on every worker's instances at once; its seconds, also exported."""
+                       batches: list[WarmupBatch], outputs: list[str],
+                       ) -> tuple[list[DeviceWorker], float]:
+        """Runs the warm-up on every worker's instances at once. A device that fails it is
+        dropped, with one log line naming it and the cause, and the others serve; only when
+        every device fails does the model fail. The devices that passed, and the seconds (also
+        exported)."""
         started = time.perf_counter()
-        try:
-            await asyncio.gather(*(asyncio.to_thread(w.warm_up, batches, outputs)
-                                   for w in workers))
-        except Exception as e:
-            for w in workers:
-                w.close()
-            raise ConfigError(f"model {spec.name!r} version {spec.version}: warm-up failed: "
-                              f"{type(e).__name__}: {e}") from e
+        results = await asyncio.gather(*(asyncio.to_thread(w.warm_up, batches, outputs)
+                                         for w in workers), return_exceptions=True)
+        failed = {w: r for w, r in zip(workers, results) if isinstance(r, Exception)}
+        for worker, error in failed.items():
+            worker.close()
+            log.warning("model %r version %d: %s:%s failed its warm-up and is dropped: %s: %s",
+                        spec.name, spec.version, worker.device.engine, worker.device.name,
+                        type(error).__name__, error)
+        if len(failed) == len(workers):
+            raise ConfigError(f"model {spec.name!r} version {spec.version}: warm-up failed on "
+                              "every device: " + "; ".join(
+                                  f"{w.device.name}: {type(e).__name__}: {e}"
+                                  for w, e in failed.items()))
         seconds = time.perf_counter() - started
         self._metrics.warmup_duration.labels(model=spec.name,
                                              version=str(spec.version)).set(seconds)
-        return seconds
+        return [w for w in workers if w not in failed], seconds
 
     def _engines(self, spec: ModelSpec, path: Path, text: str,
                  ort_options: OrtOptions) -> list[list[Engine]]:

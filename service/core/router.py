@@ -87,11 +87,12 @@ class Router:
             ordered = ([first] if first else []) + [w for w in healthy if w is not first]
         elif policy == "latency":
             ordered = sorted(healthy, key=lambda w: w.expected_completion_s(size))
-        else:  # efficiency; an unmeasured device ranks first, so that it gets measured
-            ordered = sorted([w for w in healthy if fits(w)],
+        else:  # efficiency; an unmeasured device ranks first, so that it gets measured, and
+            # one whose power has no figure at all (an emulator) last
+            ordered = sorted([w for w in healthy if fits(w) and w.priced],
                              key=lambda w: w.joules_per_inference() or 0.0)
-            ordered += sorted([w for w in healthy if not fits(w)],
-                              key=lambda w: w.expected_completion_s(size))
+            ordered += sorted([w for w in healthy if w not in ordered],
+                              key=lambda w: (not w.priced, w.expected_completion_s(size)))
         return ordered + [w for w in self.workers if not w.healthy]
 
     def _failed(self, worker: DeviceWorker, inputs: Tensors, size: int,

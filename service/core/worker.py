@@ -43,7 +43,7 @@ class DeviceWorker:
                          for i in range(self.instances)]
         for thread in self._threads:
             thread.start()
-        labels = dict(model=model, device=self.device.name, kind=self.device.kind,
+        labels = dict(model=model, device=self.device.name, kind=self.device.kind_label,
                       engine=self.device.engine)
         self._compute = metrics.compute_duration.labels(**labels)
         self._batch_size = metrics.batch_size.labels(**labels)
@@ -66,6 +66,11 @@ class DeviceWorker:
         (the instances share the samples already pending); 0 before the first batch (an
         unmeasured device gets tried)."""
         return (self.pending_samples / self.instances + size) * (self.seconds_per_sample or 0.0)
+
+    @property
+    def priced(self) -> bool:
+        """Whether the device's power has any figure (an emulator without one has none)."""
+        return self.meter.source.priced
 
     def joules_per_inference(self) -> float | None:
         """The device's watts at full utilization (fitted from its sensor, or the `model`
@@ -141,7 +146,7 @@ class DeviceWorker:
         flops = size * self._flops_per_sample
         self._flops.inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
-        return Answer(result, self.device.name, Cost(joules, self.meter.source.source, flops))
+        return Answer(result, self.device.reported, Cost(joules, self.meter.source.source, flops))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

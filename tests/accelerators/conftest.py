@@ -1,5 +1,7 @@
-"""OpenCL fixtures: the device under test (PoCL's cpu0 unless HETSERVE_TEST_OPENCL_DEVICE names
-another, e.g. `other0` under Oclgrind) and one program cache for the session."""
+"""OpenCL fixtures: the devices under test and one program cache for the session. Every OpenCL
+test runs on PoCL's cpu0 and on the emulated FPGA (Intel's FPGA Emulation Platform, fpga0),
+which builds the kernels as a board's binary is built; HETSERVE_TEST_OPENCL_DEVICE names one
+device instead, e.g. `other0` under Oclgrind."""
 
 from __future__ import annotations
 
@@ -11,16 +13,45 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from accelerators.devices import opencl_handles
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.program_cache import ProgramCache
 
 # The kernel-check target runs under Oclgrind, a slow simulator: a reduced shape grid there.
 SMALL_GRID = os.environ.get("HETSERVE_KERNEL_GRID") == "small"
+NO_EMULATOR = "no emulated FPGA: Intel's FPGA Emulation Platform (hetserve[fpga-emulator]) is " \
+              "not installed here"
 
 
-@pytest.fixture(scope="session")
-def opencl_device() -> str:
-    return os.environ.get("HETSERVE_TEST_OPENCL_DEVICE", "cpu0")
+def emulated_fpga() -> str | None:
+    """`fpga0` where it is the emulator, else None."""
+    fpgas = [record for _, record in opencl_handles() if record.kind == "fpga"]
+    return "fpga0" if fpgas and fpgas[0].emulated else None
+
+
+def fp16_device() -> str | None:
+    """The first CPU device that announces cl_khr_fp16 (Intel's CPU runtime, which comes with
+    the emulator), e.g. `cpu1`; None where none does."""
+    cpus = [handle for handle, record in opencl_handles() if record.kind == "cpu"]
+    return next((f"cpu{i}" for i, d in enumerate(cpus) if "cl_khr_fp16" in d.extensions), None)
+
+
+def devices_under_test() -> list:
+    if os.environ.get("HETSERVE_TEST_OPENCL_DEVICE"):
+        return [os.environ["HETSERVE_TEST_OPENCL_DEVICE"]]
+    fpga = emulated_fpga()
+    return ["cpu0", pytest.param(fpga or "fpga0", marks=pytest.mark.skipif(
+        fpga is None, reason=NO_EMULATOR))]
+
+
+@pytest.fixture(scope="session", params=devices_under_test())
+def opencl_device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def on_fpga(device: str) -> bool:
+    """FPGAs take local tiles whatever a test asks: a board's binary is built with them."""
+    return device.startswith("fpga")
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +64,8 @@ def engine_for(tmp_path: Path, opencl_device: str, program_cache: ProgramCache):
     """Saves an ONNX model and loads it into an OpenCL engine on the device under test."""
     def load(model: onnx.ModelProto, local_tiles: bool | None = None,
              precision: str = "fp32") -> OpenCLEngine:
+        if local_tiles is False and on_fpga(opencl_device):
+            pytest.skip("FPGAs run the local tiles their binaries are built with")
         path = tmp_path / f"model{len(list(tmp_path.iterdir()))}.onnx"
         onnx.save(model, str(path))
         return OpenCLEngine(path, opencl_device, program_cache, local_tiles, precision=precision)

@@ -9,11 +9,13 @@ OpenCL), inputs and outputs FP32. Compared with onnxruntime's FP32 results:
   fp16 tolerance (5e-2, what the ONNX Runtime engine's fp16 tests allow), the same accuracy on
   the held-out digits within one point.
 The half-arithmetic path (-DHALF_COMPUTE, chosen where the device announces cl_khr_fp16) runs
-only on such a device; neither PoCL nor Oclgrind here announces it, so the test skips there, and
-the same source is checked to compile for a target that has it (clang's spir64)."""
+only on such a device: neither PoCL, Oclgrind nor the FPGA emulator announces it, but Intel's CPU
+runtime (which comes with the emulator) does, so this module also runs on that device, and the
+same source is checked to compile for clang's spir64 target, which has it too."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -27,12 +29,34 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.launch import Build
 from accelerators.opencl.program_cache import BUILD_OPTIONS, kernel_source
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
+from tests.accelerators.conftest import (
+    SMALL_GRID,
+    devices_under_test,
+    fp16_device,
+    fresh_rng,
+    rel_err,
+    single_op,
+)
 from tests.accelerators.test_opencl_kernels import CONV, conv_model
 from tests.conftest import MODEL, MODELS
 
 OP_TOL = 5e-3
 MNIST = MODELS / MODEL / "1" / "model.onnx"
+
+
+def _and_half_arithmetic() -> list:
+    """The devices under test and, unless one device was named, one with cl_khr_fp16."""
+    if os.environ.get("HETSERVE_TEST_OPENCL_DEVICE"):
+        return devices_under_test()
+    half = fp16_device()
+    return [*devices_under_test(), pytest.param(half or "cpu1", marks=pytest.mark.skipif(
+        half is None, reason="no device announces cl_khr_fp16 (Intel's CPU runtime, which "
+                             "hetserve[fpga-emulator] installs, does)"))]
+
+
+@pytest.fixture(scope="module", params=_and_half_arithmetic())
+def opencl_device(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 def _fp32_reference(model, inputs: dict[str, np.ndarray]) -> np.ndarray:

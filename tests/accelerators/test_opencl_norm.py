@@ -82,7 +82,7 @@ def test_decomposed_layer_norm_is_one_op(engine_for, opset, affine, square) -> N
     engine = check(engine_for, graph(_decomposed_layer_norm(opset, affine, square),
                                      {"x": x.shape}, consts, ["y"], opset), x=x)
     assert engine.graph.fused["LayerNormalization(decomposed)"] == 1, seed
-    assert _kernels(engine, 2) == ["norm_rows_serial"]
+    assert _kernels(engine, 2) == [NORM_KERNEL[engine.build.tiling is not None]]
 
 
 @TILINGS

@@ -32,7 +32,7 @@ def test_pipelined_conv(tmp_path, opencl_device, program_cache, case) -> None:
     assert rel_err(got, ref) <= 1e-4, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
     # Each stage on its own queue (with channels they run at once; here each waits for the
     # one before), none on the main queue.
-    plan = engine.plan(min(n, engine.slice))  # the plan that ran last
+    plan = engine.plan(engine.step(n))  # the plan that ran last
     queues = [e.get_info(cl.event_info.COMMAND_QUEUE) for e in plan._events]
     assert len(set(queues)) == 3 and engine._dev.queue not in queues
 

@@ -1,7 +1,9 @@
 """A device that can be slowed down or made to fail mid-batch, for fault and overload tests
 (a real device fault cannot be produced on these machines). It computes with real ONNX Runtime,
 implements the same Engine protocol and is plugged in the way any extra engine is: the daemon
-imports this module (`--engine-modules`), which registers `faulty:<device>`, e.g. `faulty:fpga0`.
+imports this module (`--engine-modules`), which registers `faulty:<device>`, e.g. `faulty:fpga0`,
+and `faulty-opencl:<device>`: the real OpenCL engine on that device (the emulated fpga0), with
+the same faults injected.
 
 Each batch reads the JSON file named by HETSERVE_TEST_ENGINE_CONTROL:
 {"delay_s": seconds to add per batch, "fail": true to raise after computing, and optionally
@@ -41,4 +43,15 @@ class FaultyEngine:
         return result
 
 
+class FaultyOpenCLEngine(FaultyEngine):
+    def __init__(self, spec: DeviceSpec, model_path: Path, intra_op_threads: int) -> None:
+        from accelerators.opencl.engine import OpenCLEngine
+
+        self._inner = OpenCLEngine(model_path, spec.device)
+        self.device = self._inner.device
+        self.inputs, self.outputs = self._inner.inputs, self._inner.outputs
+        self._control = Path(os.environ[CONTROL_ENV])
+
+
 register_engine("faulty", FaultyEngine)
+register_engine("faulty-opencl", FaultyOpenCLEngine)

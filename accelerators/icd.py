@@ -1,0 +1,101 @@
+"""Makes the OpenCL runtimes that pip installed into this environment visible to the ICD loader:
+Intel's FPGA Emulation Platform (`hetserve[fpga-emulator]`) and the CPU runtime it comes with.
+Their wheels put the libraries in `<prefix>/lib` but name a placeholder path in their own `.icd`
+files, and the loader reads only one folder of `.icd` files (`/etc/OpenCL/vendors`, or
+`$OCL_ICD_VENDORS`). So before the first platform query, hetserve writes a folder holding the
+system's `.icd` files plus one per installed library, and points `OCL_ICD_VENDORS` at it: no
+change to /etc, nothing for the user to set, and real boards keep their system ICDs. A loader
+folder chosen by the user (`OCL_ICD_VENDORS`, `OPENCL_VENDOR_PATH`: Oclgrind, a test rig) wins:
+hetserve then adds nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SYSTEM_VENDORS = Path("/etc/OpenCL/vendors")
+# The libraries of the pip-installed runtimes, and the platform each announces.
+EMULATOR_LIBRARY = "libintelocl_emu.so"
+BUNDLED = {EMULATOR_LIBRARY: "Intel(R) FPGA Emulation Platform for OpenCL(TM)",
+           "libintelocl.so": "Intel(R) OpenCL"}
+EMULATOR_PLATFORM = BUNDLED[EMULATOR_LIBRARY]
+_USER_CHOICE = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH")
+_MADE_BY_US = "HETSERVE_ICD_VENDORS"  # the folder this process tree points the loader at
+
+
+def bundled_libraries(prefix: Path | None = None) -> list[Path]:
+    """The pip-installed runtimes present in this environment, emulator first."""
+    lib = (prefix or Path(sys.prefix)) / "lib"
+    return [lib / name for name in BUNDLED if (lib / name).is_file()]
+
+
+def register(prefix: Path | None = None, state_dir: Path | None = None) -> Path | None:
+    """Points the ICD loader at the system's ICDs plus this environment's runtimes, before the
+    first platform query of the process (the loader reads its folder once). Returns the folder,
+    or None where there is nothing to add or the user chose the loader's folder."""
+    made = os.environ.get(_MADE_BY_US)
+    if made and os.environ.get("OCL_ICD_VENDORS") == made:
+        return Path(made)  # a parent process made it: children inherit it as they are
+    if any(os.environ.get(v) for v in _USER_CHOICE):
+        return None
+    libraries = bundled_libraries(prefix)
+    if not libraries:
+        return None
+    lines = {f"system-{p.name}": p.read_text() for p in _system_icds()}
+    if any(name in text for text in lines.values() for name in BUNDLED):
+        return None  # installed system-wide: its own ICD already names it
+    lines |= {f"zz-hetserve-{lib.name}.icd": f"{lib}\n" for lib in libraries}
+    folder = _write(lines, state_dir or _state_dir())
+    os.environ["OCL_ICD_VENDORS"] = os.environ[_MADE_BY_US] = str(folder)
+    log.debug("OpenCL ICD folder %s: %s", folder, sorted(lines))
+    return folder
+
+
+def _system_icds() -> list[Path]:
+    try:
+        return sorted(p for p in SYSTEM_VENDORS.iterdir() if p.suffix == ".icd" and p.is_file())
+    except OSError:
+        return []
+
+
+def _state_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hetserve" / "icd"
+
+
+def _write(files: dict[str, str], parent: Path) -> Path:
+    """A folder named after its contents under `parent`, written once: into a fresh private
+    folder renamed into place, so that no process reads a half-written one and no link that
+    someone else planted is followed."""
+    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
+    folder = parent / digest
+    if _is_ours(folder):
+        return folder
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    staging = Path(tempfile.mkdtemp(dir=parent, prefix=".staging-"))
+    for name, text in files.items():
+        (staging / name).write_text(text)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process won the race: its folder holds the same files
+        for p in staging.iterdir():
+            p.unlink()
+        staging.rmdir()
+    if not _is_ours(folder):
+        raise PermissionError(f"{folder} is not a folder of this user's: remove it")
+    return folder
+
+
+def _is_ours(folder: Path) -> bool:
+    try:
+        st = folder.lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
