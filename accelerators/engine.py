@@ -36,11 +36,6 @@ class Device:
         """The kind as metrics and replies report it: an emulator is never counted as an FPGA."""
         return f"{self.kind}-emulator" if self.emulated else self.kind
 
-    @property
-    def reported(self) -> str:
-        """The device as replies name it: `fpga0`, or `fpga0 (emulated)`."""
-        return f"{self.name} (emulated)" if self.emulated else self.name
-
 
 @dataclass(frozen=True)
 class TensorSignature:

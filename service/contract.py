@@ -23,6 +23,13 @@ FLOPS_PARAMETER = "flops"
 # The batch's run time on the device times the device's full-load watts, shared among the
 # batches running on it side by side, split across the batch's rows (padding included).
 ENERGY_METHOD = "busy-time-share"
+# How a reply's `device` marks an emulated FPGA (`fpga0 (emulated)`): never taken for a board.
+EMULATED = "(emulated)"
+
+
+def reply_device(name: str, emulated: bool) -> str:
+    """The device as replies (and so the Spark job's energy summary) name it."""
+    return f"{name} {EMULATED}" if emulated else name
 
 
 def batch_buckets(max_batch_size: int, preferred: Iterable[int] = ()) -> tuple[int, ...]:

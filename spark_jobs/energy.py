@@ -19,6 +19,7 @@ from pyspark import Accumulator
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
+from service import contract
 from spark_jobs import output
 from spark_jobs.cost import Cost
 
@@ -26,6 +27,8 @@ ENERGY_FILE = "_hetserve_energy.json"  # inside the output folder: Spark and pya
 ESTIMATE = "model"  # the power source that is an estimate, not a sensor
 ESTIMATE_NOTE = ("figures from power source `model` are estimates (the configured busy watts "
                  "times the batches' run time), not measurements")
+EMULATED_NOTE = ("an FPGA emulator ran these rows on the host's CPU: their speed and energy "
+                 "are not an FPGA's")
 COUNTING = ("summed by a Spark accumulator: a failed or speculative task attempt's share is "
             "dropped; a scoring stage that runs again would add its share again")
 
@@ -111,6 +114,8 @@ def describe(summary: dict) -> list[str]:
         lines.append(f"  and {unmetered:,} rows whose replies carried no energy")
     if summary["estimate"]:
         lines.append(f"  (estimate): {ESTIMATE_NOTE}")
+    if any(device.endswith(contract.EMULATED) for device in summary["by_device"]):
+        lines.append(f"  {contract.EMULATED}: {EMULATED_NOTE}")
     return lines
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,18 @@ def client(daemon: Daemon) -> Iterator[grpcclient.InferenceServerClient]:
 @pytest.fixture(scope="session")
 def holdout() -> tuple[np.ndarray, np.ndarray]:
     return mnist_digits.holdout_split()
+
+
+def example_repository(root: Path, devices: str) -> Path:
+    """The example model alone, served by `devices` (a `devices` parameter), under a latency
+    budget no loaded machine misses."""
+    repo = root / "models"
+    shutil.copytree(MODELS / MODEL, repo / MODEL)
+    config = repo / MODEL / "config.pbtxt"
+    text = config.read_text().replace('"opencl:fpga0, onnxruntime"', f'"{devices}"')
+    config.write_text(text + 'parameters { key: "latency_budget_ms" value: { string_value: '
+                             '"60000" } }\n')
+    return repo
 
 
 def image_input(images: np.ndarray) -> list[grpcclient.InferInput]:

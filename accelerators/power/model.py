@@ -11,8 +11,8 @@ class ModelEstimate(PowerSource):
 
     def __init__(self, idle_w: float, busy_w: float, reason: str = "",
                  priced: bool = True) -> None:
-        """`priced` False: 0 W stands for "unknown" (an emulated FPGA without a configured
-        figure), so routing by energy must not take the device for free."""
+        """`priced` False: the figures are not the device's own (an emulated FPGA without
+        configured figures gets its host CPU's), so routing by energy must not rank by them."""
         if not 0 <= idle_w <= busy_w:
             raise SourceError(f"model estimate: need 0 <= idle watts <= busy watts, got "
                               f"idle {idle_w} W and busy {busy_w} W")

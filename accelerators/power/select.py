@@ -6,8 +6,9 @@ why. Settings name a device (`cpu0`) or a kind (`cpu`); the device wins.
     power_model:   "cpu=10:65,fpga0=20:75"   (idle watts : busy watts)
 
 Without a configured figure the CPU estimate scales with the CPUs this process may use (see
-`cpu_model_watts`); GPUs and FPGAs get the placeholders of DEFAULT_MODEL_WATTS. Either way the
-source is `model`: an estimate, never a measurement.
+`cpu_model_watts`); GPUs and FPGAs get the placeholders of DEFAULT_MODEL_WATTS; an emulated
+FPGA gets what it adds to the estimate of the CPU it runs on, and no FPGA sensor or placeholder.
+Either way the source is `model`: an estimate, never a measurement.
 """
 
 from __future__ import annotations
@@ -122,14 +123,18 @@ class SourcePicker:
 
     def _emulated(self, device: Device) -> ModelEstimate:
         """An emulator runs on the host's CPU: no board sensor speaks for it and no FPGA
-        placeholder applies. Only figures configured for it (by its name or `fpga-emulator`)
-        price it; without them it draws "0 W" that routing by energy knows to be unknown."""
+        placeholder applies. Figures configured for it (by its name or `fpga-emulator`) price
+        it; without them its energy is what running it adds to the host CPU's estimate (no
+        idle watts of its own), which routing by energy must not take for an FPGA's."""
         watts = self.watts.get(device.name) or self.watts.get(device.kind_label)
         if watts is not None:
             return ModelEstimate(*watts, "an emulated FPGA, configured")
-        log.warning("%s is an emulated FPGA: no power figure (power_model %s=IDLE_W:BUSY_W "
-                    "sets one); routing by energy ranks it last", device.name, device.kind_label)
-        return ModelEstimate(0.0, 0.0, "an emulated FPGA: no power figure", priced=False)
+        log.warning("%s is an emulated FPGA: its energy is the host CPU's estimated added watts, "
+                    "and routing by energy ranks it last (power_model %s=IDLE_W:BUSY_W prices "
+                    "it)", device.name, device.kind_label)
+        idle, busy = cpu_model_watts()  # the CPU's idle watts are cpu0's: not counted twice
+        return ModelEstimate(0.0, busy - idle, "an emulated FPGA: the host CPU's added watts",
+                             priced=False)
 
 
 def _index(device: Device) -> str:

@@ -24,7 +24,7 @@ class Sample:
 
 class PowerSource(abc.ABC):
     source: str  # the metrics' `source` label: nvml | rapl | hwmon | xrt | opae | model
-    priced = True  # False: no figure for the device's power at all (an emulator's)
+    priced = True  # False: the watts are not the device's own (an emulator's: its host's)
 
     @abc.abstractmethod
     def sample(self, now: float, utilization: float) -> Sample:

@@ -13,6 +13,7 @@ import threading
 import time
 
 from accelerators.engine import Engine
+from service import contract
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
 from service.core.types import Answer, Cost, Tensors
@@ -31,6 +32,7 @@ class DeviceWorker:
         self.buckets = buckets
         self.instances = len(engines)
         self.device = engines[0].device
+        self._reply_device = contract.reply_device(self.device.name, self.device.emulated)
         # One thread per instance: engines are not re-entrant, and they release the GIL. With
         # as many threads as engines, a thread always finds an idle engine to pop. Batches reach
         # them through one queue and come back through one wake-up of the event loop: half the
@@ -69,7 +71,8 @@ class DeviceWorker:
 
     @property
     def priced(self) -> bool:
-        """Whether the device's power has any figure (an emulator without one has none)."""
+        """Whether routing by energy may rank the device by its watts (an emulator without
+        figures of its own may not)."""
         return self.meter.source.priced
 
     def joules_per_inference(self) -> float | None:
@@ -146,7 +149,7 @@ class DeviceWorker:
         flops = size * self._flops_per_sample
         self._flops.inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
-        return Answer(result, self.device.reported, Cost(joules, self.meter.source.source, flops))
+        return Answer(result, self._reply_device, Cost(joules, self.meter.source.source, flops))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

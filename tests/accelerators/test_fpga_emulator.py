@@ -33,7 +33,7 @@ from accelerators.opencl.program_cache import (
 )
 from service import contract
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
-from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.conftest import MODEL, MODELS, Daemon, example_repository, image_input
 from tests.service.conftest import scrape, total
 from tests.service.faulty_engine import CONTROL_ENV
 
@@ -41,17 +41,6 @@ pytestmark = pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
 MNIST = MODELS / MODEL / "1" / "model.onnx"
 # Loader variables a parent may have set; the commands below must find the emulator without them.
 LOADER_ENV = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "HETSERVE_ICD_VENDORS")
-
-
-def _repository(root: Path, devices: str) -> Path:
-    """The example model alone, served by `devices`, under a budget no loaded machine misses."""
-    repo = root / "models"
-    shutil.copytree(MODELS / MODEL, repo / MODEL)
-    config = repo / MODEL / "config.pbtxt"
-    text = config.read_text().replace('"opencl:fpga0, onnxruntime"', f'"{devices}"')
-    config.write_text(text + 'parameters { key: "latency_budget_ms" value: { string_value: '
-                             '"60000" } }\n')
-    return repo
 
 
 def _hetserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -87,7 +76,7 @@ def test_a_loader_folder_the_user_chose_is_left_alone(tmp_path) -> None:
 
 def test_a_built_binary_is_served_from_hetserve_fpga_binaries(tmp_path, monkeypatch,
                                                               holdout) -> None:
-    repo = _repository(tmp_path, "opencl:fpga0")
+    repo = example_repository(tmp_path, "opencl:fpga0")
     built = _hetserve("fpga", "build", str(repo / MODEL), "--out", str(tmp_path / "binaries"))
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "binaries" / EMULATOR_BINARY).stat().st_size > 0
@@ -161,7 +150,7 @@ def test_binaries_the_board_cannot_use_are_refused_naming_file_and_kernels(tmp_p
 def test_a_bad_binary_or_a_missing_emulator_leaves_the_next_device_serving(
         tmp_path, monkeypatch, holdout) -> None:
     """A foreign binary; then the emulator's library gone (its ICD names a missing file)."""
-    repo = _repository(tmp_path, "opencl:fpga0, onnxruntime:cpu0")
+    repo = example_repository(tmp_path, "opencl:fpga0, onnxruntime:cpu0")
     vendors = tmp_path / "vendors"
     vendors.mkdir()
     shutil.copy("/etc/OpenCL/vendors/pocl.icd", vendors)
@@ -199,7 +188,7 @@ def test_a_board_that_fails_under_load_fails_over_without_losing_a_request(
     control = tmp_path / "control.json"
     _control(control)
     monkeypatch.setenv(CONTROL_ENV, str(control))
-    repo = _repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
+    repo = example_repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
     daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.service.faulty_engine")
     images = holdout[0][:8]
     ref = _reference(images)
@@ -240,7 +229,7 @@ def test_a_board_that_fails_its_warm_up_is_dropped_and_the_next_device_serves(
     control = tmp_path / "control.json"
     _control(control, fail=True)
     monkeypatch.setenv(CONTROL_ENV, str(control))
-    repo = _repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
+    repo = example_repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
     daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.service.faulty_engine")
     try:
         with grpcclient.InferenceServerClient(daemon.url) as client:

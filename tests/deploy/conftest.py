@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from tests.conftest import MODEL, ROOT, Daemon, free_port, image_input
+from tests.conftest import MODEL, ROOT, Daemon, example_repository, free_port, image_input
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -132,7 +132,8 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory,
           holdout: tuple[np.ndarray, np.ndarray]) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("stack")
-    daemon = Daemon(tmp)
+    # The example model on one device, so that each rule yields one series to check.
+    daemon = Daemon(tmp, example_repository(tmp, "onnxruntime"))
     load = prometheus = None
     try:
         load = Load(daemon.url, holdout[0])

@@ -16,6 +16,7 @@ from spark_jobs.client import ModelInterface
 from spark_jobs.daemon import NodeDaemon
 from spark_jobs.energy import TallyParam
 from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions
+from tests.service.conftest import reply_devices
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,10 @@ def test_every_tensor_layout_and_slice_scores_alike(options, holdout):
         assert top.shape == (300, 3) and (top[:, 0] == label).all()
         if expected is None:
             expected = scored.column("top_scores").to_pylist()
+        # Each batch on whichever device served it: OpenCL and ONNX Runtime agree to ~1e-5.
         np.testing.assert_allclose(scored.column("top_scores").to_pylist(), expected,
-                                   rtol=1e-6, err_msg=name)
-        assert set(scored.column("device").to_pylist()) == {"cpu0"}
+                                   rtol=1e-4, atol=1e-7, err_msg=name)
+        assert set(scored.column("device").to_pylist()) <= set(reply_devices())
         assert set(scored.column("model_version").to_pylist()) == {"1"}
 
 
@@ -103,10 +105,11 @@ def test_energy_is_tallied_by_device_and_source_and_spread_over_the_rows(options
     joules = np.asarray(scored.column(ENERGY_COLUMN))
     assert scored.schema.field(ENERGY_COLUMN).type == pa.float64()
     assert (joules > 0).all()
-    (device, source), (rows, total, flops) = next(iter(used.value.items()))
-    assert len(used.value) == 1 and (device, rows) == ("cpu0", 300)
-    assert source == "model"  # no power sensor on these machines: the daemon's estimate
-    assert total == pytest.approx(joules.sum(), rel=1e-9)
+    # By the devices that served (the example model lists two where an FPGA is).
+    assert {device for device, _ in used.value} <= set(reply_devices())
+    assert {source for _, source in used.value} == {"model"}  # no sensor here: an estimate
+    rows, total, flops = (sum(v[i] for v in used.value.values()) for i in range(3))
+    assert rows == 300 and total == pytest.approx(joules.sum(), rel=1e-9)
     assert flops == 300 * 24_140_586  # the example model's FLOPs per sample
     without = _score(options, batch)[0]
     assert ENERGY_COLUMN not in without.schema.names

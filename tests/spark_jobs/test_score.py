@@ -17,7 +17,9 @@ from pyspark.errors import PythonException
 from spark_jobs import energy
 from spark_jobs.energy import ENERGY_FILE
 from spark_jobs.score import parse_args, score, write
-from tests.conftest import MODELS, ROOT
+from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
+from tests.conftest import MODELS, ROOT, Daemon, example_repository
+from tests.service.conftest import reply_devices
 from tests.spark_jobs.conftest import SPARK_CONF, write_digits
 
 
@@ -54,7 +56,7 @@ def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
     assert (np.diff(top_scores, axis=1) <= 0).all()  # best first
     np.testing.assert_allclose(top_scores.sum(axis=1), 1.0, rtol=1e-5)
     assert set(scored["model_version"]) == {"1"}
-    assert set(scored["device"]) == {"cpu0"}  # as the daemon's replies name it
+    assert set(scored["device"]) <= set(reply_devices())  # as the daemon's replies name them
 
 
 def test_the_jobs_energy_is_written_inside_its_output_and_equals_the_rows_shares(
@@ -71,9 +73,28 @@ def test_the_jobs_energy_is_written_inside_its_output_and_equals_the_rows_shares
     assert summary["gflops_per_watt"] == pytest.approx(500 * 24_140_586 / summary["joules"] / 1e9)
     # No power sensor on these machines: the daemon's `model` estimate, and said to be one.
     assert list(summary["by_source"]) == ["model"] and summary["estimate"]
-    assert summary["by_device"]["cpu0"] == summary["by_source"]["model"]
+    assert set(summary["by_device"]) <= set(reply_devices())
+    assert sum(d["rows"] for d in summary["by_device"].values()) == 500
     assert "estimates" in summary["estimate_note"]
     assert "energy_joules" not in _run(spark, daemon, tmp_path, "--input", str(source)).columns
+
+
+@pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+def test_a_job_scores_through_the_emulated_fpga_and_says_so(spark, holdout, tmp_path):
+    daemon = Daemon(tmp_path, example_repository(tmp_path, "opencl:fpga0"))
+    try:
+        source = write_digits(tmp_path / "digits.parquet", holdout[0][:300], holdout[1][:300])
+        scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64")
+    finally:
+        assert daemon.stop() == 0
+    assert len(scored) == 300 and (scored.sort_values("id")["label"].to_numpy()
+                                   == holdout[1][:300]).mean() >= 0.95
+    assert set(scored["device"]) == {"fpga0 (emulated)"}
+    summary = _summary(tmp_path)
+    assert list(summary["by_device"]) == ["fpga0 (emulated)"] and summary["estimate"]
+    described = "\n".join(energy.describe(summary))
+    assert "  device fpga0 (emulated): 300 rows" in described
+    assert "(emulated): an FPGA emulator ran these rows on the host's CPU" in described
 
 
 def test_array_tensors_and_image_folders_give_the_same_labels(spark, daemon, holdout, tmp_path):

@@ -8,7 +8,7 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import MODEL, image_input
-from tests.service.conftest import assert_served, node_devices
+from tests.service.conftest import assert_served, reply_devices
 
 
 def test_server_and_model_metadata(client: grpcclient.InferenceServerClient) -> None:
@@ -33,7 +33,7 @@ def test_predictions_equal_in_process_onnxruntime(client, holdout) -> None:
     images = holdout[0][:64]
     result = client.infer(MODEL, image_input(images))
     device = result.get_response().parameters["device"].string_param
-    assert device in node_devices()
+    assert device in reply_devices()
     assert_served(result.as_numpy("logits"), device, images)
     assert result.get_response().model_version == "1"
 

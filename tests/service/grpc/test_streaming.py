@@ -63,7 +63,7 @@ def test_model_config_is_the_effective_configuration(client) -> None:
     config = client.get_model_config(MODEL).config
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 4096
     assert config.parameters["devices"].string_value == ", ".join(
-        f"onnxruntime:{d}" for d in node_devices())
+        f"{'opencl' if d.startswith('fpga') else 'onnxruntime'}:{d}" for d in node_devices())
     assert config.parameters["batch_buckets"].string_value == "auto"
     assert config.parameters["policy"].string_value == "prefer"
     assert config.parameters["latency_budget_ms"].string_value == "100"

@@ -36,8 +36,11 @@ def test_top_shows_the_node_under_load(daemon: Daemon,
     rows = [line.split() for line in done.stdout.splitlines()]
     model = next(r for r in rows if r[:1] == ["mnist_cnn"] and len(r) == 6)
     assert float(model[1].replace(",", "")) > 0  # requests/s
-    served = node_devices()[0]  # the example model's device on this node (gpu0 or cpu0)
-    device = next(r for r in rows if r[:2] == [served, served.rstrip("0123456789")])
+    # The example model's first device on this node (the emulated fpga0, gpu0 or cpu0), which
+    # `prefer` gives the load; its kind column says `fpga-emulator` for the emulator.
+    served = node_devices()[0]
+    device = next(r for r in rows if r[:1] == [served]
+                  and r[1].startswith(served.rstrip("0123456789")))
     source, up, watts = device[2], device[3], float(device[5].replace(",", ""))
     assert up == "1" and watts > 0
     assert float(device[8]) > 0  # GFLOP/s per watt

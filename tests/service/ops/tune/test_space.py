@@ -20,7 +20,7 @@ def _shipped() -> model_config_pb2.ModelConfig:
 def test_the_shipped_config_is_read_as_a_candidate_with_the_devices_it_was_served_on() -> None:
     assert space.shipped_candidate(_shipped(), "onnxruntime:cpu0") == Candidate(
         "onnxruntime:cpu0", 2, 500, ())
-    assert space.devices_of(_shipped()) == "onnxruntime"  # the default: no `devices` parameter
+    assert space.devices_of(_shipped()) == "opencl:fpga0, onnxruntime"  # its `devices`
 
 
 def test_a_rendered_candidate_keeps_the_rest_of_the_config_and_reads_back_as_itself() -> None:
