@@ -1,10 +1,12 @@
 """The pipelined convolution kernels (kernels/pipelined.cl, built with -DPIPELINED): three single
 work-item stages chained by FIFOs, here the global-memory FIFOs used where the device has no
-channels or pipes (PoCL, Oclgrind). Convolutions against the float64 reference of the kernel
-tests, and the MNIST example against onnxruntime."""
+channels or pipes (PoCL, Oclgrind), and the Intel channels that the emulated FPGA runs at once.
+Convolutions against the float64 reference of the kernel tests; the MNIST example and two
+classifiers against onnxruntime."""
 
 from __future__ import annotations
 
+import cnn_architectures
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -13,7 +15,7 @@ import pytest
 
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import SMALL_GRID, rel_err, single_op
+from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
 from tests.accelerators.test_opencl_kernels import CONV, conv_model
 from tests.conftest import MODEL, MODELS
 
@@ -50,6 +52,25 @@ def test_pipelined_mnist_matches_onnxruntime(opencl_device, program_cache, holdo
         ref = session.run(None, {"image": images})[0]
         assert rel_err(got, ref) <= 1e-3
         assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.mark.skipif(SMALL_GRID, reason="whole classifiers are too slow under Oclgrind")
+@pytest.mark.parametrize("name, size", [("mobilenet_v2", 32), ("shufflenet_v2", 64)])
+def test_pipelined_classifiers_match_onnxruntime(tmp_path, opencl_device, program_cache, name,
+                                                 size) -> None:
+    """Depthwise and grouped convolutions, channel shuffles, every Conv through the three
+    stages; on the emulated FPGA joined by channels, at a small input (emulated channels are
+    slow)."""
+    model = cnn_architectures.ARCHITECTURES[name](size=size)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    engine = OpenCLEngine(tmp_path / "model.onnx", opencl_device, program_cache, pipelined=True)
+    assert "pipe_conv_mac" in {la.kernel for la in engine.plan(1).launches}
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((1, 3, size, size), np.float32)
+    got = engine.run({"image": x}, ["logits"])["logits"]
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    assert rel_err(got, ref) <= 1e-3 and got.argmax() == ref.argmax(), seed
 
 
 def test_a_window_too_long_for_the_chip_is_refused(tmp_path, opencl_device,
