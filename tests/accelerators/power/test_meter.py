@@ -11,7 +11,7 @@ from accelerators.engine import Device
 from accelerators.power.hwmon import HwmonPower
 from accelerators.power.meter import DeviceMeter, PowerMonitor
 from accelerators.power.model import ModelEstimate
-from accelerators.power.select import SourcePicker
+from accelerators.power.select import SourcePicker, cpu_model_watts
 from tests.accelerators.power.test_sources import write
 
 CPU = Device("cpu0", "cpu", "onnxruntime")
@@ -108,3 +108,16 @@ def test_monitor_samples_on_its_thread_and_the_estimate_says_why() -> None:
         monitor.stop()
     reading = meter.read()
     assert reading.up and reading.energy_j > 0 and reading.model_energy_j["m"] > 0
+
+
+def test_an_emulated_fpga_reads_no_board_sensor_and_is_priced_only_when_configured() -> None:
+    emulator = Device("fpga0", "fpga", "opencl", emulated=True)
+    unpriced = SourcePicker("fpga=opae").pick(emulator)  # a board's sensor is never its
+    idle, busy = cpu_model_watts()
+    assert isinstance(unpriced, ModelEstimate) and not unpriced.priced
+    assert (unpriced.idle_w, unpriced.busy_w) == (0.0, busy - idle)  # what it adds to the CPU
+    assert "emulated" in unpriced.describe()
+    for watts in ("fpga0=3:9", "fpga-emulator=3:9"):
+        priced = SourcePicker("", watts).pick(emulator)
+        assert priced.priced and (priced.idle_w, priced.busy_w) == (3.0, 9.0)
+    assert SourcePicker("", "fpga=3:9").pick(emulator).busy_w == busy - idle  # a board's figure

@@ -10,6 +10,7 @@ import pytest
 from accelerators.engines import DeviceSpec
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from accelerators.power.meter import PowerMonitor
+from accelerators.power.model import ModelEstimate
 from service.core.metrics import Metrics
 from service.core.router import Router
 from service.core.worker import DeviceWorker
@@ -67,6 +68,15 @@ def test_efficiency_picks_the_fewest_joules_within_the_budget(workers) -> None:
     assert router.candidates(8) == [fpga, cpu]  # 5 mJ against 6.5 mJ
     _measured(fpga, 2e-4, pending=1000)  # fpga cannot meet the budget now
     assert router.candidates(8) == [cpu, fpga]
+
+
+def test_efficiency_ranks_an_emulator_without_figures_of_its_own_last(workers) -> None:
+    fpga, cpu = workers
+    fpga.meter.source = ModelEstimate(0.0, 1.0, "an emulated FPGA", priced=False)
+    _measured(fpga, 1e-4)  # cheaper on its borrowed figures, and faster
+    _measured(cpu, 2e-4)
+    assert fpga.joules_per_inference() < cpu.joules_per_inference()
+    assert _router(workers, "efficiency").candidates(8) == [cpu, fpga]
 
 
 def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, holdout) -> None:
