@@ -25,12 +25,11 @@ SYSTEM_VENDORS = Path("/etc/OpenCL/vendors")
 EMULATOR_LIBRARY = "libintelocl_emu.so"
 BUNDLED = {EMULATOR_LIBRARY: "Intel(R) FPGA Emulation Platform for OpenCL(TM)",
            "libintelocl.so": "Intel(R) OpenCL"}
-EMULATOR_PLATFORM = BUNDLED[EMULATOR_LIBRARY]
 _USER_CHOICE = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH")
 _MADE_BY_US = "HETSERVE_ICD_VENDORS"  # the folder this process tree points the loader at
 
 
-def bundled_libraries(prefix: Path | None = None) -> list[Path]:
+def _installed(prefix: Path | None = None) -> list[Path]:
     """The pip-installed runtimes present in this environment, emulator first."""
     lib = (prefix or Path(sys.prefix)) / "lib"
     return [lib / name for name in BUNDLED if (lib / name).is_file()]
@@ -45,7 +44,7 @@ def register(prefix: Path | None = None, state_dir: Path | None = None) -> Path 
         return Path(made)  # a parent process made it: children inherit it as they are
     if any(os.environ.get(v) for v in _USER_CHOICE):
         return None
-    libraries = bundled_libraries(prefix)
+    libraries = _installed(prefix)
     if not libraries:
         return None
     lines = {f"system-{p.name}": p.read_text() for p in _system_icds()}

@@ -69,15 +69,15 @@ class OpenCLEngine:
                 f"{model_path} is {'pipelined' if pipelined else 'an int8 model'}")
         self._dev: OpenCLDevice = open_device(device)
         d = self._dev.device
-        if not (self._dev.kind in ("gpu", "fpga") if local_tiles is None else local_tiles):
-            tiling = None
-        else:
-            tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size)
         half_compute = half and "cl_khr_fp16" in d.extensions
-        self.build = Build.for_fpga(d.platform.name, pipelined, half, half_compute) \
-            if self._dev.kind == "fpga" else Build(
-                Build.register_rows(self._dev.kind, d.native_vector_width_float), tiling,
-                pipelined, "", half, half_compute)
+        if self._dev.kind == "fpga":
+            self.build = Build.for_fpga(d.platform.name, pipelined, half, half_compute)
+        else:
+            tiled = self._dev.kind == "gpu" if local_tiles is None else local_tiles
+            tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size) \
+                if tiled else None
+            self.build = Build(Build.register_rows(self._dev.kind, d.native_vector_width_float),
+                               tiling, pipelined, "", half, half_compute)
         self.device = Device(self._dev.name, self._dev.kind, "opencl", self._dev.emulated)
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)

@@ -88,7 +88,7 @@ class Router:
         elif policy == "latency":
             ordered = sorted(healthy, key=lambda w: w.expected_completion_s(size))
         else:  # efficiency; an unmeasured device ranks first, so that it gets measured, and
-            # one whose power has no figure at all (an emulator) last
+            # one whose watts are not its own (an emulator's) last
             ordered = sorted([w for w in healthy if fits(w) and w.priced],
                              key=lambda w: w.joules_per_inference() or 0.0)
             ordered += sorted([w for w in healthy if w not in ordered],
