@@ -51,7 +51,11 @@ def register(prefix: Path | None = None, state_dir: Path | None = None) -> Path 
     if any(name in text for text in lines.values() for name in BUNDLED):
         return None  # installed system-wide: its own ICD already names it
     lines |= {f"zz-hetserve-{lib.name}.icd": f"{lib}\n" for lib in libraries}
-    folder = _write(lines, state_dir or _state_dir())
+    try:
+        folder = _write(lines, state_dir or _state_dir())
+    except OSError as e:  # a read-only home, a planted folder: the system's devices still serve
+        log.warning("the OpenCL runtimes installed in %s stay hidden: %s", sys.prefix, e)
+        return None
     os.environ["OCL_ICD_VENDORS"] = os.environ[_MADE_BY_US] = str(folder)
     log.debug("OpenCL ICD folder %s: %s", folder, sorted(lines))
     return folder
