@@ -9,8 +9,10 @@ How operations are counted (the figure GFLOP/s per watt is built on):
   BatchNormalization two (a scale and a shift once folded); Softmax three (exp, sum, divide);
 - data movement (Reshape, Flatten, Transpose, Concat, Constant, ...) is free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
-guessed. Shapes come from ONNX
-shape inference with every symbolic batch dimension set to one.
+guessed, and the count is then partial. Shapes come from ONNX shape inference at the served
+shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
+model's config.pbtxt dims where it fixes them (-1 there leaves them unknown). A count is never
+negative and never raises: a graph shape inference cannot read is counted as far as it goes.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class FlopCount:
     def total(self) -> int:
         return sum(n.flops for n in self.nodes)
 
+    @property
+    def partial(self) -> bool:
+        """Some nodes are not in `total`: it is a lower bound."""
+        return bool(self.uncounted)
+
     def by_op(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for n in self.nodes:
@@ -60,27 +67,39 @@ class FlopCount:
         return out
 
 
-def count_flops(path: Path | str) -> FlopCount:
-    """FLOPs of one sample of the model at `path`."""
+def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = None
+                ) -> FlopCount:
+    """FLOPs of one sample of the model at `path`. `served`: each input's dims after the batch
+    axis as the model is served (config.pbtxt's), which fix the graph's symbolic ones."""
     model = onnx.load(str(path))
-    for value in model.graph.input:  # a symbolic batch axis becomes one sample
+    for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
-        if dims and not dims[0].HasField("dim_value"):
-            dims[0].dim_value = 1
-    model = shape_inference.infer_shapes(model)
+        fixed = (served or {}).get(value.name, ())
+        for i, dim in enumerate(dims):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            size = 1 if i == 0 else (fixed[i - 1] if i - 1 < len(fixed) else -1)
+            if size > 0:  # the batch axis becomes one sample
+                dim.dim_value = size
+    try:
+        model = shape_inference.infer_shapes(model)
+    except Exception as e:  # onnx raises its own error types; count what the graph says
+        log.warning("%s: shape inference failed (%s); FLOPs counted where shapes are known",
+                    path, e)
     shapes = _shapes(model.graph)
     nodes, uncounted = [], set()
     for node in model.graph.node:
         try:
             flops = _node_flops(node, shapes)
-        except KeyError:  # a shape inference could not fix
+        except (KeyError, IndexError):  # shapes inference could not fix, or malformed
             flops = None
-        if flops is None:
+        if flops is None or flops < 0:
             uncounted.add(node.op_type)
             flops = 0
         nodes.append(NodeFlops(node.name or node.output[0], node.op_type, flops))
     if uncounted:
-        log.warning("%s: FLOPs of %s are not counted", path, sorted(uncounted))
+        log.warning("%s: FLOPs of %s are not counted; the count is partial", path,
+                    sorted(uncounted))
     return FlopCount(tuple(nodes), tuple(sorted(uncounted)))
 
 
@@ -88,7 +107,8 @@ def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
     for value in (*graph.input, *graph.value_info, *graph.output):
         tensor = value.type.tensor_type
-        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+        if tensor.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0
+                                            for d in tensor.shape.dim):
             shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
     return shapes
 

@@ -50,7 +50,9 @@ class Metrics:
             ["model", "device", "kind", "engine"], registry=r)
         self.flops = Counter(
             "hetserve_flops", "Floating-point operations executed, counted from the ONNX graph "
-            "(a multiply-add is 2)", ["model", "device", "kind", "engine"], registry=r)
+            "(a multiply-add is 2); count=\"partial\" where the graph has ops the counter does "
+            "not know: a lower bound", ["model", "device", "kind", "engine", "count"],
+            registry=r)
         self.failovers = Counter(
             "hetserve_failovers",
             "Batches re-run on another device after `device` failed them",

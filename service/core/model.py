@@ -44,6 +44,11 @@ class ModelSpec:
         return cls(config.name, version, config.max_batch_size,
                    specs(config.input), specs(config.output), config)
 
+    def served_dims(self) -> dict[str, tuple[int, ...]]:
+        """Each input's dims after its batch axis as served (-1: any size): with a batch axis
+        the config's dims, without one the config's dims after the first."""
+        return {t.name: t.dims if self.max_batch_size > 0 else t.dims[1:] for t in self.inputs}
+
     def instances(self, kind: str) -> int:
         """Engine instances per device of `kind` ("cpu", "gpu", "fpga"; "" while unknown): the
         count of the first instance_group of that kind (KIND_AUTO: any kind), else 1."""

@@ -102,7 +102,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
         engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options)
-        flops = await asyncio.to_thread(count_flops, path)
+        flops = await asyncio.to_thread(count_flops, path, spec.served_dims())
 
         def worker(instances: list[Engine]) -> DeviceWorker:
             bucketed = buckets if buckets and batch_buckets.enabled(
@@ -116,7 +116,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                         engine.fix_batch_sizes(bucketed.sizes)
                     except OptionError as e:
                         raise ConfigError(f"model {name!r}: {e}") from e
-            return DeviceWorker(name, instances, self._metrics, flops.total, bucketed)
+            return DeviceWorker(name, instances, self._metrics, flops, bucketed)
 
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
         workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])

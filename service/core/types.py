@@ -26,11 +26,13 @@ class Cost:
     joules: float  # the device energy charged to it (accelerators/power/meter.py)
     source: str  # where the watts came from: a sensor's name, or `model` for an estimate
     flops: int
+    flops_partial: bool = False  # the model has ops the FLOP counter does not know
 
     def share(self, rows: int, of: int) -> Cost:
         """The part of a batch's cost that `rows` of its `of` rows caused; padding is shared by
         the rows that caused it."""
-        return Cost(self.joules * rows / of, self.source, self.flops * rows // of)
+        return Cost(self.joules * rows / of, self.source, self.flops * rows // of,
+                    self.flops_partial)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import threading
 import time
 
 from accelerators.engine import Engine
+from accelerators.flops import FlopCount
 from service import contract
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
@@ -27,7 +28,8 @@ _INLINE_S = 0.0005  # batches shorter than this run on the event loop when the d
 
 class DeviceWorker:
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
-                 flops_per_sample: int = 0, buckets: Buckets | None = None) -> None:
+                 flops: FlopCount | None = None, buckets: Buckets | None = None) -> None:
+        """`flops`: the model's count per sample; a partial one labels its FLOPs `partial`."""
         self.model = model
         self.buckets = buckets
         self.instances = len(engines)
@@ -47,12 +49,15 @@ class DeviceWorker:
             thread.start()
         labels = dict(model=model, device=self.device.name, kind=self.device.kind_label,
                       engine=self.device.engine)
+        flops = flops or FlopCount(())
         self._compute = metrics.compute_duration.labels(**labels)
         self._batch_size = metrics.batch_size.labels(**labels)
         self._inferences = metrics.inferences.labels(**labels)
-        self._flops = metrics.flops.labels(**labels)
+        self._flops = metrics.flops.labels(**labels,
+                                           count="partial" if flops.partial else "complete")
         self._padding = metrics.padding.labels(**labels)
-        self._flops_per_sample = flops_per_sample
+        self._flops_per_sample = flops.total
+        self._flops_partial = flops.partial
         self.meter = metrics.power.meter(self.device)
         self.meter.add_model(model, self.device.engine)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
@@ -149,7 +154,8 @@ class DeviceWorker:
         flops = size * self._flops_per_sample
         self._flops.inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
-        return Answer(result, self._reply_device, Cost(joules, self.meter.source.source, flops))
+        return Answer(result, self._reply_device,
+                      Cost(joules, self.meter.source.source, flops, self._flops_partial))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

@@ -114,6 +114,8 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
         parameters[contract.POWER_SOURCE_PARAMETER].string_param = cost.source
         parameters[contract.ENERGY_METHOD_PARAMETER].string_param = contract.ENERGY_METHOD
         parameters[contract.FLOPS_PARAMETER].int64_param = cost.flops
+        if cost.flops_partial:
+            parameters[contract.FLOPS_PARTIAL_PARAMETER].bool_param = True
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     for name, array in answer.outputs.items():
         tensor = response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),

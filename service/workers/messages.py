@@ -92,6 +92,7 @@ class Reply(_Message):
     joules: float
     power_source: str
     flops: int
+    flops_partial: bool
 
 
 class Failed(_Message):

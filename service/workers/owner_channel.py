@@ -187,7 +187,7 @@ class OwnerSide:
                       for name, a in zip(result.outputs, arrays)]
             cost = result.cost
             self.send(msg.Reply(request_id, result.device, places, cost.joules, cost.source,
-                                cost.flops),
+                                cost.flops, cost.flops_partial),
                       b"".join(memoryview(a).cast("B") for a in arrays))  # the one copy of them
 
     def _statistics(self, m: msg.Stats) -> None:

@@ -151,7 +151,8 @@ def _answer(reply: msg.Reply, payload: memoryview) -> Answer:
         outputs[name] = np.frombuffer(payload, dtype, size // np.dtype(dtype).itemsize,
                                       start).reshape(shape)
         start += size
-    return Answer(outputs, reply.device, Cost(reply.joules, reply.power_source, reply.flops))
+    return Answer(outputs, reply.device, Cost(reply.joules, reply.power_source, reply.flops,
+                                              reply.flops_partial))
 
 
 @dataclass

@@ -83,3 +83,34 @@ def test_a_node_whose_shapes_are_unknown_is_uncounted(tmp_path: Path) -> None:
               tmp_path / "model.onnx")
     count = count_flops(tmp_path / "model.onnx")
     assert (count.by_op(), count.uncounted) == ({"Relu": 4, "MatMul": 0}, ("MatMul",))
+
+
+def _symbolic_conv(path: Path) -> None:
+    """A Conv over (n, 3, h, w), all but the channels symbolic, as detectors export."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, "h", "w"])
+    w = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g",
+                              [x], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_symbolic_dims_are_counted_at_the_served_shape(tmp_path: Path) -> None:
+    _symbolic_conv(tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx", {"x": (3, 32, 48)})
+    assert count.total == 2 * 8 * 32 * 48 * 27 and not count.partial
+    # Left variable (-1 in the config, or no config): unknown, so partial, never negative.
+    for served in ({"x": (3, -1, -1)}, None):
+        count = count_flops(tmp_path / "model.onnx", served)
+        assert (count.total, count.uncounted, count.partial) == (0, ("Conv",), True)
+
+
+def test_a_graph_shape_inference_cannot_read_is_counted_as_far_as_it_goes(tmp_path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                               helper.make_node("Reshape", ["r", "r"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "model.onnx")  # Reshape by a float tensor: shape inference refuses
+    count = count_flops(tmp_path / "model.onnx")
+    assert count.total >= 0 and count.by_op()["Reshape"] == 0

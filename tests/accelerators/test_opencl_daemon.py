@@ -66,18 +66,24 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
             None, {"image": images})[0]
         with grpcclient.InferenceServerClient(daemon.url) as client:
             for lo, hi in ((0, 1), (1, 9), (9, 64)):
-                got = client.infer(MODEL, image_input(images[lo:hi])).as_numpy("logits")
+                mnist = client.infer(MODEL, image_input(images[lo:hi]))
+                got = mnist.as_numpy("logits")
                 assert np.abs(got - ref[lo:hi]).max() <= 1e-3 * np.abs(ref[lo:hi]).max()
                 assert (got.argmax(1) == ref[lo:hi].argmax(1)).all()
             x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
             tensor = grpcclient.InferInput("x", [2, 4], "FP32")
             tensor.set_data_from_numpy(x)
-            got = client.infer("hardmax_net", [tensor]).as_numpy("y")
-            np.testing.assert_array_equal(got, np.eye(4)[x.argmax(1)])  # on whichever device
+            reply = client.infer("hardmax_net", [tensor])
+            np.testing.assert_array_equal(reply.as_numpy("y"), np.eye(4)[x.argmax(1)])
+            # Hardmax is no op of the FLOP counter: the reply and the metric say partial.
+            assert reply.get_response().parameters["flops_partial"].bool_param
+            assert "flops_partial" not in mnist.get_response().parameters
         assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
         body = urllib.request.urlopen(daemon.metrics_url).read().decode()
         assert f'hetserve_inferences_total{{device="cpu0",engine="opencl",kind="cpu",' \
                f'model="{MODEL}"}} 64.0' in body
+        assert re.search(r'hetserve_flops_total\{count="partial",[^}]*model="hardmax_net"', body)
+        assert re.search(rf'hetserve_flops_total\{{count="complete",[^}}]*model="{MODEL}"', body)
         # The fallback, on whichever device onnxruntime finds (a GPU node's GPU).
         assert re.search(r'engine="onnxruntime",kind="\w+",model="hardmax_net"', body)
     finally:
