@@ -54,16 +54,20 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 
 
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
-                  ort_options: OrtOptions | None = None) -> Engine:
+                  ort_options: OrtOptions | None = None,
+                  served: dict[str, tuple[int, ...]] | None = None) -> Engine:
     """`ort_options`: the model's settings from its config; the OpenCL engine takes its
-    `precision` (fp16: half storage, FP32 on the wire) as ONNX Runtime does."""
+    `precision` (fp16: half storage, FP32 on the wire) as ONNX Runtime does. `served`: each
+    input's dims after the batch axis in the config, which fix the OpenCL engine's shapes
+    (ONNX Runtime takes any)."""
     if spec.engine in _REGISTERED:
         return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
     if spec.engine == "opencl":
         from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
 
         fp16 = ort_options is not None and ort_options.fp16
-        return OpenCLEngine(model_path, spec.device, precision="fp16" if fp16 else "fp32")
+        return OpenCLEngine(model_path, spec.device, precision="fp16" if fp16 else "fp32",
+                            served=served)
     index = parse_device_name(spec.device)[1] if spec.kind else 0
     if spec.kind == "gpu" and index >= (count := gpu_count()):
         raise ValueError(f"device {str(spec)!r} is not available: this node has {count} GPUs"
@@ -89,10 +93,11 @@ def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
     return specs
 
 
-def can_run(spec: DeviceSpec, model_path: Path) -> str:
+def can_run(spec: DeviceSpec, model_path: Path,
+            served: dict[str, tuple[int, ...]] | None = None) -> str:
     """"yes", or why the device cannot run the model: the check the daemon's loading does."""
     try:
-        create_engine(spec, model_path, intra_op_threads=1)
+        create_engine(spec, model_path, intra_op_threads=1, served=served)
     except Exception as e:  # engines raise their own types for models they cannot run
         return f"no: {e}"
     return "yes"

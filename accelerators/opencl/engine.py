@@ -17,7 +17,7 @@ import pyopencl as cl
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor, as_float32
-from accelerators.opencl.graph import load_graph
+from accelerators.opencl.graph import fix_input_dims, load_graph
 from accelerators.opencl.ir import Graph, UnsupportedModelError
 from accelerators.opencl.launch import Build, LocalTiling, Lowered
 from accelerators.opencl.lowering import lower
@@ -47,7 +47,8 @@ def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
                  local_tiles: bool | None = None, pipelined: bool | None = None,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", served: dict[str, tuple[int, ...]] | None = None,
+                 ) -> None:
         """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs, and
         always on FPGAs. Their tile size follows the device's limits; FPGAs, emulated or not,
         take the default tiles their binaries are built with (docs/opencl.md). `pipelined`:
@@ -55,12 +56,15 @@ class OpenCLEngine:
         -DPIPELINED (and the FPGA's channels or pipes); by default when
         $HETSERVE_OPENCL_PIPELINED is 1. `precision` "fp16": tensors and weights stored as
         halves on the device (any device), the local tiles computed in half where the device
-        has cl_khr_fp16; inputs and outputs stay FP32."""
+        has cl_khr_fp16; inputs and outputs stay FP32. `served`: each input's dims after the
+        batch axis as the model is served (config.pbtxt's), which fix the graph's symbolic
+        ones."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is unknown; expected one of "
                              f"{list(PRECISIONS)}")
         pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None else pipelined
         self.graph: Graph = load_graph(model_path)
+        fix_input_dims(self.graph, served or {})
         half = precision == "fp16"
         if half and (pipelined or any(n.op == "FakeQuant" or "quant_in" in n.attrs
                                       for n in self.graph.nodes)):

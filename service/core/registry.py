@@ -210,12 +210,13 @@ class ModelRegistry(ModelTable[LoadedModel]):
                 max(1, len(os.sched_getaffinity(0)) // count) if count > 1 else 0)
 
         guess = threads(spec.instances(device.kind))
-        first = create_engine(device, path, guess, ort_options)
+        served = spec.served_dims()
+        first = create_engine(device, path, guess, ort_options, served)
         _check_signature(spec, first)
         count = spec.instances(first.device.kind)
         # A device named without its kind ("onnxruntime") reveals the kind only now.
         engines = [first] if threads(count) == guess else []
-        return engines + [create_engine(device, path, threads(count), ort_options)
+        return engines + [create_engine(device, path, threads(count), ort_options, served)
                           for _ in range(count - len(engines))]
 
     async def close(self) -> None:

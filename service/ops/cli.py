@@ -195,18 +195,21 @@ def _fpga_build(args: argparse.Namespace) -> int:
 def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
     """device spec -> model -> "yes" or the reason it cannot run there (latest version)."""
     from accelerators.engines import can_run, device_specs
+    from service.core.model import ModelSpec
     from service.core.repository import ModelRepository
 
     repository = ModelRepository(root)
-    paths = {}
+    models: dict[str, tuple[Path, dict] | Exception] = {}
     for name in repository.names():
         try:
-            versions = repository.load(name).versions
-            paths[name] = versions[max(versions)]
+            entry = repository.load(name)
+            version = max(entry.versions)
+            models[name] = (entry.versions[version],
+                            ModelSpec.from_config(entry.config, version).served_dims())
         except Exception as e:  # a broken config is reported, not fatal
-            paths[name] = e
-    return {str(spec): {name: f"no: {p}" if isinstance(p, Exception) else can_run(spec, p)
-                        for name, p in paths.items()}
+            models[name] = e
+    return {str(spec): {name: f"no: {m}" if isinstance(m, Exception) else can_run(spec, *m)
+                        for name, m in models.items()}
             for spec in device_specs(found)}
 
 

@@ -88,3 +88,42 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
         assert re.search(r'engine="onnxruntime",kind="\w+",model="hardmax_net"', body)
     finally:
         assert daemon.stop() == 0
+
+
+def test_symbolic_dims_are_served_at_the_configs_sizes_or_by_the_next_device(tmp_path) -> None:
+    """A model with symbolic spatial dims (as detectors export) under two configs: fixed sizes,
+    which the OpenCL engine plans; variable ones (-1, as Triton allows), which it refuses at load
+    naming the dim, leaving ONNX Runtime to serve any size. `hetserve devices --models` gives the
+    same verdicts before start-up."""
+    from tests.accelerators.test_opencl_engine import _symbolic_conv
+    repo = tmp_path / "models"
+    for name, dims in (("conv_fixed", "3, 10, 12"), ("conv_any", "3, -1, -1")):
+        (repo / name / "1").mkdir(parents=True)
+        _symbolic_conv(repo / name / "1" / "model.onnx")
+        out = dims.replace("3,", "4,", 1)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+            f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+            f'output [ {{ name: "y" data_type: TYPE_FP32 dims: [ {out} ] }} ]\n'
+            + DEVICES.replace("opencl:cpu0, onnxruntime", "opencl:cpu0, onnxruntime:cpu0"))
+    listed = json.loads(subprocess.run(
+        [sys.executable, "-m", "service", "devices", "--json", "--models", str(repo)],
+        capture_output=True, text=True, check=True).stdout)["models"]
+    assert listed["opencl:cpu0"]["conv_fixed"] == "yes"
+    assert "input 'x': dim 2 is variable" in listed["opencl:cpu0"]["conv_any"]
+    daemon = Daemon(tmp_path, repo)
+    try:
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            devices = {name: client.get_model_config(name).config.parameters[
+                "devices"].string_value for name in ("conv_fixed", "conv_any")}
+            for name, size in (("conv_fixed", (10, 12)), ("conv_any", (7, 9)),
+                               ("conv_any", (16, 5))):
+                tensor = grpcclient.InferInput("x", [1, 3, *size], "FP32")
+                tensor.set_data_from_numpy(np.ones((1, 3, *size), np.float32))
+                assert client.infer(name, [tensor]).as_numpy("y").shape == (1, 4, *size)
+    finally:
+        assert daemon.stop() == 0
+    assert devices == {"conv_fixed": "opencl:cpu0, onnxruntime:cpu0",
+                       "conv_any": "onnxruntime:cpu0"}
+    log = (tmp_path / "daemon.log").read_text()
+    assert "'conv_any' version 1 cannot run on opencl:cpu0" in log

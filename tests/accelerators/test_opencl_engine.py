@@ -3,11 +3,14 @@ device choice."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pyopencl as cl
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from accelerators.engines import DeviceSpec, create_engine
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
@@ -132,3 +135,31 @@ def test_tiles_are_built_for_the_device(engine_for, opencl_device) -> None:
     expected = LocalTiling() if on_fpga(opencl_device) else LocalTiling.for_device(
         dev.max_work_group_size, dev.local_mem_size)  # FPGA binaries' tiles
     assert engine.build.tiling == expected
+
+
+def _symbolic_conv(path: Path) -> onnx.ModelProto:
+    """A Conv over (n, 3, h, w), all but the channels symbolic, as detectors export."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, "h", "w"])
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g", [x], [y], [w]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return model
+
+
+def test_symbolic_dims_take_the_served_sizes_or_are_refused_by_name(
+        tmp_path, opencl_device, program_cache) -> None:
+    model = _symbolic_conv(tmp_path / "conv.onnx")
+    engine = OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache,
+                          served={"x": (3, 10, 12)})
+    assert engine.inputs[0].shape == (-1, 3, 10, 12)
+    x = np.random.default_rng(1).standard_normal((2, 3, 10, 12)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(engine.run({"x": x}, ["y"])["y"], ref, rtol=1e-4, atol=1e-4)
+    for served in ({"x": (3, 10, -1)}, None):
+        with pytest.raises(UnsupportedModelError, match=r"input 'x': dim (2|3) is variable"):
+            OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache, served=served)
