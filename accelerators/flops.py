@@ -7,7 +7,9 @@ How operations are counted (the figure GFLOP/s per watt is built on):
   pooling one per input element;
 - elementwise operators (Add, Sub, Mul, Div, Relu, Sigmoid, Clip, ...): one per output element;
   BatchNormalization two (a scale and a shift once folded); Softmax three (exp, sum, divide);
-- data movement (Reshape, Flatten, Transpose, Concat, Constant, ...) is free.
+  LRN 2 × size + 3 (the window's squares summed, then scale, power and divide);
+- data movement and constants (Reshape, Flatten, Transpose, Concat, Constant, ConstantOfShape,
+  ...) are free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
 guessed, and the count is then partial. Shapes come from ONNX shape inference at the served
 shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
@@ -36,7 +38,8 @@ POOLS = frozenset(("MaxPool", "AveragePool", "LpPool"))
 GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
 FREE = frozenset((
     "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
-    "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand"))
+    "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand",
+    "ConstantOfShape"))
 
 
 @dataclass(frozen=True)
@@ -140,4 +143,6 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
         return outputs
     if op in PER_ELEMENT:
         return PER_ELEMENT[op] * outputs
+    if op == "LRN":
+        return (2 * attrs["size"] + 3) * outputs
     return None
