@@ -2,12 +2,23 @@
 
 How operations are counted (the figure GFLOP/s per watt is built on):
 - one multiply-add is two FLOPs: Conv is 2 × outputs × (input channels / group) × kernel area,
-  Gemm 2·M·N·K, MatMul 2 × outputs × K; a bias adds one FLOP per output;
+  ConvTranspose 2 × inputs × (output channels / group) × kernel area (each input scatters
+  into a window), Gemm 2·M·N·K, MatMul 2 × outputs × K, Einsum 2 × outputs × the summed
+  letters' sizes; a bias adds one FLOP per output. Integer ops (ConvInteger, MatMulInteger,
+  QLinearConv, QLinearMatMul) count their multiply-adds the same way: operations, not only
+  floating-point ones;
 - pooling: one FLOP per window element per output (MaxPool compares, AveragePool adds); global
   pooling one per input element;
 - elementwise operators (Add, Sub, Mul, Div, Relu, Sigmoid, Clip, ...): one per output element;
   BatchNormalization two (a scale and a shift once folded); Softmax three (exp, sum, divide);
   LRN 2 × size + 3 (the window's squares summed, then scale, power and divide);
+  LayerNormalization, InstanceNormalization and GroupNormalization eight per element (mean,
+  then subtract, square and sum for the variance, normalize, scale and shift); QuantizeLinear
+  and DequantizeLinear one;
+- reductions (ReduceSum, ReduceMean, ReduceMax, ..., ArgMax, ArgMin): one per input element,
+  two for ReduceL2 and ReduceSumSquare (square and add);
+- Resize: nearest is data movement; linear 2 × 2^k and cubic 2 × 4^k per output, k the
+  resized axes (the taps' weighted sum);
 - data movement and constants (Reshape, Flatten, Transpose, Concat, Constant, ConstantOfShape,
   ...) are free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
@@ -32,14 +43,24 @@ log = logging.getLogger(__name__)
 ELEMENTWISE = frozenset((
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Neg", "Abs", "Sqrt",
     "Reciprocal", "Exp", "Log", "Erf", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Sigmoid",
-    "HardSigmoid", "HardSwish", "Softplus", "Tanh", "Clip"))
-PER_ELEMENT = {"BatchNormalization": 2, "Softmax": 3, "LogSoftmax": 3}
+    "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Tanh", "Clip", "Gelu", "Mish", "Celu",
+    "ThresholdedRelu", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Mod", "Where",
+    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not"))
+PER_ELEMENT = {"BatchNormalization": 2, "Softmax": 3, "LogSoftmax": 3,
+               "LayerNormalization": 8, "InstanceNormalization": 8, "GroupNormalization": 8,
+               "QuantizeLinear": 1, "DequantizeLinear": 1}
+PER_INPUT = {"ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "ReduceMin": 1, "ReduceProd": 1,
+             "ReduceL1": 2, "ReduceL2": 2, "ReduceSumSquare": 2, "ReduceLogSum": 1,
+             "ReduceLogSumExp": 2, "ArgMax": 1, "ArgMin": 1}
+MULTIPLY_ADDS = frozenset(("Conv", "ConvInteger", "QLinearConv"))
+MATMULS = frozenset(("MatMul", "MatMulInteger", "QLinearMatMul"))
 POOLS = frozenset(("MaxPool", "AveragePool", "LpPool"))
 GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
 FREE = frozenset((
     "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
     "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand",
-    "ConstantOfShape"))
+    "ConstantOfShape", "Tile", "GatherElements", "GatherND", "ScatterND", "ScatterElements",
+    "DepthToSpace", "SpaceToDepth", "Range", "Size", "NonZero", "Upsample", "CastLike"))
 
 
 @dataclass(frozen=True)
@@ -126,15 +147,30 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
         return None
     outputs = math.prod(out)
     has_bias = len(node.input) > 2 and bool(node.input[2])
-    if op == "Conv":
-        weight = shapes[node.input[1]]  # [Cout, Cin/group, *kernel]
-        return 2 * outputs * math.prod(weight[1:]) + (outputs if has_bias else 0)
+    if op in MULTIPLY_ADDS:
+        weight = shapes[node.input[3 if op == "QLinearConv" else 1]]  # [Cout, Cin/group, *k]
+        bias = len(node.input) > 8 and bool(node.input[8]) if op == "QLinearConv" else has_bias
+        return 2 * outputs * math.prod(weight[1:]) + (outputs if bias else 0)
+    if op == "ConvTranspose":
+        weight = shapes[node.input[1]]  # [Cin, Cout/group, *kernel]
+        inputs = math.prod(shapes[node.input[0]])
+        return 2 * inputs * math.prod(weight[1:]) + (outputs if has_bias else 0)
     if op == "Gemm":
         a = shapes[node.input[0]]
         k = a[0] if attrs.get("transA", 0) else a[1]
         return 2 * outputs * k + (outputs if has_bias else 0)
-    if op == "MatMul":
+    if op in MATMULS:
         return 2 * outputs * shapes[node.input[0]][-1]
+    if op == "Einsum":
+        return 2 * outputs * _summed(attrs["equation"], [shapes[i] for i in node.input])
+    if op in PER_INPUT:
+        return PER_INPUT[op] * math.prod(shapes[node.input[0]])
+    if op == "Resize":
+        mode = attrs.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        resized = sum(a != b for a, b in zip(shapes[node.input[0]], out))
+        return 0 if mode == "nearest" else 2 * (2 if mode == "linear" else 4) ** resized * \
+            outputs
     if op in POOLS:
         return outputs * math.prod(attrs["kernel_shape"])
     if op in GLOBAL_POOLS:
@@ -146,3 +182,18 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
     if op == "LRN":
         return (2 * attrs["size"] + 3) * outputs
     return None
+
+
+def _summed(equation: str | bytes, operands: list[tuple[int, ...]]) -> int:
+    """The product of the sizes of an Einsum's summed letters (in an input, not the output)."""
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    inputs, arrow, output = equation.replace(" ", "").partition("->")
+    if not arrow:  # implicit: the output is the letters that appear once
+        output = "".join(c for c in inputs if c.isalpha() and inputs.count(c) == 1)
+    sizes: dict[str, int] = {}
+    for letters, shape in zip(inputs.split(","), operands):
+        if "." in letters:  # broadcast ellipses: not counted
+            raise KeyError(letters)
+        sizes.update(zip(letters, shape))
+    return math.prod(size for letter, size in sizes.items() if letter not in output)

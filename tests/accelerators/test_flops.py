@@ -114,3 +114,33 @@ def test_a_graph_shape_inference_cannot_read_is_counted_as_far_as_it_goes(tmp_pa
               tmp_path / "model.onnx")  # Reshape by a float tensor: shape inference refuses
     count = count_flops(tmp_path / "model.onnx")
     assert count.total >= 0 and count.by_op()["Reshape"] == 0
+
+
+def test_decoder_attention_normalization_and_reduction_ops_match_a_hand_count(tmp_path) -> None:
+    """ConvTranspose (a decoder's upsampling), Resize, an attention product as Einsum,
+    LayerNormalization, ReduceMean and ReduceL2, at the served shape."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    consts = {"wt": np.ones((4, 2, 3, 3), np.float32), "scale": np.ones(16, np.float32),
+              "roi": np.zeros(0, np.float32), "up": np.array([1, 1, 2, 2], np.float32)}
+    nodes = [
+        # (n, 4, 8, 8) -> (n, 2, 16, 16): each of 4 * 8 * 8 inputs into 2 * 3 * 3 outputs
+        helper.make_node("ConvTranspose", ["x", "wt"], ["d"], strides=[2, 2], pads=[1, 1, 0, 0]),
+        helper.make_node("Resize", ["d", "roi", "up"], ["r"], mode="linear"),  # (n, 2, 32, 32)
+        helper.make_node("ReduceMean", ["r"], ["m"], axes=[3], keepdims=0),     # (n, 2, 32)
+        helper.make_node("Reshape", ["m", "shape"], ["t"]),                     # (n, 4, 16)
+        helper.make_node("Einsum", ["t", "t"], ["s"], equation="bid,bjd->bij"),  # (n, 4, 4)
+        helper.make_node("ReduceL2", ["t"], ["l"], axes=[1], keepdims=0),        # (n, 16)
+        helper.make_node("LayerNormalization", ["l", "scale"], ["y"], axis=-1),
+        helper.make_node("TopK", ["s", "k"], ["v", "i"], axis=-1)]               # uncounted
+    consts |= {"shape": np.array([1, 4, 16], np.int64), "k": np.array([2], np.int64)}
+    graph = helper.make_graph(nodes, "g", [x], [y], [numpy_helper.from_array(v, k)
+                                                      for k, v in consts.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx", {"x": (4, 8, 8)})
+    assert count.by_op() == {
+        "ConvTranspose": 2 * (4 * 8 * 8) * (2 * 3 * 3), "Resize": 2 * 4 * (2 * 32 * 32),
+        "ReduceMean": 2 * 32 * 32, "Reshape": 0, "Einsum": 2 * (4 * 4) * 16,
+        "ReduceL2": 2 * 4 * 16, "LayerNormalization": 8 * 16, "TopK": 0}
+    assert count.uncounted == ("TopK",) and count.partial
