@@ -69,3 +69,40 @@ void conv_depthwise(__global const DATA* x, __global const DATA* wt,
     }
     STORE_DATA(activate(acc, act, a, b), out, nc * oh * ow + p);
 }
+
+// ConvTranspose (a decoder's upsampling) gathered per output pixel: each work-item sums, over
+// its group's input channels and the kernel taps whose stride grid lands on its pixel, input x
+// weight, then bias and a fused activation. Weights as ONNX stores them, (C_in, C_out / group,
+// kh, kw); pads are the output's crop at the start (ph, pw). Every stride, dilation, group and
+// output padding: the caller sizes the output (oh, ow). A 1-D one runs with h = kh = 1.
+__kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
+void conv_transpose(__global const DATA* x, __global const DATA* wt,
+                    __global const DATA* bias, __global DATA* out, const int c_in,
+                    const int c_out, const int groups, const int h, const int w, const int oh,
+                    const int ow, const int kh, const int kw, const int sh, const int sw,
+                    const int ph, const int pw, const int dh, const int dw, const int has_bias,
+                    const int act, const float a, const float b) {
+    const int p = get_global_id(0), nc = get_global_id(1);
+    if (p >= oh * ow) return;
+    const int oc = nc % c_out, n = nc / c_out;
+    const int cg_in = c_in / groups, cg_out = c_out / groups;
+    const int g = oc / cg_out, m = oc % cg_out;
+    const int oy = p / ow, ox = p % ow;
+    float acc = has_bias ? LOAD_DATA(bias, oc) : 0.0f;
+    for (int c = 0; c < cg_in; ++c) {
+        const int ic = g * cg_in + c;
+        __global const DATA* plane = x + (n * c_in + ic) * h * w;
+        __global const DATA* k = wt + (ic * cg_out + m) * kh * kw;
+        for (int ky = 0; ky < kh; ++ky) {
+            const int ty = oy + ph - ky * dh;
+            if (ty < 0 || ty % sh != 0 || ty / sh >= h) continue;
+            for (int kx = 0; kx < kw; ++kx) {
+                const int tx = ox + pw - kx * dw;
+                if (tx < 0 || tx % sw != 0 || tx / sw >= w) continue;
+                acc = fma(LOAD_DATA(k, ky * kw + kx), LOAD_DATA(plane, ty / sh * w + tx / sw),
+                          acc);
+            }
+        }
+    }
+    STORE_DATA(activate(acc, act, a, b), out, nc * oh * ow + p);
+}

@@ -24,8 +24,8 @@ from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Silu",
                "Gelu"}
 # Ops an activation that follows them is fused into.
-FUSING = {"Conv", "Gemm", "MatMul", "Add", "BatchNormalization", "LayerNormalization",
-          "InstanceNormalization", "GroupNormalization"}
+FUSING = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "BatchNormalization",
+          "LayerNormalization", "InstanceNormalization", "GroupNormalization"}
 _DROPPED = {"Dropout", "Identity"}
 
 

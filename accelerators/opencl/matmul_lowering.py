@@ -73,6 +73,46 @@ class MatMulLowering:
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (n, oc, oh, ow))
         return out, [cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw]
 
+    def _convtranspose(self, node: Node, args: list) -> None:
+        """1-D and 2-D, constant weights; output_shape or pads, auto_pad, output_padding."""
+        x, w, a = args[0], args[1], node.attrs
+        if not isinstance(w, np.ndarray) or w.ndim != len(x.shape) or w.ndim not in (3, 4):
+            raise UnsupportedModelError(f"ConvTranspose node {node.name!r}: only 1-D and 2-D "
+                                        f"with constant weights are supported")
+        one_d = w.ndim == 3
+        if one_d:  # as 2-D of height 1
+            x, w = Dyn((*x.shape[:2], 1, x.shape[2]), x.storage), w[:, :, None, :]
+            height = {"pads": lambda v: [0, v[0], 0, v[1]], "output_padding": lambda v: [0, *v]}
+            a = {k: height.get(k, lambda v: [1, *v])(v) if isinstance(v, list) else v
+                 for k, v in a.items()}
+        n, c_in, h, wd = x.shape
+        groups, kernel = a.get("group", 1), w.shape[2:]
+        c_out = w.shape[1] * groups
+        strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+        extra, pads = a.get("output_padding", [0, 0]), a.get("pads", [0, 0, 0, 0])
+        full = [s * (i - 1) + e + (k - 1) * d + 1 for s, i, e, k, d in
+                zip(strides, (h, wd), extra, kernel, dilations)]
+        shape = a.get("output_shape") or (
+            [i * s for i, s in zip((h, wd), strides)]
+            if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") else None)
+        if shape is not None:  # the pads follow from the asked size (ONNX's rule): SAME_UPPER
+            total = [f - o for f, o in zip(full, shape[-2:])]  # crops less at the start
+            upper = a.get("auto_pad", "NOTSET") == "SAME_UPPER"
+            pads = [t // 2 if upper else t - t // 2 for t in total] + [
+                t - t // 2 if upper else t // 2 for t in total]
+        out_hw = [f - pads[i] - pads[i + 2] for i, f in enumerate(full)]
+        out = self._new(node.outputs[0], (n, c_out, *out_hw))
+        self.values[node.outputs[0]] = Dyn((n, c_out, out_hw[1]) if one_d else out.shape,
+                                           out.storage)
+        weights = self._ref(w, node.inputs[1])
+        has_bias = len(args) > 2 and args[2] is not None
+        bias = self._ref(args[2], node.inputs[2]) if has_bias else weights
+        self._emit(node, "conv_transpose", (out_hw[0] * out_hw[1], n * c_out), [
+            Ref(x.storage), weights, bias, Ref(out.storage),
+            *ints(c_in, c_out, groups, h, wd, *out_hw, *kernel, *strides, pads[0], pads[1],
+                  *dilations, has_bias), *activation_args(node, self.values)],
+            2 * n * c_in * h * wd * w.shape[1] * kernel[0] * kernel[1])
+
     def _conv(self, node: Node, args: list) -> None:
         if len(args[0].shape) == 3 and isinstance(args[1], np.ndarray) and args[1].ndim == 3:
             self._conv1d(node, args)

@@ -124,6 +124,8 @@ OTHERS = [
                                            "var": (3,)}, {}),
     ("LayerNormalization", [(2, 5, 24)], {"scale": (24,), "bias": (24,)}, {}),
     ("InstanceNormalization", [(2, 3, 5, 5)], {"scale": (3,), "bias": (3,)}, {}),
+    ("ConvTranspose", [(1, 4, 5, 5)], {"w": (4, 3, 3, 3), "b": (3,)},
+     {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
 ]
 
 
