@@ -24,14 +24,17 @@ How operations are counted (the figure GFLOP/s per watt is built on):
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
 guessed, and the count is then partial. Shapes come from ONNX shape inference at the served
 shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
-model's config.pbtxt dims where it fixes them (-1 there leaves them unknown). A count is never
-negative and never raises: a graph shape inference cannot read is counted as far as it goes.
+model's config.pbtxt dims where it fixes them; where the config leaves a dim variable (-1), a
+FlopCounter counts each request shape that comes (cached). A count is never negative and never
+raises: a graph shape inference cannot read is counted as far as it goes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,10 +124,37 @@ def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = No
             uncounted.add(node.op_type)
             flops = 0
         nodes.append(NodeFlops(node.name or node.output[0], node.op_type, flops))
-    if uncounted:
-        log.warning("%s: FLOPs of %s are not counted; the count is partial", path,
-                    sorted(uncounted))
     return FlopCount(tuple(nodes), tuple(sorted(uncounted)))
+
+
+class FlopCounter:
+    """A served model's FLOPs per sample: counted once where config.pbtxt fixes every dim, else
+    per distinct request shape (the last SHAPES kept). Each op type the count leaves out is
+    named once in the log."""
+
+    SHAPES = 64
+
+    def __init__(self, path: Path | str, served: dict[str, tuple[int, ...]]) -> None:
+        self._path = path
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+        self._variable = any(d == -1 for dims in served.values() for d in dims)
+        self._at = functools.lru_cache(maxsize=self.SHAPES)(self._count)
+        self.served = self._count(tuple(sorted(served.items())))
+
+    def per_sample(self, shapes: dict[str, tuple[int, ...]]) -> FlopCount:
+        """At a request's per-sample input shapes (used only where some dim is variable)."""
+        return self._at(tuple(sorted(shapes.items()))) if self._variable else self.served
+
+    def _count(self, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> FlopCount:
+        count = count_flops(self._path, dict(shapes))
+        with self._lock:
+            new = set(count.uncounted) - self._named
+            self._named |= new
+        if new:
+            log.warning("%s: FLOPs of %s are not counted; the count is partial", self._path,
+                        sorted(new))
+        return count
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:

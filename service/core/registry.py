@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from accelerators.devices import gpu_count, gpu_memory_used
 from accelerators.engine import Engine, PlansPerShape
 from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
-from accelerators.flops import count_flops
+from accelerators.flops import FlopCounter
 from accelerators.onnxruntime_options import OptionError, OrtOptions
 from service import contract
 from service.core import buckets as batch_buckets
@@ -102,7 +102,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
         engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options)
-        flops = await asyncio.to_thread(count_flops, path, spec.served_dims())
+        flops = await asyncio.to_thread(FlopCounter, path, spec.served_dims())
 
         def worker(instances: list[Engine]) -> DeviceWorker:
             bucketed = buckets if buckets and batch_buckets.enabled(

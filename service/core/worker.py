@@ -13,7 +13,7 @@ import threading
 import time
 
 from accelerators.engine import Engine
-from accelerators.flops import FlopCount
+from accelerators.flops import FlopCounter
 from service import contract
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
@@ -28,7 +28,7 @@ _INLINE_S = 0.0005  # batches shorter than this run on the event loop when the d
 
 class DeviceWorker:
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
-                 flops: FlopCount | None = None, buckets: Buckets | None = None) -> None:
+                 flops: FlopCounter | None = None, buckets: Buckets | None = None) -> None:
         """`flops`: the model's count per sample; a partial one labels its FLOPs `partial`."""
         self.model = model
         self.buckets = buckets
@@ -49,15 +49,18 @@ class DeviceWorker:
             thread.start()
         labels = dict(model=model, device=self.device.name, kind=self.device.kind_label,
                       engine=self.device.engine)
-        flops = flops or FlopCount(())
+
         self._compute = metrics.compute_duration.labels(**labels)
         self._batch_size = metrics.batch_size.labels(**labels)
         self._inferences = metrics.inferences.labels(**labels)
-        self._flops = metrics.flops.labels(**labels,
-                                           count="partial" if flops.partial else "complete")
+        # One series per kind of count: the served shape's from the start, the other only once
+        # a request shape (of a variable dim) makes one.
+        self._flop_series = lambda partial: metrics.flops.labels(
+            **labels, count="partial" if partial else "complete")
+        served = flops is not None and flops.served.partial
+        self._flops = {served: self._flop_series(served)}
         self._padding = metrics.padding.labels(**labels)
-        self._flops_per_sample = flops.total
-        self._flops_partial = flops.partial
+        self._flop_counter = flops
         self.meter = metrics.power.meter(self.device)
         self.meter.add_model(model, self.device.engine)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
@@ -151,11 +154,16 @@ class DeviceWorker:
         self._compute.observe(busy_s)
         self._batch_size.observe(size)
         self._inferences.inc(size)
-        flops = size * self._flops_per_sample
-        self._flops.inc(flops)
+        count = self._flop_counter.per_sample({n: a.shape[1:] for n, a in inputs.items()}) \
+            if self._flop_counter else None
+        flops = size * count.total if count else 0
+        partial = count is not None and count.partial
+        if partial not in self._flops:
+            self._flops[partial] = self._flop_series(partial)
+        self._flops[partial].inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
         return Answer(result, self._reply_device,
-                      Cost(joules, self.meter.source.source, flops, self._flops_partial))
+                      Cost(joules, self.meter.source.source, flops, partial))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

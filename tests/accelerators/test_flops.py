@@ -144,3 +144,17 @@ def test_decoder_attention_normalization_and_reduction_ops_match_a_hand_count(tm
         "ReduceMean": 2 * 32 * 32, "Reshape": 0, "Einsum": 2 * (4 * 4) * 16,
         "ReduceL2": 2 * 4 * 16, "LayerNormalization": 8 * 16, "TopK": 0}
     assert count.uncounted == ("TopK",) and count.partial
+
+
+def test_variable_dims_are_counted_per_request_shape_and_named_once(tmp_path, caplog) -> None:
+    from accelerators.flops import FlopCounter
+    _symbolic_conv(tmp_path / "model.onnx")
+    counter = FlopCounter(tmp_path / "model.onnx", {"x": (3, -1, -1)})
+    assert counter.served.partial  # no size to count at before a request comes
+    for h, w in ((32, 48), (7, 9), (32, 48)):
+        count = counter.per_sample({"x": (3, h, w)})
+        assert count.total == 2 * 8 * h * w * 27 and not count.partial
+    assert counter._at.cache_info().misses == 2  # each shape counted once
+    fixed = FlopCounter(tmp_path / "model.onnx", {"x": (3, 4, 4)})
+    assert fixed.per_sample({"x": (3, 9, 9)}) is fixed.served  # fixed dims: the served count
+    assert caplog.text.count("FLOPs of ['Conv'] are not counted") == 1

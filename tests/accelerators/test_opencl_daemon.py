@@ -120,7 +120,12 @@ def test_symbolic_dims_are_served_at_the_configs_sizes_or_by_the_next_device(tmp
                                ("conv_any", (16, 5))):
                 tensor = grpcclient.InferInput("x", [1, 3, *size], "FP32")
                 tensor.set_data_from_numpy(np.ones((1, 3, *size), np.float32))
-                assert client.infer(name, [tensor]).as_numpy("y").shape == (1, 4, *size)
+                reply = client.infer(name, [tensor])
+                assert reply.as_numpy("y").shape == (1, 4, *size)
+                # FLOPs at this request's shape (variable dims: counted per shape)
+                parameters = reply.get_response().parameters
+                assert parameters["flops"].int64_param == 2 * 4 * size[0] * size[1] * 27
+                assert "flops_partial" not in parameters
     finally:
         assert daemon.stop() == 0
     assert devices == {"conv_fixed": "opencl:cpu0, onnxruntime:cpu0",
