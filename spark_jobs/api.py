@@ -38,7 +38,7 @@ from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
 from spark_jobs.pandas_scoring import score_frames
-from spark_jobs.scoring import ScoreOptions, locate, output_schema, softmax
+from spark_jobs.scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
 
 log = logging.getLogger(__name__)
 __all__ = ["PREDICT_RETURN_TYPE", "Credentials", "image_columns", "make_predict_fn",
@@ -67,7 +67,8 @@ def score_options(spark: SparkSession, model: str, *, address: str | None = None
     """Reads the model's interface through the driver's daemon; `options` are ScoreOptions'
     (batch_size, inflight, priority, top_k, keep_errors, images, retry, energy: an
     accumulator from spark_jobs.energy.meter that sums what the replies say the rows cost,
-    energy_column: each row's share of the joules in `energy_joules`)."""
+    energy_column: each row's share of the joules in `energy_joules`, output_mode: "labels"
+    or "raw", every output tensor as an array column)."""
     daemon = node_daemon(spark, address, model_repository)
     interface = ModelInterface.fetch(locate(daemon, credentials), model, credentials)
     return ScoreOptions(daemon, interface, credentials=credentials, **options)
@@ -149,7 +150,8 @@ def score_with(frame: DataFrame, options: ScoreOptions, profile: object | None =
     if options.images and "image" in frame.columns:
         frame = image_columns(frame)
     schema = output_schema(frame.schema["id"].dataType.simpleString(), options.keep_errors,
-                           options.energy_column)
+                           options.energy_column,
+                           raw_columns(options.model) if options.raw else None)
     scorer = functools.partial(score_frames if pandas else score_batches, options=options)
     mapper = frame.mapInPandas if pandas else frame.mapInArrow
     return mapper(scorer, schema, profile=profile) if profile is not None \

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from service import contract
 from spark_jobs.client import Inference, ModelInterface
 from spark_jobs.images import decode_image
-from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, top_k
+from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
@@ -84,21 +84,29 @@ def decode_images(batch: pa.RecordBatch, model: ModelInterface
 
 def output_batch(batch: pa.RecordBatch, result: Inference, good: np.ndarray,
                  errors: dict[int, str], k: int, keep_errors: bool = False,
-                 energy_column: bool = False) -> pa.RecordBatch:
-    """The scored rows as output_schema says, with nulls in the malformed rows' places."""
-    top, scores = top_k(result, int(good.sum()), k)
-    k = top.shape[1]  # the classes there are, where fewer than asked
+                 energy_column: bool = False,
+                 raw: tuple[tuple[str, str, tuple[int, ...]], ...] = ()) -> pa.RecordBatch:
+    """The scored rows as output_schema says, with nulls in the malformed rows' places: the
+    label and top-k classes, or with `raw` (the model's outputs) each output's values."""
     missing = pa.array(~good) if errors else None
-    offsets = pa.array(np.concatenate([[0], np.cumsum(good * k)]).astype(np.int32))
-    label = np.zeros(batch.num_rows, np.int32)
-    label[good] = top[:, 0]
+
+    def lists(values: np.ndarray) -> pa.ListArray:  # (good rows, n) into a list per row
+        offsets = np.concatenate([[0], np.cumsum(good * values.shape[1])]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), values.reshape(-1), mask=missing)
+
+    columns: dict[str, pa.Array] = {"id": batch.column("id")}
+    if raw:
+        columns |= {name: lists(raw_values(result, name, datatype))
+                    for name, datatype, _ in raw}
+    else:
+        top, scores = top_k(result, int(good.sum()), k)
+        label = np.zeros(batch.num_rows, np.int32)
+        label[good] = top[:, 0]
+        columns |= {"label": pa.array(label, mask=~good if errors else None),
+                    "top_labels": lists(top), "top_scores": lists(scores)}
     device = np.full(batch.num_rows, None, object)
     device[good] = result.devices
-    columns = {
-        "id": batch.column("id"),
-        "label": pa.array(label, mask=~good if errors else None),
-        "top_labels": pa.ListArray.from_arrays(offsets, top.reshape(-1), mask=missing),
-        "top_scores": pa.ListArray.from_arrays(offsets, scores.reshape(-1), mask=missing),
+    columns |= {
         "device": pa.array(device, pa.string()),
         "model_version": pa.array([result.model_version or None] * batch.num_rows,
                                   pa.string())}
@@ -139,4 +147,4 @@ def _finish(batch: pa.RecordBatch, good: np.ndarray, errors: dict[int, str], cal
     result = call.result()
     options.account(result)
     return output_batch(batch, result, good, errors, options.top_k, options.keep_errors,
-                        options.energy_column)
+                        options.energy_column, options.model.outputs if options.raw else ())

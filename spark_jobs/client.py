@@ -88,6 +88,8 @@ class ModelInterface:
     # The output's, as replies must carry it (None, in an interface built by hand: unchecked).
     output_datatype: str | None = None
     output_dims: tuple[int, ...] | None = None  # one sample's shape, -1 for any size
+    # Every output of the config, (name, datatype, one sample's dims), for the raw output mode.
+    outputs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     @classmethod
     def fetch(cls, address: str, model: str,
@@ -108,7 +110,9 @@ class ModelInterface:
                    tuple(tensor.dims), output.name, config.max_batch_size,
                    config.dynamic_batching.priority_levels, image,
                    tuple(config.dynamic_batching.preferred_batch_size),
-                   contract.wire_from_config(output.data_type), tuple(output.dims))
+                   contract.wire_from_config(output.data_type), tuple(output.dims),
+                   tuple((o.name, contract.wire_from_config(o.data_type), tuple(o.dims))
+                         for o in config.output))
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -152,10 +156,11 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Inference:
-    logits: np.ndarray
+    logits: np.ndarray  # the model's first output (its configured output_name)
     model_version: str
     devices: np.ndarray  # per sample (object): where it ran (None from servers that do not say)
     costs: tuple[Cost, ...] = ()  # per request, in the samples' order (none: no daemon's)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # every output asked for
 
     @property
     def joules(self) -> np.ndarray:
@@ -206,12 +211,15 @@ def _spread(address: str) -> list[str]:
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int | None,
           inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
           recover: Callable[[], str] | None = None,
-          credentials: Credentials = NO_CREDENTIALS) -> Inference:
+          credentials: Credentials = NO_CREDENTIALS, every_output: bool = False) -> Inference:
     """Runs `samples` (N, *dims) through the daemon in requests of model.request_batch(
-    batch_size) samples, `inflight` at a time. `recover`, called before a retry of an
-    UNAVAILABLE request, returns the address to use then (restarting the node's daemon where
-    the job manages it); where it fails, DaemonUnavailableError says why. A reply that does not
-    match the model's config and its request is a ReplyMismatchError."""
+    batch_size) samples, `inflight` at a time, asking for the model's output (every output
+    of its config with `every_output`). `recover`, called before a retry of an UNAVAILABLE
+    request, returns the address to use then (restarting the node's daemon where the job
+    manages it); where it fails, DaemonUnavailableError says why. A reply that does not match
+    the model's config and its request is a ReplyMismatchError."""
+    wanted = model.outputs if every_output and model.outputs else (
+        (model.output_name, model.output_datatype, model.output_dims),)
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
@@ -226,7 +234,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
             tensor.set_shared_memory(region[0], chunk.nbytes, offset=start * sample_bytes)
         else:
             tensor.set_data_from_numpy(chunk)
-        outputs = [grpcclient.InferRequestedOutput(model.output_name)]
+        outputs = [grpcclient.InferRequestedOutput(name) for name, _, _ in wanted]
         target = targets[start // step % len(targets)]
         for attempt in range(retry.attempts):
             connection = _client(target, credentials)
@@ -253,28 +261,31 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     with staging.staged(_client(address, credentials), address, samples) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, starts))
-    logits = [_output(model, r, min(step, len(samples) - s)) for s, r in zip(starts, results)]
+    rows = [min(step, len(samples) - s) for s in starts]
+    arrays = {spec[0]: [_output(model, r, n, *spec) for r, n in zip(results, rows)]
+              for spec in wanted}
     replies = [r.get_response() for r in results]
-    costs = tuple(Cost.of(reply, len(out)) for reply, out in zip(replies, logits))
-    return Inference(np.concatenate(logits) if logits else np.empty((0,), np.float32),
-                     replies[-1].model_version if replies else "",
+    costs = tuple(Cost.of(reply, n) for reply, n in zip(replies, rows))
+    outputs = {name: np.concatenate(parts) if parts else np.empty((0,), np.float32)
+               for name, parts in arrays.items()}
+    return Inference(outputs[wanted[0][0]], replies[-1].model_version if replies else "",
                      np.repeat(np.array([c.device for c in costs], object),
-                               [c.rows for c in costs]), costs)
+                               [c.rows for c in costs]), costs, outputs)
 
 
-def _output(model: ModelInterface, result: grpcclient.InferResult, rows: int) -> np.ndarray:
-    """The model's output in a reply to `rows` samples, once it has the configured name and
+def _output(model: ModelInterface, result: grpcclient.InferResult, rows: int, name: str,
+            datatype: str | None, dims: tuple[int, ...] | None) -> np.ndarray:
+    """Output `name` in a reply to `rows` samples, once it is there with the configured
     datatype and one row per sample of the configured dims."""
     outputs = result.get_response().outputs
-    got = next((o for o in outputs if o.name == model.output_name), None)
-    if got is not None and model.output_datatype in (None, got.datatype) and \
-            _rows_of(list(got.shape), rows, model.output_dims):
-        return result.as_numpy(model.output_name)
+    got = next((o for o in outputs if o.name == name), None)
+    if got is not None and datatype in (None, got.datatype) and \
+            _rows_of(list(got.shape), rows, dims):
+        return result.as_numpy(name)
     arrived = ", ".join(f"{o.name} {o.datatype} {list(o.shape)}" for o in outputs)
     raise ReplyMismatchError(
         f"model {model.name!r}: the reply to {rows} samples holds {shown(arrived)}; expected "
-        f"{model.output_name} {model.output_datatype or '(any datatype)'} "
-        f"{[rows, *(model.output_dims or ['...'])]}")
+        f"{name} {datatype or '(any datatype)'} {[rows, *(dims or ['...'])]}")
 
 
 def _rows_of(shape: list[int], rows: int, dims: tuple[int, ...] | None) -> bool:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from service import contract
 from spark_jobs.images import decode_image
-from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, top_k
+from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 
 def _tensor(value: object, dtype: np.dtype) -> np.ndarray:
@@ -57,12 +57,17 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
     good[list(errors)] = False
     result = options.infer(address, samples[good])
     options.account(result)
-    top, top_scores = top_k(result, int(good.sum()), options.top_k)
+    if options.raw:
+        scores = {name: _spread(list(raw_values(result, name, datatype)), good)
+                  for name, datatype, _ in options.model.outputs}
+    else:
+        top, top_scores = top_k(result, int(good.sum()), options.top_k)
+        scores = {"label": pd.array(_spread(top[:, 0].tolist(), good), dtype="Int32"),
+                  "top_labels": _spread(list(top), good),
+                  "top_scores": _spread(list(top_scores), good)}
     return pd.DataFrame({
         "id": frame["id"].to_numpy(),
-        "label": pd.array(_spread(top[:, 0].tolist(), good), dtype="Int32"),
-        "top_labels": _spread(list(top), good),
-        "top_scores": _spread(list(top_scores), good),
+        **scores,
         "device": _spread(result.devices, good),
         "model_version": result.model_version or None,
         **({ENERGY_COLUMN: pd.array(_spread(result.joules, good), dtype="Float64")}

@@ -58,6 +58,11 @@ def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
                              "level, so that online traffic keeps its latency)")
     parser.add_argument("--top-k", type=int, default=5,
                         help="classes kept per row in top_labels/top_scores (default: 5)")
+    parser.add_argument("--output-mode", choices=["labels", "raw"], default="labels",
+                        help="labels: label, top_labels and top_scores by softmax (classifiers); "
+                             "raw: each output tensor of the model as an array column named "
+                             "after it, flat in row-major order (detectors, OCR, segmentation; "
+                             "default: labels)")
     parser.add_argument("--energy-column", action="store_true",
                         help="add energy_joules to the output: each row's share of the joules "
                              "its request cost (the job's energy summary is written either way)")
@@ -75,7 +80,7 @@ def scoring_options(args: argparse.Namespace) -> dict[str, object]:
             "model_repository": None if args.no_start_daemon
             else str(args.model_repository.resolve()),
             "priority": args.priority, "top_k": args.top_k,
-            "energy_column": args.energy_column,
+            "energy_column": args.energy_column, "output_mode": args.output_mode,
             # absolute: executors run elsewhere than the driver's working directory
             "credentials": Credentials(*(str(Path(f).resolve()) if f else None
                                          for f in (args.tls_ca, args.token_file)))}

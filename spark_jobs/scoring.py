@@ -1,6 +1,7 @@
 """What every Spark scoring path shares (spark_jobs.arrow_scoring for mapInArrow, the default,
 and spark_jobs.pandas_scoring for mapInPandas): the options, finding the node's daemon, the
-output schema, and the top-k classes by softmax score."""
+output schema, and the top-k classes by softmax score, or, in the raw output mode, every output
+tensor as it came (detectors, OCR and segmentation models have no label)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,29 @@ from spark_jobs.resources import task_resources
 
 log = logging.getLogger(__name__)
 ENERGY_COLUMN = "energy_joules"  # a row's share of the joules its request cost
+OUTPUT_MODES = ("labels", "raw")
+# A raw output column's element type (Spark's, numpy's) by the tensor's datatype; any other
+# (FP32, FP16, BF16, unsigned wider than 8 bits) is stored as float.
+_RAW_TYPES = {"FP64": ("double", "float64"), "INT64": ("bigint", "int64"),
+              "INT32": ("int", "int32"), "INT16": ("smallint", "int16"),
+              "INT8": ("tinyint", "int8"), "UINT8": ("smallint", "int16"),
+              "BOOL": ("boolean", "bool")}
+_FLOAT = ("float", "float32")
 
 
-def output_schema(id_type: str, keep_errors: bool = False, energy_column: bool = False) -> str:
-    """The output rows, keeping the input's id type (a long, or an image's path)."""
-    return (f"id {id_type}, label int, top_labels array<int>, top_scores array<float>, "
-            f"device string, model_version string"
+def raw_columns(model: ModelInterface) -> list[tuple[str, str]]:
+    """(column, Spark element type) of each output in the raw output mode: one flat array
+    per row, in the output's row-major order (its shape is the config's dims)."""
+    return [(name, _RAW_TYPES.get(datatype, _FLOAT)[0]) for name, datatype, _ in model.outputs]
+
+
+def output_schema(id_type: str, keep_errors: bool = False, energy_column: bool = False,
+                  raw: list[tuple[str, str]] | None = None) -> str:
+    """The output rows, keeping the input's id type (a long, or an image's path): the label
+    and top-k classes, or with `raw` (raw_columns) every output tensor."""
+    scores = ", ".join(f"`{name}` array<{kind}>" for name, kind in raw) if raw else \
+        "label int, top_labels array<int>, top_scores array<float>"
+    return (f"id {id_type}, {scores}, device string, model_version string"
             + (f", {ENERGY_COLUMN} double" if energy_column else "")
             + (", error string" if keep_errors else ""))
 
@@ -49,6 +67,16 @@ class ScoreOptions:
     credentials: Credentials = NO_CREDENTIALS  # for a daemon reached over TCP with TLS
     energy: Accumulator | None = None  # sums what the replies say they cost (energy.meter)
     energy_column: bool = False  # each row's share of its request's joules, ENERGY_COLUMN
+    output_mode: str = "labels"  # or "raw": every output tensor as an array column
+
+    def __post_init__(self) -> None:
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(f"output_mode {self.output_mode!r}: expected one of "
+                             f"{list(OUTPUT_MODES)}")
+
+    @property
+    def raw(self) -> bool:
+        return self.output_mode == "raw"
 
     @property
     def level(self) -> int:
@@ -68,7 +96,7 @@ class ScoreOptions:
 
     def infer(self, address: str, samples: np.ndarray) -> Inference:
         return infer(address, self.model, samples, self.batch_size, self.inflight, self.level,
-                     self.retry, self.recover(), self.credentials)
+                     self.retry, self.recover(), self.credentials, every_output=self.raw)
 
     def account(self, result: Inference) -> None:
         """Adds what a call cost to the job's energy; from the task's own thread (an
@@ -82,6 +110,13 @@ def locate(daemon: NodeDaemon, credentials: Credentials = NO_CREDENTIALS) -> str
     on a unix socket or a loopback port of its own, which need no credentials."""
     address = daemon.resolve()
     return address if credentials.applies_to(address) else daemon.ensure()
+
+
+def raw_values(result: Inference, name: str, datatype: str) -> np.ndarray:
+    """Output `name` of a call as (samples, values per sample), of its column's type."""
+    rows = len(result.devices)
+    flat = result.outputs[name].reshape(rows, -1) if rows else np.zeros((0, 0))
+    return flat.astype(_RAW_TYPES.get(datatype, _FLOAT)[1], copy=False)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pandas as pd
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 from pyspark.errors import PythonException
 
 from spark_jobs import energy
+from spark_jobs.api import score_dataframe
 from spark_jobs.energy import ENERGY_FILE
 from spark_jobs.score import parse_args, score, write
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
@@ -95,6 +98,56 @@ def test_a_job_scores_through_the_emulated_fpga_and_says_so(spark, holdout, tmp_
     described = "\n".join(energy.describe(summary))
     assert "  device fpga0 (emulated): 300 rows" in described
     assert "(emulated): an FPGA emulator ran these rows on the host's CPU" in described
+
+
+def _two_outputs(repo: Path) -> None:
+    """A model with no label, as detectors are: x (n, 12) gives `boxes` (n, 4, 3), FP32, and
+    `best` (n, 4), INT64, the largest of each box's three values."""
+    shape = numpy_helper.from_array(np.array([-1, 4, 3], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+         helper.make_node("Mul", ["r", "r"], ["boxes"]),
+         helper.make_node("ArgMax", ["boxes"], ["best"], axis=2, keepdims=0)], "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 12])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["n", 4, 3]),
+         helper.make_tensor_value_info("best", TensorProto.INT64, ["n", 4])], [shape])
+    (repo / "two" / "1").mkdir(parents=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(repo / "two" / "1" / "model.onnx"))
+    (repo / "two" / "config.pbtxt").write_text(
+        'name: "two"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 12 ] } ]\n'
+        'output [ { name: "boxes" data_type: TYPE_FP32 dims: [ 4, 3 ] },\n'
+        '         { name: "best" data_type: TYPE_INT64 dims: [ 4 ] } ]\n')
+
+
+def test_the_raw_mode_writes_every_output_tensor_as_an_array_column(spark, tmp_path):
+    repo = tmp_path / "models"
+    _two_outputs(repo)
+    daemon = Daemon(tmp_path, repo)
+    x = np.random.default_rng(0).standard_normal((40, 12)).astype(np.float32)
+    pd.DataFrame({"id": np.arange(40, dtype=np.int64), "tensor": [r.tobytes() for r in x]}) \
+        .to_parquet(tmp_path / "in.parquet")
+    try:
+        scored = _run(spark, daemon, tmp_path, "--model", "two", "--input",
+                      str(tmp_path / "in.parquet"), "--output-mode", "raw", "--batch-size", "8",
+                      "--energy-column").sort_values("id")
+        by_pandas = score_dataframe(  # mapInPandas writes the same columns
+            spark, spark.read.parquet(str(tmp_path / "in.parquet")), "two", pandas=True,
+            address=daemon.socket_url, output_mode="raw").toPandas().sort_values("id")
+    finally:
+        assert daemon.stop() == 0
+    assert list(scored.columns) == ["id", "boxes", "best", "device", "model_version",
+                                    "energy_joules"]
+    boxes = np.stack(scored["boxes"].to_numpy())
+    best = np.stack(scored["best"].to_numpy())
+    np.testing.assert_allclose(boxes, (x * x).reshape(40, 12), rtol=1e-6)
+    assert best.dtype == np.int64
+    np.testing.assert_array_equal(best, (x * x).reshape(40, 4, 3).argmax(axis=2))
+    assert _summary(tmp_path)["rows"] == 40 and (scored["energy_joules"] > 0).all()
+    for column in ("boxes", "best"):
+        np.testing.assert_array_equal(np.stack(by_pandas[column].to_numpy()),
+                                      np.stack(scored[column].to_numpy()))
 
 
 def test_array_tensors_and_image_folders_give_the_same_labels(spark, daemon, holdout, tmp_path):
