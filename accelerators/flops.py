@@ -22,7 +22,10 @@ How operations are counted (the figure GFLOP/s per watt is built on):
 - data movement and constants (Reshape, Flatten, Transpose, Concat, Constant, ConstantOfShape,
   ...) are free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
-guessed, and the count is then partial. Shapes come from ONNX shape inference at the served
+guessed, and the count is then partial. Exporters' shape code (tf2onnx's and paddle2onnx's
+`Shape -> Gather -> Cast -> Slice -> Concat -> Reshape` before a fully connected layer) is
+evaluated first where the shapes it reads are known, so that shape inference reaches the ops
+after it; those nodes are free. Shapes come from ONNX shape inference at the served
 shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
 model's config.pbtxt dims where it fixes them; where the config leaves a dim variable (-1), a
 FlopCounter counts each request shape that comes (cached). A count is never negative and never
@@ -38,8 +41,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import helper, shape_inference
+from onnx import helper, numpy_helper, shape_inference
+
+from accelerators.onnx_nodes import run_node
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,12 @@ MULTIPLY_ADDS = frozenset(("Conv", "ConvInteger", "QLinearConv"))
 MATMULS = frozenset(("MatMul", "MatMulInteger", "QLinearMatMul"))
 POOLS = frozenset(("MaxPool", "AveragePool", "LpPool"))
 GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
+# Shape code: ops on a few integers that exporters compute shapes with (evaluated, then free).
+SHAPE_CODE = frozenset((
+    "Shape", "Gather", "Cast", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity",
+    "Add", "Sub", "Mul", "Div", "Floor", "Ceil", "Min", "Max", "Equal", "Where", "Neg",
+    "ReduceProd", "Size"))
+SHAPE_CODE_VALUES = 64  # at most, in any input of a node evaluated as shape code
 FREE = frozenset((
     "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
     "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand",
@@ -109,7 +121,7 @@ def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = No
             if size > 0:  # the batch axis becomes one sample
                 dim.dim_value = size
     try:
-        model = shape_inference.infer_shapes(model)
+        model = _fold_shape_code(model)
     except Exception as e:  # onnx raises its own error types; count what the graph says
         log.warning("%s: shape inference failed (%s); FLOPs counted where shapes are known",
                     path, e)
@@ -155,6 +167,48 @@ class FlopCounter:
             log.warning("%s: FLOPs of %s are not counted; the count is partial", self._path,
                         sorted(new))
         return count
+
+
+def _fold_shape_code(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference, after replacing each shape-code node whose inputs are known (shapes
+    inferred, or small constants) by its values, until no more are known."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    for _ in range(16):  # each round reaches one more step of a chain; chains are short
+        model = shape_inference.infer_shapes(model)
+        shapes = _shapes(model.graph)
+        known = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                 if math.prod(t.dims) <= SHAPE_CODE_VALUES}
+        folded = []
+        for node in model.graph.node:
+            values = _shape_code(node, known, shapes, opset)
+            if values is not None:
+                folded.append(node)
+                known.update(zip(node.output, values))
+                model.graph.initializer.extend(
+                    numpy_helper.from_array(v, name) for name, v in zip(node.output, values))
+        if not folded:
+            return model
+        for node in folded:
+            model.graph.node.remove(node)
+    return shape_inference.infer_shapes(model)
+
+
+def _shape_code(node: onnx.NodeProto, known: dict[str, np.ndarray],
+                shapes: dict[str, tuple[int, ...]], opset: int) -> list[np.ndarray] | None:
+    """The values of a shape-code node whose inputs are known, else None."""
+    if node.op_type not in SHAPE_CODE or node.domain not in ("", "ai.onnx") or not node.input:
+        return None
+    if node.op_type == "Shape":
+        shape = shapes.get(node.input[0])
+        if shape is None:
+            return None
+        attrs = {a.name: a.i for a in node.attribute}
+        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], np.int64)]
+    inputs = [known.get(i) if i else None for i in node.input]
+    if any(i and v is None for i, v in zip(node.input, inputs)) or any(
+            v is not None and v.size > SHAPE_CODE_VALUES for v in inputs):
+        return None
+    return run_node(node, inputs, opset)
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:

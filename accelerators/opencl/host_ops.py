@@ -10,34 +10,23 @@ import math
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
+from accelerators.onnx_nodes import run_node
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 
 def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
     """The outputs of `node` whose inputs are all known on the host (None: an omitted optional
-    input), by ONNX's reference evaluator: any op, at the model's opset (Unsqueeze's axes are an
-    attribute before opset 13 and an input from it, for one). The node goes in a one-node model
-    that imports that opset: the evaluator takes a bare node at the newest version. An
+    input), by ONNX's reference evaluator: any op, at the model's opset (onnx_nodes). An
     activation fused into it (graph.py) is the caller's to apply."""
-    helper = onnx.helper
-    inputs = [f"in{i}" if v is not None else "" for i, v in enumerate(args)]
-    outputs = [f"out{i}" for i in range(len(node.outputs))]
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
              for k, v in node.attrs.items() if k != "activation"}
-    untyped = [helper.make_value_info(name, onnx.TypeProto()) for name in inputs if name]
-    graph = helper.make_graph([helper.make_node(node.op, inputs, outputs, **attrs)], node.name,
-                              untyped, [helper.make_value_info(o, onnx.TypeProto())
-                                        for o in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    proto = onnx.helper.make_node(node.op, [""] * len(args), node.outputs, **attrs)
     try:
-        outs = ReferenceEvaluator(model).run(
-            None, {name: v for name, v in zip(inputs, args) if name})
+        return run_node(proto, args, opset)
     except Exception as e:  # the reference evaluator's errors have no common base
         raise UnsupportedModelError(f"op {node.op!r} of node {node.name!r} could not be "
                                     f"evaluated on its constant inputs: {e}") from e
-    return [np.asarray(v) for v in outs]
 
 
 def fold_constants(graph: Graph) -> None:
