@@ -28,6 +28,12 @@ import mnist_digits  # beside this script, which Python puts first on the path
 EPOCHS = 4
 
 
+def _network(conv, relu, pool, flatten, linear) -> list:
+    """The network, NCHW, in a framework's layer classes (PyTorch's and Paddle's agree)."""
+    return [conv(1, 8, 3), relu(), pool(2), conv(8, 16, 3), relu(), pool(2), flatten(),
+            linear(400, 10)]
+
+
 def keras(out: Path) -> None:
     """tf.keras, channels last (NHWC), converted by tf2onnx at opset 13."""
     import tensorflow as tf
@@ -58,10 +64,7 @@ def paddle(out: Path) -> None:
 
     images, labels = mnist_digits.train_split()
     nn = pd.nn
-    model = nn.Sequential(
-        nn.Conv2D(1, 8, 3), nn.ReLU(), nn.MaxPool2D(2),
-        nn.Conv2D(8, 16, 3), nn.ReLU(), nn.MaxPool2D(2),
-        nn.Flatten(), nn.Linear(400, 10))
+    model = nn.Sequential(*_network(nn.Conv2D, nn.ReLU, nn.MaxPool2D, nn.Flatten, nn.Linear))
     optimizer = pd.optimizer.Adam(parameters=model.parameters())
     for _ in range(EPOCHS):
         for i in range(0, len(labels), 32):
@@ -81,10 +84,7 @@ def dynamo(out: Path) -> None:
 
     images, labels = mnist_digits.train_split()
     nn = torch.nn
-    model = nn.Sequential(
-        nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(400, 10))
+    model = nn.Sequential(*_network(nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Linear))
     optimizer = torch.optim.Adam(model.parameters())
     x, y = torch.from_numpy(images), torch.from_numpy(labels)
     for _ in range(EPOCHS):
