@@ -8,7 +8,7 @@ import concurrent.futures
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +98,9 @@ def measure(workspace: Workspace, model: str, config_text: str, candidate: Candi
     try:
         with local_daemon(workspace.repository, folder, "--log-level", "WARNING",
                           *settings.serve_args, timeout_s=timeout_s) as daemon:
-            measurement.served_devices = _served_devices(daemon, model)
+            measurement.served_devices = served = _served_devices(daemon, model)
+            if _dropped(candidate.devices, served):  # the config as it ran: what may be written
+                measurement.candidate = replace(candidate, devices=served)
             _load(daemon, model, inputs, settings, measurement)
     except DaemonStartError as e:
         measurement.error = f"daemon did not start: {_last_lines(str(e))}"
@@ -125,6 +127,13 @@ def _served_devices(daemon: LocalDaemon, model: str) -> str:
         return config.get("parameters", {}).get("devices", {}).get("string_value", "")
     finally:
         client.close()
+
+
+def _dropped(listed: str, served: str) -> list[str]:
+    """The devices named in `listed` that the daemon dropped at load (it could not run the
+    model there, or the device failed its warm-up)."""
+    running = {d.strip() for d in served.split(",")}
+    return [d for d in (d.strip() for d in listed.split(",")) if ":" in d and d not in running]
 
 
 def _load(daemon: LocalDaemon, model: str, inputs: dict[str, np.ndarray],
