@@ -12,7 +12,8 @@ import pytest
 
 from accelerators import icd
 
-LOADER_ENV = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "HETSERVE_ICD_VENDORS")
+LOADER_ENV = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "HETSERVE_ICD_VENDORS",
+              icd.EMULATOR_THREADS)
 
 
 @pytest.fixture
@@ -38,6 +39,7 @@ def test_the_systems_icds_and_the_installed_runtime_in_one_folder(prefix, tmp_pa
     assert os.environ["OCL_ICD_VENDORS"] == str(folder)
     assert icd.register(prefix, tmp_path / "state") == folder  # a child process reuses it
     assert folder.stat().st_mode & 0o022 == 0
+    assert int(os.environ[icd.EMULATOR_THREADS]) >= 4  # not the emulator's 32 on a small node
 
 
 def test_a_users_loader_folder_or_a_system_install_is_left_alone(prefix, tmp_path,
