@@ -154,9 +154,11 @@ class FlopCounter:
         self._at = functools.lru_cache(maxsize=self.SHAPES)(self._count)
         self.served = self._count(tuple(sorted(served.items())))
 
-    def per_sample(self, shapes: dict[str, tuple[int, ...]]) -> FlopCount:
-        """At a request's per-sample input shapes (used only where some dim is variable)."""
-        return self._at(tuple(sorted(shapes.items()))) if self._variable else self.served
+    def per_sample(self, inputs: dict[str, np.ndarray]) -> FlopCount:
+        """At the per-sample shapes of a batch's inputs (read only where a dim is variable)."""
+        if not self._variable:
+            return self.served
+        return self._at(tuple(sorted((name, a.shape[1:]) for name, a in inputs.items())))
 
     def _count(self, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> FlopCount:
         count = count_flops(self._path, dict(shapes))

@@ -154,8 +154,7 @@ class DeviceWorker:
         self._compute.observe(busy_s)
         self._batch_size.observe(size)
         self._inferences.inc(size)
-        count = self._flop_counter.per_sample({n: a.shape[1:] for n, a in inputs.items()}) \
-            if self._flop_counter else None
+        count = self._flop_counter.per_sample(inputs) if self._flop_counter else None
         flops = size * count.total if count else 0
         partial = count is not None and count.partial
         if partial not in self._flops:
