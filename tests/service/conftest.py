@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accelerators.devices import gpu_count, opencl_devices
+from accelerators.devices import gpu_count
 from accelerators.engine import parse_device_name
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
+from tests.accelerators.conftest import emulated_fpga
 from tests.conftest import MODEL, MODELS, Daemon
 from tests.service.faulty_engine import CONTROL_ENV
 
@@ -94,8 +95,7 @@ def node_devices() -> list[str]:
     """The devices the example model (`devices: opencl:fpga0, onnxruntime`) is served on here,
     as metrics name them: fpga0 where it is Intel's emulator (a board needs its binary), then
     every GPU where onnxruntime-gpu can use them, else the CPU."""
-    fpgas = [d for d in opencl_devices() if d.kind == "fpga"]
-    fpga = ["fpga0"] if fpgas and fpgas[0].emulated else []
+    fpga = [emulated_fpga()] if emulated_fpga() else []
     if gpu_count() and "CUDAExecutionProvider" in providers():
         return fpga + [f"gpu{i}" for i in range(gpu_count())]
     return fpga + ["cpu0"]
