@@ -17,6 +17,7 @@ from spark_jobs.api import (
     score_dataframe,
     score_pandas_fn,
 )
+from tests.service.conftest import reply_devices
 from tests.spark_jobs.conftest import write_digits
 
 
@@ -49,8 +50,14 @@ def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, h
     assert by_pandas["id"].tolist() == by_arrow["id"].tolist() == by_udf["id"].tolist() \
         == list(range(300))
     assert by_pandas["label"].tolist() == by_arrow["label"].tolist() == by_udf["label"].tolist()
-    for column in ("id", "label", "top_labels", "device", "model_version"):
+    for column in ("id", "label", "model_version"):
         assert by_default[column].map(str).tolist() == by_pandas[column].map(str).tolist()
+    # Each batch goes to whichever listed device the router picks, so the two runs may differ
+    # there; rows served by the same device rank alike.
+    assert set(by_default["device"]) | set(by_pandas["device"]) <= set(reply_devices())
+    same = by_default["device"].to_numpy() == by_pandas["device"].to_numpy()
+    assert by_default["top_labels"].map(str)[same].tolist() == \
+        by_pandas["top_labels"].map(str)[same].tolist()
     assert (by_udf["label"].to_numpy() == labels).mean() >= 0.9
     # Both paths sum what the rows cost across tasks, as each row's share says.
     for used, scored in ((pandas_energy, by_pandas), (arrow_energy, by_default)):
