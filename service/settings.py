@@ -64,6 +64,17 @@ class Settings:
     max_shm_regions_per_client: int = field(
         default=256, metadata={"doc": "the same for one client: the unix socket's users, or "
                                       "the token's holders over TCP"})
+    max_connections: int = field(
+        default=1024, metadata={"doc": "connections open at once on each listener (the unix "
+                                       "socket, TCP) of each front-end; beyond it a connection "
+                                       "is refused (RESOURCE_EXHAUSTED)"})
+    max_connections_per_peer: int = field(
+        default=64, metadata={"doc": "the same for one peer: a uid on the unix socket, an "
+                                     "address over TCP"})
+    shm_uid_for_token: int = field(
+        default=-1, metadata={"doc": "system shared memory over TCP: token holders may use the "
+                                     "objects this uid could open; -1: none (the unix socket's "
+                                     "callers use their own uid's rights)"})
     max_stream_inflight: int = field(
         default=256, metadata={"doc": "requests of one ModelStreamInfer stream read ahead of "
                                       "their replies; a client that reads no replies stops "

@@ -1,7 +1,8 @@
 """Who may call the daemon. The unix socket admits the daemon's user (and --socket-group's
-members), so its callers are trusted. TCP stays on loopback unless the operator exposes it, and
-then it must carry TLS and a bearer token (`authorization: Bearer <token>`) on every call but
-health checks, which load balancers and kubelets make without credentials."""
+members), so its callers (as its door says: service/grpc/door.py) are trusted. TCP stays on
+loopback unless the operator exposes it, and then it must carry TLS and a bearer token
+(`authorization: Bearer <token>`) on every call but health checks, which load balancers and
+kubelets make without credentials."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 import grpc
 
 from service.grpc.credentials import ExposureError, TokenFile
+from service.grpc.door import Peers
 
 _EXEMPT = "/grpc.health.v1.Health/"
 
@@ -38,8 +40,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses TCP calls without the bearer token in force: UNAUTHENTICATED, before any handler
     runs."""
 
-    def __init__(self, token: TokenFile) -> None:
-        self._token = token
+    def __init__(self, token: TokenFile, peers: Peers) -> None:
+        self._token, self._peers = token, peers
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -48,7 +50,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return _guarded(handler, self._allowed)
 
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
-        if context.peer().startswith("unix:"):
+        peer = self._peers.identify(context.peer())
+        if peer is not None and peer.listener == "unix":
             return True
         sent = dict(context.invocation_metadata()).get("authorization", "")
         return hmac.compare_digest(str(sent).encode(), self._token.bearer())

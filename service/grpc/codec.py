@@ -15,7 +15,7 @@ from service import contract
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.types import Answer, Tensors
 from service.errors import InvalidInputError, shown
-from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.shared_memory import Caller, SharedMemoryRegions
 
 M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
@@ -33,13 +33,14 @@ def parse_message(message_class: type[M], data: bytes) -> M:
 
 
 def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
-    """Whether any tensor of the request may lie in shared memory (has parameters)."""
-    return any(t.parameters for t in request.inputs) or \
-        any(o.parameters for o in request.outputs)
+    """Whether any tensor of the request names shared memory (other parameters, such as an
+    output's `classification`, do not)."""
+    return any(key in t.parameters for t in (*request.inputs, *request.outputs)
+               for key in _SHM_KEYS)
 
 
 def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
-                  caller: str | None) -> Tensors:
+                  caller: Caller | None) -> Tensors:
     """Each input from `caller`'s shared memory (copied), raw bytes (one entry per input not in
     shared memory, in order; no copy) or typed contents."""
     raw = request.raw_input_contents
@@ -74,9 +75,13 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
             if t.HasField("contents") and t.contents.ListFields():
                 raise InvalidInputError(f"{field}: both contents and {where} "
                                         "received; send the tensor in one of them")
+            expected = count * dtype.itemsize
+            if place is not None and place[2] != expected:  # checked before a byte is read
+                raise InvalidInputError(
+                    f"{field}: parameters['shared_memory_byte_size'] {place[2]} received, "
+                    f"{expected} expected for {t.datatype} {list(shape)}")
             data = regions.read(*place, caller, field) if place is not None \
                 else next(raw_entries)
-            expected = count * dtype.itemsize
             if len(data) != expected:
                 raise InvalidInputError(
                     f"{field}: {where} holds {len(data)} bytes, {expected} expected "
@@ -98,7 +103,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
 
 
 def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    answer: Answer, regions: SharedMemoryRegions, caller: str | None,
+                    answer: Answer, regions: SharedMemoryRegions, caller: Caller | None,
                     energy: bool = True) -> service_pb2.ModelInferResponse:
     """Outputs requested in shared memory are written there (their raw entry stays empty, so
     that the others keep their places); every other output travels as raw bytes, which is all

@@ -1,12 +1,13 @@
-"""The daemon's gRPC server in one process: the KServe V2 servicer, health and reflection on the
-daemon's addresses (loopback TCP, the unix socket), with TLS and the token where configured; a
-drain that refuses new requests and lets those in flight finish."""
+"""The daemon's gRPC server in one process: the KServe V2 servicer, health and reflection behind
+the daemon's doors (loopback TCP, the unix socket: service/grpc/door.py), with TLS and the token
+where configured; a drain that refuses new requests and lets those in flight finish."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,6 +18,7 @@ from service.errors import StartupError
 from service.grpc import handlers, unix_socket
 from service.grpc.auth import TokenInterceptor
 from service.grpc.credentials import ExposureError, TlsFiles, TokenFile
+from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,13 +29,14 @@ class GrpcFront:
     worker, and each front-end process with several (then sharing the TCP port)."""
 
     def __init__(self, settings: Settings, token: TokenFile | None, servicer: object,
-                 plane: DataPlane, reuseport: bool = False) -> None:
-        self._settings, self._plane = settings, plane
-        # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
-        # Front-ends share it on purpose, once their owner holds it (service/workers/frontends.py).
+                 plane: DataPlane, peers: Peers, reuseport: bool = False) -> None:
+        self._settings, self._plane, self.peers = settings, plane, peers
+        # Front-ends share the port on purpose, once their owner holds it
+        # (service/workers/frontends.py); a second daemon must not share it silently.
+        self._reuseport = reuseport
         self._server = grpc.aio.server(
-            interceptors=[TokenInterceptor(token)] if token else [], options=[
-                ("grpc.so_reuseport", int(reuseport)),
+            interceptors=[TokenInterceptor(token, peers)] if token else [], options=[
+                ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
             ])
@@ -46,10 +49,48 @@ class GrpcFront:
 
     async def start(self, cleanup: contextlib.AsyncExitStack) -> list[str]:
         await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
-        addresses = bind(self._server, self._settings)
+        inner = cleanup.enter_context(private_folder())
+        doors = self._doors(inner)
+        for door in doors:
+            add_port(self._server, f"unix:{door.inner}", str(door.inner),
+                     _tls(self._settings) if door.listener == "tcp" else None)
         await self._server.start()
         cleanup.push_async_callback(self._server.stop, 0)  # a no-op after a drain
+        addresses = []
+        for door in doors:  # clients may connect once gRPC listens behind the doors
+            addresses.append(await self._open(door))
+            cleanup.callback(door.close)
         return addresses
+
+    def _doors(self, inner: Path) -> list[Door]:
+        s = self._settings
+        bounds = Bounds(s.max_connections_per_peer, s.max_connections)
+        doors = [Door("tcp", inner / "tcp.sock", bounds, self.peers, tls=bool(s.tls_cert))
+                 ] if s.grpc_port else []
+        if s.unix_socket:
+            doors.append(Door("unix", inner / "unix.sock", bounds, self.peers))
+        if not doors:
+            raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
+        return doors
+
+    async def _open(self, door: Door) -> str:
+        s = self._settings
+        if door.listener == "unix":
+            assert s.unix_socket is not None
+            try:
+                await door.open_unix(s.unix_socket)
+            except OSError as e:
+                raise StartupError(f"cannot listen on {s.unix_socket}: {e.strerror}") from e
+            # Bound already: its mode says who may connect before anyone can.
+            unix_socket.restrict(s.unix_socket, unix_socket.group_id(s.socket_group))
+            return f"unix:{s.unix_socket}"
+        target = f"{s.grpc_host}:{s.grpc_port}"
+        try:
+            await door.open_tcp(s.grpc_host, s.grpc_port, self._reuseport)
+        except OSError as e:
+            raise StartupError(f"cannot listen on {target}: address in use or not "
+                               "available") from e
+        return target + (" (TLS)" if s.tls_cert else "")
 
     async def serving(self) -> None:
         await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
@@ -66,23 +107,6 @@ class GrpcFront:
 async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
     for service in ("", handlers.SERVICE.full_name):
         await servicer.set(service, status)
-
-
-def bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
-    addresses = []
-    if settings.grpc_port:
-        target = f"{settings.grpc_host}:{settings.grpc_port}"
-        add_port(server, target, target, _tls(settings))
-        addresses.append(target + (" (TLS)" if settings.tls_cert else ""))
-    if settings.unix_socket:
-        target = f"unix:{settings.unix_socket}"
-        add_port(server, target, str(settings.unix_socket), None)
-        # Bound already: its mode says who may connect before anyone can.
-        unix_socket.restrict(settings.unix_socket, unix_socket.group_id(settings.socket_group))
-        addresses.append(target)
-    if not addresses:
-        raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
-    return addresses
 
 
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:

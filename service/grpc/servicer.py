@@ -19,8 +19,9 @@ from service.core.metrics import Metrics
 from service.core.types import Answer, ServedModel
 from service.errors import HetserveError
 from service.grpc import codec, shared_memory
+from service.grpc.door import Peers
 from service.grpc.handlers import status_of
-from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
 
 pb = service_pb2
@@ -35,17 +36,19 @@ class _Call:
     names: list[str]  # outputs to reply with
     answer: asyncio.Future[Answer]
     start: float  # time.perf_counter() at receipt
-    caller: str | None  # whose shared memory its outputs may go to
+    caller: Caller | None  # whose shared memory its outputs may go to
 
 
 class InferenceServicer:
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 settings: Settings) -> None:
+                 peers: Peers, settings: Settings) -> None:
         self._plane = plane
         self._metrics = metrics
         self._regions = regions
-        # TCP calls carry the daemon's token: shared memory allowed there
+        self._peers = peers
+        # TCP calls carry the daemon's token: shared memory there as the operator allows
         self._token = bool(settings.token_file)
+        self._token_uid = settings.shm_uid_for_token
         self._stream_window = settings.max_stream_inflight
         self._energy = settings.response_energy
         self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
@@ -55,9 +58,10 @@ class InferenceServicer:
             name="hetserve", version=package_version("hetserve"),
             extensions=["model_repository", "statistics", "system_shared_memory"])
 
-    def _caller(self, context: grpc.aio.ServicerContext) -> str:
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
         """Whose shared memory regions a call may use (service.grpc.shared_memory.caller)."""
-        return shared_memory.caller(context.peer(), self._token)
+        return shared_memory.caller(self._peers.identify(context.peer()), self._token,
+                                    self._token_uid)
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=True)
@@ -117,7 +121,7 @@ class InferenceServicer:
             request, context))
 
     def _caller_of(self, request: pb.ModelInferRequest,
-                   context: grpc.aio.ServicerContext) -> str | None:
+                   context: grpc.aio.ServicerContext) -> Caller | None:
         """The caller of a request that names shared memory; None for one that cannot."""
         return self._caller(context) if codec.uses_shared_memory(request) else None
 
@@ -183,7 +187,7 @@ class InferenceServicer:
                 model_name=request.model_name[:256], id=request.id[:256]))
 
     async def _infer(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
-                     caller: str | None) -> pb.ModelInferResponse:
+                     caller: Caller | None) -> pb.ModelInferResponse:
         call = self._submit(request, time_remaining_s, caller)
         try:
             await call.answer  # a cancelled caller cancels it, which withdraws the request
@@ -192,7 +196,7 @@ class InferenceServicer:
         return self._finish(call)
 
     def _submit(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
-                caller: str | None) -> _Call:
+                caller: Caller | None) -> _Call:
         """Decodes, validates and queues a request; raises (and counts) what refuses it.
         `caller` owns the shared memory regions it may name."""
         start = time.perf_counter()

@@ -6,7 +6,12 @@ Client memory is untrusted: a client may shrink, unlink or rewrite its object at
 daemon never maps it (a shrunk mapping is SIGBUS); it keeps one descriptor per region and copies
 in and out with pread/pwrite, so a short object is an INVALID_ARGUMENT naming the region. Regions
 belong to the caller that registered them (caller()): another caller's region is "not registered"
-to every method. Names and counts are bounded (RegionNames)."""
+to every method. Names and counts are bounded (RegionNames).
+
+A caller may register only an object it could open itself: the kernel names a unix-socket
+caller's uid and groups (service/grpc/door.py), and the object's owner and mode decide, never the
+daemon's own rights (it may be root). Reading needs read permission; an output written there,
+write permission."""
 
 from __future__ import annotations
 
@@ -28,29 +33,48 @@ from service.errors import (
     PermissionDeniedError,
     shown,
 )
-from service.grpc.unix_socket import group_id
+from service.grpc.auth import is_loopback
+from service.grpc.door import Peer
 from service.settings import Settings
 
 SHM_ROOT = Path("/dev/shm")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")  # region names and keys alike
 _MAX_BYTES = 1 << 40  # beyond any object /dev/shm can hold
-_LOOPBACK = ("ipv4:127.", "ipv6:[::1]", "ipv6:%5B::1%5D")  # gRPC's peer strings
 
 
-def caller(peer: str, token: bool) -> str:
-    """Whom a system shared memory call is attributed to: the unix socket's users (its folder's
-    mode and --socket-group decide who they are), or over loopback TCP the holders of the
-    daemon's token. Without a token, TCP is open to every local user: no shared memory there."""
-    if peer.startswith("unix:"):
-        return "unix"
+@dataclass(frozen=True)
+class Caller:
+    """Whose shared memory a call may use: `name` owns regions, and an object is judged by the
+    rights of `uid` and `gids`."""
+
+    name: str
+    uid: int
+    gids: tuple[int, ...]
+
+
+def caller(peer: Peer | None, token: bool, token_uid: int) -> Caller:
+    """Whom a system shared memory call is attributed to: on the unix socket, the calling
+    process's uid; over loopback TCP, the holders of the daemon's token, with the rights of
+    --shm-uid-for-token where the operator gives one. Without a token, TCP is open to every
+    local user: no shared memory there."""
+    if peer is None:  # its connection closed while the call was on its way
+        raise PermissionDeniedError("system shared memory: the caller's connection has closed")
+    if peer.listener == "unix":
+        assert peer.uid is not None
+        return Caller(peer.address, peer.uid, peer.gids)
     if not token:
         raise PermissionDeniedError("system shared memory over TCP needs the daemon's token "
                                     "(--token-file); clients on this node use its unix socket")
-    if not peer.startswith(_LOOPBACK):
-        raise PermissionDeniedError(f"system shared memory: peer {shown(peer)} is not on this "
-                                    "node; only clients over the unix socket or loopback may "
-                                    "use it")
-    return "token"
+    if not is_loopback(peer.address):
+        raise PermissionDeniedError(f"system shared memory: peer {shown(peer.address)} is not "
+                                    "on this node; only clients over the unix socket or "
+                                    "loopback may use it")
+    if token_uid < 0:
+        raise PermissionDeniedError("system shared memory over TCP is off: TCP callers have no "
+                                    "uid to judge objects by; use the unix socket, or have the "
+                                    "operator give token holders a uid's rights "
+                                    "(--shm-uid-for-token)")
+    return Caller("token", token_uid, _groups(token_uid))
 
 
 @dataclass(frozen=True)
@@ -71,8 +95,9 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    caller: str
+    caller: Caller
     fd: int
+    writable: bool  # by the caller, as the object's mode says, and by the daemon
 
     def close(self) -> None:
         os.close(self.fd)
@@ -128,21 +153,20 @@ class RegionNames:
 class SharedMemoryRegions:
     """The regions this process reads and writes, each with its open descriptor."""
 
-    def __init__(self, limits: Limits, admitted_gid: int | None = None) -> None:
+    def __init__(self, limits: Limits) -> None:
         self.names = RegionNames(limits)
         self._regions: dict[str, Region] = {}
-        self._admitted_gid = admitted_gid  # --socket-group: its members' objects may be opened
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SharedMemoryRegions:
-        return cls(Limits.from_settings(settings), group_id(settings.socket_group))
+        return cls(Limits.from_settings(settings))
 
-    def open(self, name: str, key: str, offset: int, byte_size: int, caller: str,
+    def open(self, name: str, key: str, offset: int, byte_size: int, caller: Caller,
              checked: bool = True) -> Region:
         """Opens a region for `caller` without recording it (add() does); `checked` false for
         one the device owner reserved already."""
         if checked:
-            self.names.check(name, caller)
+            self.names.check(name, caller.name)
         match = _NAME.fullmatch(key.removeprefix("/"))
         if match is None or key.removeprefix("/") in (".", ".."):
             raise InvalidInputError(f"key: {shown(key)} received, expected a POSIX shared memory "
@@ -150,52 +174,39 @@ class SharedMemoryRegions:
         if offset < 0 or byte_size <= 0 or offset + byte_size > _MAX_BYTES:
             raise InvalidInputError(f"offset {offset}, byte_size {byte_size}: expected offset "
                                     f">= 0 and 0 < byte_size, within {_MAX_BYTES} bytes")
-        try:
-            # Not through a symbolic link: another local user could point one at our files.
-            fd = os.open(SHM_ROOT / match[0], os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                raise LimitError("key: the daemon has no descriptor left for another "
-                                 "region; retry later") from None
-            raise InvalidInputError(f"key: cannot open shared memory {key!r}: "
-                                    f"{e.strerror}") from None
+        fd, daemon_writes = _open(key, SHM_ROOT / match[0])
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInputError(f"key: {key!r} is not a shared memory object")
-            self._check_owner(key, info.st_uid)
+            if not _may(info, caller, _READ):
+                raise PermissionDeniedError(
+                    f"key: shared memory {key!r} (uid {info.st_uid}, gid {info.st_gid}, mode "
+                    f"{stat.S_IMODE(info.st_mode):04o}) cannot be read by uid {caller.uid}; the "
+                    "daemon opens only objects its caller could open itself")
             if offset + byte_size > info.st_size:
                 raise InvalidInputError(f"offset + byte_size: {offset + byte_size} bytes "
                                         f"received, shared memory {key!r} holds {info.st_size}")
         except BaseException:
             os.close(fd)
             raise
-        return Region(name, key, offset, byte_size, caller, fd)
-
-    def _check_owner(self, key: str, uid: int) -> None:
-        """Only objects of the daemon's user (or of --socket-group's members): a daemon with more
-        rights than its callers opens nothing on their say-so that they could not."""
-        if uid == os.geteuid() or (self._admitted_gid is not None and _member(
-                uid, self._admitted_gid)):
-            return
-        raise PermissionDeniedError(f"key: shared memory {key!r} belongs to uid {uid}; the "
-                                    "daemon opens only objects of its own user or, with "
-                                    "--socket-group, of that group's members")
+        return Region(name, key, offset, byte_size, caller, fd,
+                      daemon_writes and _may(info, caller, _WRITE))
 
     def add(self, region: Region) -> None:
         if region.name in self._regions:
             region.close()
             raise AlreadyExistsError(f"name: shared memory region {region.name!r} is already "
                                      "registered; unregister it first, or choose another name")
-        self.names.add(region.name, region.caller)
+        self.names.add(region.name, region.caller.name)
         self._regions[region.name] = region
 
-    def register(self, name: str, key: str, offset: int, byte_size: int, caller: str) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int, caller: Caller) -> None:
         self.add(self.open(name, key, offset, byte_size, caller))
 
-    def unregister(self, name: str, caller: str) -> list[str]:
+    def unregister(self, name: str, caller: Caller) -> list[str]:
         """Releases `caller`'s region `name` (all of them for an empty name); the names."""
-        released = self.names.release(name, caller)
+        released = self.names.release(name, caller.name)
         for name in released:
             self._regions.pop(name).close()
         return released
@@ -206,19 +217,19 @@ class SharedMemoryRegions:
             if name in self._regions:
                 self.unregister(name, self._regions[name].caller)
 
-    def status(self, name: str, caller: str) -> list[Region]:
+    def status(self, name: str, caller: Caller) -> list[Region]:
         if not name:
-            return [r for r in self._regions.values() if r.caller == caller]
+            return [r for r in self._regions.values() if r.caller.name == caller.name]
         return [self._region(name, caller, "name")]
 
-    def _region(self, name: str, caller: str | None, field: str) -> Region:
+    def _region(self, name: str, caller: Caller | None, field: str) -> Region:
         region = self._regions.get(name)
-        if region is None or region.caller != caller:
+        if region is None or caller is None or region.caller.name != caller.name:
             raise InvalidInputError(f"{field}: shared memory region {shown(name)} is not "
                                     "registered by this client")
         return region
 
-    def _place(self, name: str, offset: int, byte_size: int, caller: str | None,
+    def _place(self, name: str, offset: int, byte_size: int, caller: Caller | None,
                field: str) -> tuple[Region, int]:
         region = self._region(name, caller, field)
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
@@ -226,7 +237,7 @@ class SharedMemoryRegions:
                                     f"region {name!r} holds {region.byte_size} bytes")
         return region, region.offset + offset
 
-    def read(self, name: str, offset: int, byte_size: int, caller: str | None,
+    def read(self, name: str, offset: int, byte_size: int, caller: Caller | None,
              field: str) -> bytearray:
         """A copy of `byte_size` bytes at `offset` within `caller`'s region; `field` names the
         request field in errors."""
@@ -238,10 +249,14 @@ class SharedMemoryRegions:
                                     "after it was registered)")
         return data
 
-    def write(self, name: str, offset: int, array: np.ndarray, caller: str | None,
+    def write(self, name: str, offset: int, array: np.ndarray, caller: Caller | None,
               field: str) -> None:
         """Writes `array`'s bytes at `offset` within `caller`'s region."""
         region, at = self._place(name, offset, array.nbytes, caller, field)
+        if not region.writable:
+            raise PermissionDeniedError(f"{field}: shared memory {region.key!r} cannot be "
+                                        f"written by uid {region.caller.uid}; register an "
+                                        "object it may write for outputs")
         # pwrite past the end would grow the object, not fail: check its size first.
         if os.fstat(region.fd).st_size < at + array.nbytes:
             raise InvalidInputError(f"{field}: shared memory region {name!r} no longer holds "
@@ -253,9 +268,37 @@ class SharedMemoryRegions:
         self.drop(list(self._regions))
 
 
-def _member(uid: int, gid: int) -> bool:
+_READ, _WRITE = 4, 2  # permission bits of the class that applies (owner, group, others)
+
+
+def _may(info: os.stat_result, caller: Caller, access: int) -> bool:
+    """Whether `caller` may open the object `info` describes for `access`, as the kernel would
+    judge by its mode (root may always)."""
+    if caller.uid == 0:
+        return True
+    shift = 6 if caller.uid == info.st_uid else 3 if info.st_gid in caller.gids else 0
+    return (info.st_mode >> shift) & access == access
+
+
+def _open(key: str, path: Path) -> tuple[int, bool]:
+    """A descriptor of the object, and whether the daemon may write through it."""
+    # Not through a symbolic link: another local user could point one at our files.
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            return os.open(path, os.O_RDWR | flags), True
+        except PermissionError:  # readable only, by a daemon that is not root
+            return os.open(path, os.O_RDONLY | flags), False
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise LimitError("key: the daemon has no descriptor left for another region; "
+                             "retry later") from None
+        raise InvalidInputError(f"key: cannot open shared memory {key!r}: {e.strerror}") from None
+
+
+def _groups(uid: int) -> tuple[int, ...]:
     try:
         user = pwd.getpwuid(uid)
-    except KeyError:  # no such user: no member of anything
-        return False
-    return gid in os.getgrouplist(user.pw_name, user.pw_gid)
+    except KeyError:  # no such user: no groups
+        return ()
+    return tuple(os.getgrouplist(user.pw_name, user.pw_gid))

@@ -23,6 +23,7 @@ from service.errors import StartupError
 from service.grpc import unix_socket
 from service.grpc.auth import check_exposure
 from service.grpc.credentials import ExposureError, TokenFile
+from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
@@ -58,8 +59,10 @@ async def serve(settings: Settings) -> None:
         if workers == 1:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
+            peers = Peers()
             front: GrpcFront | Frontends = GrpcFront(
-                settings, token, InferenceServicer(plane, metrics, regions, settings), plane)
+                settings, token, InferenceServicer(plane, metrics, regions, peers, settings),
+                plane, peers)
         else:
             front = Frontends(settings, workers, plane, metrics)
         addresses = await front.start(cleanup)

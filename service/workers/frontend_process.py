@@ -25,9 +25,10 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.errors import HetserveError, StartupError
 from service.grpc.credentials import TokenFile
+from service.grpc.door import Peers
 from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -43,8 +44,8 @@ class FrontendServicer(InferenceServicer):
     its name before this one answers OK, so that a name is registered once."""
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 owner: OwnerClient, settings: Settings) -> None:
-        super().__init__(plane, metrics, regions, settings)
+                 peers: Peers, owner: OwnerClient, settings: Settings) -> None:
+        super().__init__(plane, metrics, regions, peers, settings)
         self._owner = owner
 
     async def SystemSharedMemoryRegister(self, request, context):
@@ -90,18 +91,21 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
         if isinstance(message, msg.Released):
             regions.drop(message.names)
             return
-        try:  # the owner has reserved its name
+        try:  # the owner has reserved its name; the object is judged again, here
             regions.add(regions.open(message.name, message.key, message.offset,
-                                     message.byte_size, message.caller, checked=False))
+                                     message.byte_size,
+                                     Caller(message.caller, message.uid, message.gids),
+                                     checked=False))
         except HetserveError as e:  # e.g. the client changed its object meanwhile
             log.warning("shared memory region %r registered at another front-end: %s",
                         message.name, e)
 
     owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
+    peers = Peers()
     front = GrpcFront(settings, token,
-                      FrontendServicer(plane, Metrics(), regions, owner, settings),
-                      plane, reuseport=True)
+                      FrontendServicer(plane, Metrics(), regions, peers, owner, settings),
+                      plane, peers, reuseport=True)
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())
     # Models loaded already (a front-end started again): ready before the first connection.

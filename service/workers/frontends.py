@@ -187,7 +187,8 @@ class Frontends:
                 origin.fail(request.id, e)
                 return
             self._shared[request.name] = passed = msg.Registered(
-                request.name, request.key, request.offset, request.byte_size, request.caller)
+                request.name, request.key, request.offset, request.byte_size, request.caller,
+                request.uid, request.gids)
         else:
             released = self._names.release(request.name, request.caller)
             for name in released:

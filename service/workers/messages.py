@@ -60,6 +60,8 @@ class Register(_Message):
     offset: int
     byte_size: int
     caller: str
+    uid: int  # the caller's rights, which each front-end judges the object by
+    gids: tuple[int, ...]
 
 
 class Unregister(_Message):
@@ -121,6 +123,8 @@ class Registered(_Message):
     offset: int
     byte_size: int
     caller: str
+    uid: int  # the caller's rights, which each front-end judges the object by
+    gids: tuple[int, ...]
 
 
 class Released(_Message):

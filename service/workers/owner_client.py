@@ -22,6 +22,7 @@ from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost, Tensors
 from service.errors import ModelUnavailableError, QueueFullError, StatusError
+from service.grpc.shared_memory import Caller
 from service.workers import messages as msg
 from service.workers.arena import Arena
 from service.workers.owner_channel import Channel
@@ -119,14 +120,15 @@ class OwnerClient:
             self.send(msg.Cancel(request_id))
 
     async def register(self, name: str, key: str, offset: int, byte_size: int,
-                       caller: str) -> None:
+                       caller: Caller) -> None:
         """Has the owner reserve a client's region name (raising why not) and pass the region
         on to every other front-end; done once each of them has it."""
-        await self._ask(lambda i: msg.Register(i, name, key, offset, byte_size, caller))
+        await self._ask(lambda i: msg.Register(i, name, key, offset, byte_size, caller.name,
+                                               caller.uid, caller.gids))
 
-    async def unregister(self, name: str, caller: str) -> None:
+    async def unregister(self, name: str, caller: Caller) -> None:
         """The same for a client's release of its region `name` (every one for "")."""
-        await self._ask(lambda i: msg.Unregister(i, name, caller))
+        await self._ask(lambda i: msg.Unregister(i, name, caller.name))
 
     async def statistics(self, name: str, version: str) -> bytes:
         return await self._ask(lambda i: msg.Stats(i, name, version))

@@ -13,7 +13,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from service.errors import PermissionDeniedError
-from service.grpc.shared_memory import SHM_ROOT, caller
+from service.grpc.door import Peer
+from service.grpc.shared_memory import SHM_ROOT, Caller, caller
 from tests.conftest import MODEL
 from tests.service.conftest import assert_served
 
@@ -100,7 +101,7 @@ def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, re
                  "byte_size 3136 received, region 'small' holds 1024 bytes")
         image.set_shared_memory("small", 1024)
         _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
-                 "its shared memory holds 1024 bytes, 3136 expected")
+                 r"parameters\['shared_memory_byte_size'\] 1024 received, 3136 expected")
         image.set_data_from_numpy(holdout[0][:1])
         logits = grpcclient.InferRequestedOutput("logits")
         logits.set_shared_memory("small", 8)
@@ -110,11 +111,18 @@ def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, re
         client.unregister_system_shared_memory("small")
 
 
-def test_shared_memory_callers_are_the_socket_s_users_or_the_token_s_holders() -> None:
-    assert caller("unix:/run/user/1000/hetserve/grpc.sock", token=False) == "unix"
-    for peer in ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"):
-        assert caller(peer, token=True) == "token"
+def test_shared_memory_callers_are_socket_uids_or_the_token_s_holders_as_allowed() -> None:
+    socket_user = Peer("unix", "uid 1000", 1000, (1000, 27))
+    assert caller(socket_user, token=False, token_uid=-1) == Caller("uid 1000", 1000, (1000, 27))
+    for address in ("127.0.0.1", "::1"):
+        tcp = Peer("tcp", address)
+        assert caller(tcp, token=True, token_uid=0) == Caller("token", 0, caller(
+            tcp, token=True, token_uid=0).gids)
+        with pytest.raises(PermissionDeniedError, match="--shm-uid-for-token"):
+            caller(tcp, token=True, token_uid=-1)  # none by default
         with pytest.raises(PermissionDeniedError, match="needs the daemon's token"):
-            caller(peer, token=False)
-    with pytest.raises(PermissionDeniedError, match="'ipv4:10.1.2.3:5555' is not on this node"):
-        caller("ipv4:10.1.2.3:5555", token=True)
+            caller(tcp, token=False, token_uid=0)
+    with pytest.raises(PermissionDeniedError, match="'10.1.2.3' is not on this node"):
+        caller(Peer("tcp", "10.1.2.3"), token=True, token_uid=0)
+    with pytest.raises(PermissionDeniedError, match="connection has closed"):
+        caller(None, token=True, token_uid=0)

@@ -21,6 +21,7 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.registry import LoadedModel, ModelRegistry
 from service.grpc import handlers
+from service.grpc.door import Peers
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
 from service.settings import Settings
@@ -49,7 +50,7 @@ async def _serving(models: Path) -> AsyncIterator[Served]:
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     handlers.add_to_server(InferenceServicer(
-        plane, metrics, SharedMemoryRegions.from_settings(settings), settings), server)
+        plane, metrics, SharedMemoryRegions.from_settings(settings), Peers(), settings), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

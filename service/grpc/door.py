@@ -1,0 +1,293 @@
+"""The daemon's doors: every connection to its unix socket and TCP port is accepted here first.
+
+gRPC tells a server nothing of a unix-socket peer's uid (grpc/grpc#15511), and it bounds neither
+connections per peer nor in all. So each listener is a door: an asyncio server that accepts a
+connection, learns who it is from the kernel (SO_PEERCRED and SO_PEERGROUPS on the socket; the
+address over TCP), admits it within the door's bounds, and then forwards its bytes to the gRPC
+server on a private socket (a folder only the daemon's user may enter). The forwarding socket is
+bound to a random abstract address before it connects, and gRPC reports that address as the
+call's peer: `Peers.identify` turns it back into who called. TLS passes through the door and
+ends at gRPC, as before.
+
+A connection over a door's bounds is refused in HTTP/2, as gRPC would refuse a call:
+RESOURCE_EXHAUSTED naming the limit (on a TLS port, which the door cannot speak, it is closed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import struct
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+log = logging.getLogger(__name__)
+
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
+_ABSTRACT = "unix-abstract:"
+_REFUSAL_S = 2.0  # a refused connection gets this long to send its first request
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is at the other end of a connection, as the kernel says: on the unix socket its
+    process's uid and groups; over TCP its address (uid None)."""
+
+    listener: str  # "unix" or "tcp"
+    address: str  # what per-peer limits count: "uid 1000", or the TCP peer's address
+    uid: int | None = None
+    gids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Bounds:
+    per_peer: int
+    total: int
+
+
+class Peers:
+    """The live connections of this process's doors, by the abstract address gRPC reports."""
+
+    def __init__(self) -> None:
+        self._by_address: dict[str, Peer] = {}
+
+    def identify(self, grpc_peer: str) -> Peer | None:
+        """The peer of a call (`context.peer()`); None for one that did not come through a door
+        (or whose connection has closed already)."""
+        return self._by_address.get(grpc_peer)
+
+    def _add(self, peer: Peer) -> str:
+        name = f"hetserve-{os.getpid()}-{secrets.token_hex(8)}"
+        self._by_address[_ABSTRACT + name] = peer
+        return name
+
+    def _remove(self, name: str) -> None:
+        self._by_address.pop(_ABSTRACT + name, None)
+
+
+class Door:
+    """One listener of the daemon (the unix socket, or the TCP port), in front of the gRPC server
+    that listens on `inner`."""
+
+    def __init__(self, listener: str, inner: Path, bounds: Bounds, peers: Peers,
+                 tls: bool = False) -> None:
+        self.listener, self.inner, self._bounds, self._peers = listener, inner, bounds, peers
+        self._tls = tls
+        self._open: Counter[str] = Counter()
+        self._server: asyncio.Server | None = None
+
+    async def open_unix(self, path: Path) -> None:
+        self._server = await asyncio.get_running_loop().create_unix_server(
+            lambda: _Connection(self), str(path), backlog=1024)
+
+    async def open_tcp(self, host: str, port: int, reuse_port: bool) -> None:
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Connection(self), host, port, reuse_port=reuse_port or None, backlog=1024)
+
+    def close(self) -> None:
+        """Accepts no more connections; those open stay until gRPC closes them."""
+        if self._server is not None:
+            self._server.close()
+
+    def _admit(self, sock: socket.socket) -> tuple[Peer | None, str]:
+        """Who `sock` is, or why it is refused."""
+        peer = self._identify(sock)
+        if sum(self._open.values()) >= self._bounds.total:
+            return None, (f"{sum(self._open.values())} connections are open on the daemon's "
+                          f"{self.listener} listener, its limit (--max-connections)")
+        if self._open[peer.address] >= self._bounds.per_peer:
+            return None, (f"{self._open[peer.address]} connections are open from "
+                          f"{peer.address}, the limit per peer (--max-connections-per-peer); "
+                          "close some or share one channel")
+        self._open[peer.address] += 1
+        return peer, ""
+
+    def _identify(self, sock: socket.socket) -> Peer:
+        if self.listener == "tcp":
+            return Peer("tcp", sock.getpeername()[0])
+        _, uid, gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return Peer("unix", f"uid {uid}", uid, tuple(sorted({gid, *_peer_groups(sock)})))
+
+    def _closed(self, peer: Peer) -> None:
+        self._open[peer.address] -= 1
+        if not self._open[peer.address]:
+            del self._open[peer.address]
+
+
+def _peer_groups(sock: socket.socket) -> list[int]:
+    """The supplementary groups of the peer's process when it connected."""
+    size = 4 * 64
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size)
+        except OSError as e:  # ERANGE: more groups than room
+            if e.errno != 34 or size > 4 * 65536:
+                return []
+            size *= 4
+            continue
+        return list(struct.unpack(f"{len(raw) // 4}I", raw))
+
+
+class _Connection(asyncio.Protocol):
+    """A client's connection, forwarded to the door's gRPC server and back."""
+
+    def __init__(self, door: Door) -> None:
+        self._door = door
+        self._client: asyncio.Transport | None = None
+        self._upstream: asyncio.Transport | None = None
+        self._peer: Peer | None = None
+        self._name = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._client = transport
+        self._peer, refusal = self._door._admit(transport.get_extra_info("socket"))
+        if self._peer is None:
+            log.warning("connection refused: %s", refusal)
+            _Refusal.take_over(transport, refusal, self._door._tls)
+            return
+        self._name = self._door._peers._add(self._peer)
+        transport.pause_reading()  # until the upstream connection is there
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.bind("\0" + self._name)
+            await loop.sock_connect(sock, str(self._door.inner))
+            self._upstream, _ = await loop.create_unix_connection(
+                lambda: _Upstream(self), sock=sock)
+        except OSError as e:
+            sock.close()
+            log.warning("cannot reach the gRPC server behind the %s door: %s",
+                        self._door.listener, e)
+            assert self._client is not None
+            self._client.close()
+            return
+        assert self._client is not None
+        if self._client.is_closing():
+            self._upstream.close()
+        else:
+            self._client.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        assert self._upstream is not None
+        self._upstream.write(data)
+
+    # The client reads slowly: stop reading what gRPC sends it until it catches up.
+    def pause_writing(self) -> None:
+        if self._upstream is not None:
+            self._upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._upstream is not None:
+            self._upstream.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._peer is None:
+            return
+        if self._upstream is not None:
+            self._upstream.close()
+        self._door._peers._remove(self._name)
+        self._door._closed(self._peer)
+        self._peer = None
+
+    def upstream_lost(self) -> None:
+        assert self._client is not None
+        self._client.close()
+
+
+class _Upstream(asyncio.Protocol):
+    """The door's side of a forwarded connection: what gRPC sends goes to the client."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        assert self._connection._client is not None
+        self._connection._client.write(data)
+
+    # gRPC sends faster than the door can pass on: stop reading the client's requests.
+    def pause_writing(self) -> None:
+        assert self._connection._client is not None
+        self._connection._client.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self._connection._client is not None
+        self._connection._client.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection.upstream_lost()
+
+
+class _Refusal(asyncio.Protocol):
+    """Refuses a connection in HTTP/2: each call it opens gets RESOURCE_EXHAUSTED with `message`,
+    then GOAWAY; or, on a TLS port, it is closed."""
+
+    def __init__(self, transport: asyncio.Transport, message: str) -> None:
+        self._transport, self._message = transport, message
+        self._h2 = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding="utf-8"))
+        self._h2.initiate_connection()
+        transport.write(self._h2.data_to_send())
+        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_S, transport.close)
+
+    @classmethod
+    def take_over(cls, transport: asyncio.Transport, message: str, tls: bool) -> None:
+        if tls:
+            transport.close()
+            return
+        transport.set_protocol(cls(transport, message))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.H2Error:
+            self._transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self._h2.send_headers(event.stream_id, [
+                    (":status", "200"), ("content-type", "application/grpc"),
+                    ("grpc-status", "8"), ("grpc-message", _percent_encoded(self._message))],
+                    end_stream=True)
+                self._h2.close_connection(last_stream_id=event.stream_id)
+                self._transport.write(self._h2.data_to_send())
+                self._transport.close()
+                return
+        self._transport.write(self._h2.data_to_send())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+
+
+def _percent_encoded(text: str) -> str:
+    """grpc-message as the gRPC spec wants it: printable ASCII but '%' as is."""
+    return "".join(c if " " <= c <= "~" and c != "%" else
+                   "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+
+
+@contextlib.contextmanager
+def private_folder() -> Iterator[Path]:
+    """A folder for the gRPC servers' own sockets that only this user may enter (mkdtemp makes
+    it 0700): a caller who could connect there would pass no door."""
+    folder = Path(tempfile.mkdtemp(prefix="hetserve-door-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
