@@ -26,8 +26,7 @@ class Settings:
         metadata={"doc": "unix socket for node-local clients; empty disables it"})
     socket_group: str = field(
         default="", metadata={"doc": "group (name or id) whose members may also connect to the "
-                                     "unix socket, and whose shared memory objects the daemon "
-                                     "may open; empty: the daemon's user alone"})
+                                     "unix socket; empty: the daemon's user alone"})
     tls_cert: Path | None = field(
         default=None, metadata={"doc": "PEM certificate chain for gRPC over TCP (with tls_key); "
                                        "required, with a token, when the host is not loopback"})
