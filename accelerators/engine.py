@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -61,4 +62,16 @@ class PlansPerShape(Protocol):
     it keeps one plan per size."""
 
     def fix_batch_sizes(self, sizes: tuple[int, ...]) -> None:
+        ...
+
+
+@runtime_checkable
+class ReportsPlans(Protocol):
+    """An engine that compiles launch plans as batch sizes and request shapes come (OpenCL),
+    keeping a bounded number: reports each plan built and each evicted, so that operators see a
+    cache that thrashes."""
+
+    def report_plans(self, listener: Callable[[str, int], None]) -> None:
+        """`listener(event, count)`, event "built" or "evicted", from now on; the plans so far
+        (load's) at once."""
         ...

@@ -55,19 +55,22 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
                   ort_options: OrtOptions | None = None,
-                  served: dict[str, tuple[int, ...]] | None = None) -> Engine:
+                  served: dict[str, tuple[int, ...]] | None = None,
+                  max_shapes: int | None = None) -> Engine:
     """`ort_options`: the model's settings from its config; the OpenCL engine takes its
     `precision` (fp16: half storage, FP32 on the wire) as ONNX Runtime does. `served`: each
     input's dims after the batch axis in the config, which fix the OpenCL engine's shapes
-    (ONNX Runtime takes any)."""
+    (ONNX Runtime takes any); where they leave dims variable, the OpenCL engine keeps the plans
+    of `max_shapes` request shapes (None: its default)."""
     if spec.engine in _REGISTERED:
         return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
     if spec.engine == "opencl":
         from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
+        from accelerators.opencl.plans import DEFAULT_SHAPES
 
         fp16 = ort_options is not None and ort_options.fp16
         return OpenCLEngine(model_path, spec.device, precision="fp16" if fp16 else "fp32",
-                            served=served)
+                            served=served, max_shapes=max_shapes or DEFAULT_SHAPES)
     index = parse_device_name(spec.device)[1] if spec.kind else 0
     if spec.kind == "gpu" and index >= (count := gpu_count()):
         raise ValueError(f"device {str(spec)!r} is not available: this node has {count} GPUs"

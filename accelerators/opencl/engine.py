@@ -1,7 +1,9 @@
 """The OpenCL engine: an ONNX model on one OpenCL device, behind accelerators.engine.Engine.
 Loading checks every op (an unsupported one fails here, naming op and node, so the daemon
 falls back to its next device) by compiling the batch-1 plan; plans for other batch sizes are
-compiled on first use and cached. On CPUs a large batch runs as back-to-back slices of
+compiled on first use and cached. A model whose served dims are variable (-1 in config.pbtxt) is
+checked at load at a probe size, and planned per request shape on first sight: the plans of the
+last `max_shapes` shapes are kept (plans.py). On CPUs a large batch runs as back-to-back slices of
 `slice` samples through one plan, so each layer's tensors stay in cache (measured: GEMM
 throughput falls fourfold once a batch's im2col buffer outgrows the cache)."""
 
@@ -12,15 +14,21 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor, as_float32
 from accelerators.opencl.graph import fix_input_dims, load_graph
 from accelerators.opencl.ir import Graph, UnsupportedModelError
-from accelerators.opencl.launch import Build, LocalTiling, Lowered
+from accelerators.opencl.launch import Build, LocalTiling, Lowered, Samples
 from accelerators.opencl.lowering import lower
+from accelerators.opencl.plans import (
+    DEFAULT_SHAPES,
+    PlanEvents,
+    ShapeCache,
+    ShapePlans,
+    SharedConsts,
+)
 from accelerators.opencl.program_cache import ProgramCache
 
 log = logging.getLogger(__name__)
@@ -28,14 +36,19 @@ log = logging.getLogger(__name__)
 SLICE_TILES = 2  # a CPU slice: this many register tiles' rows (fully connected layers' M)
 PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
 PRECISIONS = ("fp32", "fp16")
+# The size a variable dim is checked at when the model loads: a multiple of the strides of
+# detectors' and text recognizers' downsampling, and as long as a token sequence commonly is.
+PROBE_SIZE = 64
 
 
-def lowered_plans(graph: Graph, build: Build) -> tuple[Lowered, Lowered]:
+def lowered_plans(graph: Graph, build: Build, samples: Samples | None = None
+                  ) -> tuple[Lowered, Lowered]:
     """The plans for one sample and for a CPU slice: kernels differ between them (GEMV vs GEMM
     tiles), so a program, and an FPGA binary, must hold both sets. A slice is as many samples
     as fill whole register tiles of the fully connected layers: 12 with AVX2's 6-row tiles (8
     ran half-empty second tiles)."""
-    return lower(graph, 1, build), lower(graph, SLICE_TILES * build.rows, build)
+    return lower(graph, 1, build, samples), lower(graph, SLICE_TILES * build.rows, build,
+                                                  samples)
 
 
 def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
@@ -48,7 +61,7 @@ class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
                  local_tiles: bool | None = None, pipelined: bool | None = None,
                  precision: str = "fp32", served: dict[str, tuple[int, ...]] | None = None,
-                 ) -> None:
+                 max_shapes: int = DEFAULT_SHAPES) -> None:
         """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs, and
         always on FPGAs. Their tile size follows the device's limits; FPGAs, emulated or not,
         take the default tiles their binaries are built with (docs/opencl.md). `pipelined`:
@@ -58,13 +71,14 @@ class OpenCLEngine:
         halves on the device (any device), the local tiles computed in half where the device
         has cl_khr_fp16; inputs and outputs stay FP32. `served`: each input's dims after the
         batch axis as the model is served (config.pbtxt's), which fix the graph's symbolic
-        ones."""
+        ones; those left variable are planned per request shape, keeping the plans of the last
+        `max_shapes` shapes."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is unknown; expected one of "
                              f"{list(PRECISIONS)}")
         pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None else pipelined
         self.graph: Graph = load_graph(model_path)
-        fix_input_dims(self.graph, served or {})
+        variable = fix_input_dims(self.graph, served or {})
         half = precision == "fp16"
         if half and (pipelined or any(n.op == "FakeQuant" or "quant_in" in n.attrs
                                       for n in self.graph.nodes)):
@@ -86,13 +100,24 @@ class OpenCLEngine:
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
         self._cache = cache or ProgramCache()
-        self._consts: dict[str, cl.Buffer] = {}
-        self._plans: dict[int, Executor] = {}
+        self._consts = SharedConsts(self._dev.context, per_shape=bool(variable))
+        self.plan_counts = {"built": 0, "evicted": 0}
+        self._listener: PlanEvents | None = None
         # Raises for unsupported ops before the device is touched.
-        first, several = lowered_plans(self.graph, self.build)
+        first, several = self._check(variable)
         self.slice = SLICE_TILES * self.build.rows
         self.kernels = kernels_of(first, several, self.build)
         self.program = self._cache.program(self._dev, self.kernels, self.build.defines)
+        names = [name for name, _ in self.graph.inputs]
+        # Fixed shapes: one set of plans, never evicted; variable dims: per request shape.
+        self._fixed = None if variable else ShapePlans(None)
+        self._shapes = ShapeCache(names, max_shapes, self._report) if variable else None
+        if self._fixed is None:
+            log.info("OpenCL engine for %s on %s (%s, %s): %d launches at size %d of %s; "
+                     "planned per request shape, the last %d shapes kept", model_path,
+                     self.device.name, self._dev.description, self.build.defines,
+                     len(first.launches), PROBE_SIZE, _named(variable), max_shapes)
+            return
         plan = self.plan(1, first)
         log.info("OpenCL engine for %s on %s (%s, %s): %d launches; fused %s; batch-1 buffers "
                  "%.1f MiB peak vs %.1f MiB for all tensors", model_path, self.device.name,
@@ -100,19 +125,50 @@ class OpenCLEngine:
                  dict(self.graph.fused),
                  plan.peak_bytes / 2**20, plan.sum_bytes / 2**20)
 
-    def plan(self, batch: int, lowered: Lowered | None = None) -> Executor:
-        """The launch plan for `batch` samples, compiled once and cached."""
-        plan = self._plans.get(batch)
+    def _check(self, variable: list[tuple[str, int]]) -> tuple[Lowered, Lowered]:
+        """The lowered plans that load checks the model with; with variable dims, at
+        PROBE_SIZE. A model that cannot be planned there is refused naming the dims, so that
+        the daemon serves it on its next device."""
+        if not variable:
+            return lowered_plans(self.graph, self.build)
+        probe = {name: tuple(PROBE_SIZE if d == -1 else d for d in dims[1:])
+                 for name, dims in self.graph.inputs}
+        try:
+            return lowered_plans(self.graph, self.build, probe)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(
+                f"{_named(variable)} variable (-1 or absent in config.pbtxt's dims, symbolic in "
+                f"the graph), and the OpenCL engine, which plans each request shape, cannot "
+                f"plan the model at size {PROBE_SIZE} there: {e}; give the dim a size in "
+                f"config.pbtxt") from e
+
+    def report_plans(self, listener: PlanEvents) -> None:
+        """Tells `listener` of every plan built or evicted from now on, and at once of those
+        so far (the plans load built)."""
+        for event, count in self.plan_counts.items():
+            if count:
+                listener(event, count)
+        self._listener = listener
+
+    def _report(self, event: str, count: int) -> None:
+        self.plan_counts[event] += count
+        if self._listener is not None:
+            self._listener(event, count)
+
+    def plan(self, batch: int, lowered: Lowered | None = None,
+             shape: ShapePlans | None = None) -> Executor:
+        """The launch plan for `batch` samples, compiled once and cached; of `shape`'s plans
+        where the served dims are variable."""
+        shape = shape or self._fixed
+        if shape is None:
+            raise ValueError("the model's dims are variable: its plans are per request shape")
+        plan = shape.by_batch.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self.build)
-            for key, value in lowered.consts.items():
-                if key not in self._consts:
-                    self._consts[key] = cl.Buffer(
-                        self._dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                        hostbuf=value)
-            plan = self._plans[batch] = Executor(
-                self._dev, self.program, lowered, self._consts,
+            lowered = lowered or lower(self.graph, batch, self.build, shape.samples)
+            plan = shape.by_batch[batch] = Executor(
+                self._dev, self.program, lowered, self._consts.for_plan(lowered.consts, shape),
                 concurrent_stages=self.build.concurrent_stages)
+            self._report("built", 1)
         return plan
 
     def step(self, batch: int) -> int:
@@ -121,17 +177,29 @@ class OpenCLEngine:
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         batch = next(iter(inputs.values())).shape[0]
+        # Looked up once: a new shape evicts another's plans before anything is enqueued.
+        shape = self._fixed or self._shapes.get(inputs)
         step = self.step(batch)
         if batch <= step:
-            return self.plan(batch).run(inputs, outputs)
-        sliced = self.plan(step)  # shapes from the plan: declared outputs may lack them
+            return self.plan(batch, shape=shape).run(inputs, outputs)
+        sliced = self.plan(step, shape=shape)  # shapes from the plan: outputs may lack them
         results = {name: np.empty((batch, *sliced.output_shape(name)[1:]), self.build.dtype)
                    for name in outputs}
         held = []  # every slice is enqueued before the one wait: no host round trip between
         for lo in range(0, batch, step):
             hi = min(lo + step, batch)
-            held += self.plan(hi - lo).enqueue(
+            held += self.plan(hi - lo, shape=shape).enqueue(
                 {k: v[lo:hi] for k, v in inputs.items()},
                 {k: v[lo:hi] for k, v in results.items()})
         self._dev.queue.finish()
         return as_float32(results)
+
+
+def _named(variable: list[tuple[str, int]]) -> str:
+    """`input 'x': dim 3 is` or `input 'x': dims 2, 3 are`, for each input."""
+    by_input: dict[str, list[int]] = {}
+    for name, axis in variable:
+        by_input.setdefault(name, []).append(axis)
+    return "; ".join(
+        f"input {name!r}: dim{'s' * (len(axes) > 1)} {', '.join(map(str, axes))} "
+        f"{'are' if len(axes) > 1 else 'is'}" for name, axes in by_input.items())

@@ -5,6 +5,7 @@ layers). Kernel events are kept so runs can be profiled per launch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ class LaunchTime:
 
 class Executor:
     def __init__(self, dev: OpenCLDevice, program: cl.Program, lowered: Lowered,
-                 consts: dict[str, cl.Buffer], concurrent_stages: bool = False) -> None:
+                 consts: Mapping[str, cl.Buffer], concurrent_stages: bool = False) -> None:
         """`concurrent_stages`: the stages of a pipelined chain are joined by channels or pipes
         and must run at the same time; otherwise each waits for the one before."""
         self._queue = dev.queue
@@ -54,6 +55,12 @@ class Executor:
             kernel.set_args(*[buffer(a) if isinstance(a, Ref) else a for a in launch.args])
             self._kernels.append((kernel, launch))
         self._events: list[cl.Event] = []
+
+    def release(self) -> None:
+        """Frees the plan's buffers (an evicted shape's); it must not run again."""
+        self._kernels.clear()
+        for slot in self._slots:
+            slot.release()
 
     def output_shape(self, name: str) -> tuple[int, ...]:
         return self._outputs[name][1]

@@ -88,24 +88,22 @@ def _dims(v: onnx.ValueInfoProto) -> tuple[int, ...]:
                  for d in v.type.tensor_type.shape.dim)
 
 
-def fix_input_dims(graph: Graph, served: dict[str, tuple[int, ...]]) -> None:
+def fix_input_dims(graph: Graph, served: dict[str, tuple[int, ...]]) -> list[tuple[str, int]]:
     """Gives the graph's symbolic input dims after the batch axis the sizes the model is served
-    at (config.pbtxt's dims): plans are compiled for fixed shapes. A dim left variable (-1 in
-    both) is refused, naming it, so that the model's next device (ONNX Runtime) serves it."""
-    fixed = []
+    at (config.pbtxt's dims). Returns the dims left variable (-1 in both), as (input, axis):
+    they stay -1, and the engine plans them per request shape."""
+    fixed, variable = [], []
     for name, dims in graph.inputs:
         want = served.get(name, ())
         out = list(dims[:1])
         for i, d in enumerate(dims[1:], 1):
             size = want[i - 1] if i - 1 < len(want) else -1
             if d == -1 and size == -1:
-                raise UnsupportedModelError(
-                    f"input {name!r}: dim {i} is variable (symbolic in the graph, -1 or absent "
-                    f"in config.pbtxt's dims); the OpenCL engine plans fixed shapes: give it a "
-                    f"size in config.pbtxt")
+                variable.append((name, i))
             out.append(d if d != -1 else size)
         fixed.append((name, tuple(out)))
     graph.inputs = fixed
+    return variable
 
 
 def _drop_passthrough(graph: Graph) -> None:

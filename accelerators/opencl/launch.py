@@ -102,6 +102,10 @@ class Build:
         return 6 if kind == "cpu" and native_float_width < 16 else 8
 
 
+# Each input's shape after the batch axis: a request's, where the served dims are variable.
+Samples = dict[str, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class Ref:
     """A device buffer: a planned buffer (`storage`) or an uploaded constant."""

@@ -18,6 +18,7 @@ from accelerators.opencl.launch import (
     Launch,
     Lowered,
     Ref,
+    Samples,
     activation_args,
     ints,
     round_up,
@@ -31,7 +32,8 @@ from accelerators.opencl.quant_lowering import QuantLowering
 
 class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering, QuantLowering,
                PipelineLowering):
-    def __init__(self, graph: Graph, batch: int, build: Build) -> None:
+    def __init__(self, graph: Graph, batch: int, build: Build,
+                 samples: Samples | None = None) -> None:
         self.graph, self.out, self.build = graph, Lowered(dtype=build.dtype), build
         self.tiling, self.pipelined = build.tiling, build.pipelined
         self.values: dict[str, np.ndarray | Dyn] = dict(graph.consts)
@@ -39,7 +41,9 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
         # keyed apart from other batch sizes' (the engine shares constants between plans).
         self.batch, self.per_batch = batch, set[str]()
         for name, dims in graph.inputs:
-            shape = tuple(batch if d == -1 else d for d in dims)
+            sample = samples.get(name) if samples else None
+            shape = tuple(batch if d == -1 else d for d in dims) if sample is None else (
+                batch if dims[0] == -1 else dims[0], *sample)
             self.values[name] = self.out.inputs[name] = self._new(name, shape)
 
     def run(self) -> Lowered:
@@ -224,9 +228,11 @@ class Lowering(MatMulLowering, LayoutLowering, ElementwiseLowering, NormLowering
             rows, cols, math.prod(x.shape[last + 1:]))])
 
 
-def lower(graph: Graph, batch: int, build: Build = Build()) -> Lowered:
+def lower(graph: Graph, batch: int, build: Build = Build(),
+          samples: Samples | None = None) -> Lowered:
     """`build.tiling`: GEMMs and convolutions staged through local memory in tiles of that size
     (GPUs, FPGAs) instead of the register tiles that suit CPUs. `build.pipelined`: fp32
     convolutions through the pipelined kernels (kernels/pipelined.cl). `build.half`: tensors
-    and float weights stored as fp16."""
-    return Lowering(graph, batch, build).run()
+    and float weights stored as fp16. `samples`: each input's shape after the batch axis, where
+    the graph leaves dims variable (a request's shape); by default the graph's."""
+    return Lowering(graph, batch, build, samples).run()

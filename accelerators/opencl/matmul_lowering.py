@@ -193,6 +193,10 @@ class MatMulLowering:
             self.graph.derived[wkey] = wt
         wt = self.graph.derived[wkey]
         m, k = math.prod(x.shape[:-1]), x.shape[-1]
+        if k != wt.shape[0]:  # a head sized for other input dims: never read past the weights
+            raise UnsupportedModelError(
+                f"{node.op} node {node.name!r}: the activation's last axis has {k} values, the "
+                f"matrix {wt.shape[0]} rows ({list(x.shape)} x {list(w.shape)})")
         out = self.values[node.outputs[0]] = self._new(node.outputs[0], (*x.shape[:-1], n))
         bias = None
         if len(args) > 2 and args[2] is not None:

@@ -65,6 +65,12 @@ class Metrics:
             "hetserve_padding_samples",
             "Zero rows a device computed to fill batches up to a bucket size (never replied)",
             ["model", "device", "kind", "engine"], registry=r)
+        self.opencl_plans = Counter(
+            "hetserve_opencl_plans",
+            "Launch plans the OpenCL engine compiled (event=\"built\": one per batch size and "
+            "request shape) and dropped from its bounded cache of request shapes "
+            "(event=\"evicted\"); evictions that keep rising mean more distinct shapes than "
+            "the cache holds", ["model", "device", "kind", "engine", "event"], registry=r)
         self.warmup_duration = Gauge(
             "hetserve_model_warmup_seconds",
             "Time a model version's warm-up took at load, before it was READY",

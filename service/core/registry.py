@@ -101,7 +101,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
             raise ConfigError(f"model {name!r}: {e}") from e
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
-        engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options)
+        shapes = _opencl_shapes(spec)
+        engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options, shapes)
         flops = await asyncio.to_thread(FlopCounter, path, spec.served_dims())
 
         def worker(instances: list[Engine]) -> DeviceWorker:
@@ -175,8 +176,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                              version=str(spec.version)).set(seconds)
         return [w for w in workers if w not in failed], seconds
 
-    def _engines(self, spec: ModelSpec, path: Path, text: str,
-                 ort_options: OrtOptions) -> list[list[Engine]]:
+    def _engines(self, spec: ModelSpec, path: Path, text: str, ort_options: OrtOptions,
+                 shapes: int | None) -> list[list[Engine]]:
         """The engine instances of every device of the model's `devices` parameter that can run
         it; each device that cannot is logged with its reason."""
         try:
@@ -186,7 +187,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         engines, reasons = [], []
         for device in devices:
             try:
-                engines.append(self._instances(spec, device, path, ort_options))
+                engines.append(self._instances(spec, device, path, ort_options, shapes))
                 continue
             except OptionError as e:  # the config asks for what this node cannot give
                 raise ConfigError(f"model {spec.name!r}: {e}") from e
@@ -202,7 +203,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         return engines
 
     def _instances(self, spec: ModelSpec, device: DeviceSpec, path: Path,
-                   ort_options: OrtOptions) -> list[Engine]:
+                   ort_options: OrtOptions, shapes: int | None) -> list[Engine]:
         """instance_group's count of engines on one device. Unless --intra-op-threads says
         otherwise, several instances split the cores between them rather than each taking all."""
         def threads(count: int) -> int:
@@ -211,13 +212,13 @@ class ModelRegistry(ModelTable[LoadedModel]):
 
         guess = threads(spec.instances(device.kind))
         served = spec.served_dims()
-        first = create_engine(device, path, guess, ort_options, served)
+        first = create_engine(device, path, guess, ort_options, served, shapes)
         _check_signature(spec, first)
         count = spec.instances(first.device.kind)
         # A device named without its kind ("onnxruntime") reveals the kind only now.
         engines = [first] if threads(count) == guess else []
-        return engines + [create_engine(device, path, threads(count), ort_options, served)
-                          for _ in range(count - len(engines))]
+        return engines + [create_engine(device, path, threads(count), ort_options, served,
+                                        shapes) for _ in range(count - len(engines))]
 
     async def close(self) -> None:
         for model in self.loaded():
@@ -233,6 +234,16 @@ async def _close(model: LoadedModel) -> None:
 def _parameter(spec: ModelSpec, key: str, default: str) -> str:
     param = spec.config.parameters.get(key)
     return param.string_value.strip() if param is not None else default
+
+
+def _opencl_shapes(spec: ModelSpec) -> int | None:
+    """parameters.opencl_shapes: the request shapes whose plans the OpenCL engine keeps for a
+    model with variable dims; None: its default."""
+    text = _parameter(spec, "opencl_shapes", "")
+    if text and not (text.isdigit() and int(text) > 0):
+        raise ConfigError(f"model {spec.name!r}: parameters.opencl_shapes: {text!r} is not a "
+                          "positive number of request shapes")
+    return int(text) if text else None
 
 
 def _every_gpu(spec: ModelSpec, devices: list[DeviceSpec]) -> list[DeviceSpec]:

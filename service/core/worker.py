@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 
-from accelerators.engine import Engine
+from accelerators.engine import Engine, ReportsPlans
 from accelerators.flops import FlopCounter
 from service import contract
 from service.core.buckets import Buckets
@@ -60,6 +60,10 @@ class DeviceWorker:
         served = flops is not None and flops.served.partial
         self._flops = {served: self._flop_series(served)}
         self._padding = metrics.padding.labels(**labels)
+        for engine in engines:
+            if isinstance(engine, ReportsPlans):
+                engine.report_plans(lambda event, count: metrics.opencl_plans.labels(
+                    **labels, event=event).inc(count))
         self._flop_counter = flops
         self.meter = metrics.power.meter(self.device)
         self.meter.add_model(model, self.device.engine)

@@ -90,34 +90,45 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
         assert daemon.stop() == 0
 
 
-def test_symbolic_dims_are_served_at_the_configs_sizes_or_by_the_next_device(tmp_path) -> None:
+TWO_SHAPES = 'parameters { key: "opencl_shapes" value: { string_value: "2" } }\n'
+WARMUP_WIDTH_32 = ('model_warmup [ { name: "w32" batch_size: 1 inputs { key: "x" value: { '
+                   'data_type: TYPE_FP32 dims: [ 3, 32 ] zero_data: true } } } ]\n')
+
+
+def test_symbolic_dims_are_served_at_the_configs_sizes_or_planned_per_request_shape(
+        tmp_path) -> None:
     """A model with symbolic spatial dims (as detectors export) under two configs: fixed sizes,
-    which the OpenCL engine plans; variable ones (-1, as Triton allows), which it refuses at load
-    naming the dim, leaving ONNX Runtime to serve any size. `hetserve devices --models` gives the
-    same verdicts before start-up."""
+    and variable ones (-1, as Triton allows), both served by the OpenCL engine, the variable one
+    planned per request shape, the plans of `opencl_shapes` shapes kept, and counted. A head
+    that fixes a dim declared variable is refused there naming the dim, and ONNX Runtime serves
+    it. `hetserve devices --models` gives the same verdicts before start-up."""
     from tests.accelerators.test_opencl_engine import _symbolic_conv
+    from tests.accelerators.test_opencl_shapes import sized_head
     repo = tmp_path / "models"
-    for name, dims in (("conv_fixed", "3, 10, 12"), ("conv_any", "3, -1, -1")):
+    for name, dims, out in (("conv_fixed", "3, 10, 12", "4, 10, 12"),
+                            ("conv_any", "3, -1, -1", "4, -1, -1"), ("head_any", "3, -1", "4")):
         (repo / name / "1").mkdir(parents=True)
-        _symbolic_conv(repo / name / "1" / "model.onnx")
-        out = dims.replace("3,", "4,", 1)
+        (sized_head if name == "head_any" else _symbolic_conv)(repo / name / "1" / "model.onnx")
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
             f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
             f'output [ {{ name: "y" data_type: TYPE_FP32 dims: [ {out} ] }} ]\n'
-            + DEVICES.replace("opencl:cpu0, onnxruntime", "opencl:cpu0, onnxruntime:cpu0"))
+            + DEVICES.replace("opencl:cpu0, onnxruntime", "opencl:cpu0, onnxruntime:cpu0")
+            # The default warm-up's size of a variable dim, 1, is not the head's.
+            + (WARMUP_WIDTH_32 if name == "head_any" else "")
+            + (TWO_SHAPES if name == "conv_any" else ""))
     listed = json.loads(subprocess.run(
         [sys.executable, "-m", "service", "devices", "--json", "--models", str(repo)],
         capture_output=True, text=True, check=True).stdout)["models"]
-    assert listed["opencl:cpu0"]["conv_fixed"] == "yes"
-    assert "input 'x': dim 2 is variable" in listed["opencl:cpu0"]["conv_any"]
+    assert listed["opencl:cpu0"]["conv_fixed"] == listed["opencl:cpu0"]["conv_any"] == "yes"
+    assert "input 'x': dim 2 is variable" in listed["opencl:cpu0"]["head_any"]
     daemon = Daemon(tmp_path, repo)
     try:
         with grpcclient.InferenceServerClient(daemon.url) as client:
             devices = {name: client.get_model_config(name).config.parameters[
-                "devices"].string_value for name in ("conv_fixed", "conv_any")}
+                "devices"].string_value for name in ("conv_fixed", "conv_any", "head_any")}
             for name, size in (("conv_fixed", (10, 12)), ("conv_any", (7, 9)),
-                               ("conv_any", (16, 5))):
+                               ("conv_any", (16, 5)), ("conv_any", (7, 9))):
                 tensor = grpcclient.InferInput("x", [1, 3, *size], "FP32")
                 tensor.set_data_from_numpy(np.ones((1, 3, *size), np.float32))
                 reply = client.infer(name, [tensor])
@@ -126,9 +137,25 @@ def test_symbolic_dims_are_served_at_the_configs_sizes_or_by_the_next_device(tmp
                 parameters = reply.get_response().parameters
                 assert parameters["flops"].int64_param == 2 * 4 * size[0] * size[1] * 27
                 assert "flops_partial" not in parameters
+            tensor = grpcclient.InferInput("x", [2, 3, 32], "FP32")
+            tensor.set_data_from_numpy(np.ones((2, 3, 32), np.float32))
+            np.testing.assert_array_equal(client.infer("head_any", [tensor]).as_numpy("y"), 96)
+        metrics = scrape(daemon.metrics_url)
+        opencl = dict(device="cpu0", kind="cpu", engine="opencl")
+        assert total(metrics, "hetserve_inferences_total", model="conv_any", **opencl) == 3
+        # The warm-up's shape at each bucket (1, 2, 4) and two request shapes at batch 1; of
+        # two shapes kept (opencl_shapes), the warm-up's went when the second request shape
+        # came, and the first came back to its plan. The fixed model: its bucket sizes.
+        plans = {(model, event): total(metrics, "hetserve_opencl_plans_total", model=model,
+                                       event=event, **opencl)
+                 for model in ("conv_any", "conv_fixed") for event in ("built", "evicted")}
+        assert plans == {("conv_any", "built"): 3 + 2, ("conv_any", "evicted"): 3,
+                         ("conv_fixed", "built"): 3, ("conv_fixed", "evicted"): 0}
     finally:
         assert daemon.stop() == 0
     assert devices == {"conv_fixed": "opencl:cpu0, onnxruntime:cpu0",
-                       "conv_any": "onnxruntime:cpu0"}
+                       "conv_any": "opencl:cpu0, onnxruntime:cpu0",
+                       "head_any": "onnxruntime:cpu0"}
     log = (tmp_path / "daemon.log").read_text()
-    assert "'conv_any' version 1 cannot run on opencl:cpu0" in log
+    assert re.search(r"'head_any' version 1 cannot run on opencl:cpu0: .*input 'x': dim 2 is "
+                     r"variable", log)

@@ -150,16 +150,17 @@ def _symbolic_conv(path: Path) -> onnx.ModelProto:
     return model
 
 
-def test_symbolic_dims_take_the_served_sizes_or_are_refused_by_name(
+def test_symbolic_dims_take_the_served_sizes_or_are_planned_per_shape(
         tmp_path, opencl_device, program_cache) -> None:
+    """Fixed by config.pbtxt, or left variable there (or with no config): then planned per
+    request shape (test_opencl_shapes.py)."""
     model = _symbolic_conv(tmp_path / "conv.onnx")
-    engine = OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache,
-                          served={"x": (3, 10, 12)})
-    assert engine.inputs[0].shape == (-1, 3, 10, 12)
     x = np.random.default_rng(1).standard_normal((2, 3, 10, 12)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(engine.run({"x": x}, ["y"])["y"], ref, rtol=1e-4, atol=1e-4)
-    for served in ({"x": (3, 10, -1)}, None):
-        with pytest.raises(UnsupportedModelError, match=r"input 'x': dim (2|3) is variable"):
-            OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache, served=served)
+    for served, signature in (({"x": (3, 10, 12)}, (-1, 3, 10, 12)),
+                              ({"x": (3, 10, -1)}, (-1, 3, 10, -1)), (None, (-1, 3, -1, -1))):
+        engine = OpenCLEngine(tmp_path / "conv.onnx", opencl_device, program_cache,
+                              served=served)
+        assert engine.inputs[0].shape == signature
+        np.testing.assert_allclose(engine.run({"x": x}, ["y"])["y"], ref, rtol=1e-4, atol=1e-4)

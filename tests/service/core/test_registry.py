@@ -16,10 +16,11 @@ from service.settings import Settings
 from tests.conftest import MODEL, MODELS
 
 
-def _load(tmp_path: Path, devices: str, inspect=lambda registry: None) -> ModelRegistry:
+def _load(tmp_path: Path, devices: str, inspect=lambda registry: None,
+          config_extra: str = "") -> ModelRegistry:
     shutil.copytree(MODELS / MODEL, tmp_path / MODEL)
     config = tmp_path / MODEL / "config.pbtxt"
-    config.write_text(config.read_text() +
+    config.write_text(config.read_text() + config_extra +
                       f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
     registry = ModelRegistry(Settings(model_repository=tmp_path, unix_socket=None), Metrics())
 
@@ -44,6 +45,12 @@ def test_unknown_engines_are_reported_naming_the_value(tmp_path) -> None:
     registry = _load(tmp_path, "quantum:qpu0")
     assert "parameters.devices" in registry.failures[MODEL]
     assert "'quantum'" in registry.failures[MODEL]
+
+
+def test_a_bad_opencl_shapes_parameter_is_reported_naming_it(tmp_path) -> None:
+    registry = _load(tmp_path, "onnxruntime:cpu0", config_extra=(
+        'parameters { key: "opencl_shapes" value: { string_value: "0" } }\n'))
+    assert "parameters.opencl_shapes: '0' is not a positive number" in registry.failures[MODEL]
 
 
 def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch,
