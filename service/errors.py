@@ -1,62 +1,85 @@
-"""Domain errors, each carrying the gRPC status it maps to (one mapping, in the servicer)."""
+"""Domain errors, each carrying the transport-neutral status a client receives: mapped once to
+gRPC (service/grpc/handlers.py) and once to HTTP (service/http/errors.py)."""
 
 from __future__ import annotations
 
-import grpc
+import enum
+import logging
+
+log = logging.getLogger(__name__)
+_MAX_MESSAGE = 1024  # characters of an error's text that reach a client
+
+
+class Status(enum.Enum):
+    """An outcome, named and numbered as the KServe V2 protocol's gRPC codes are."""
+
+    OK = 0
+    CANCELLED = 1
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    UNAUTHENTICATED = 16
 
 
 class HetserveError(Exception):
-    """Base error; `status` is the gRPC status code a client receives."""
+    """Base error; `status` is what a client receives."""
 
-    status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    status: Status = Status.INTERNAL
 
 
 class ModelNotFoundError(HetserveError):
-    status = grpc.StatusCode.NOT_FOUND
+    status = Status.NOT_FOUND
 
 
 class InvalidInputError(HetserveError):
-    status = grpc.StatusCode.INVALID_ARGUMENT
+    status = Status.INVALID_ARGUMENT
 
 
 class AlreadyExistsError(HetserveError):
-    status = grpc.StatusCode.ALREADY_EXISTS
+    status = Status.ALREADY_EXISTS
 
 
 class PermissionDeniedError(HetserveError):
-    status = grpc.StatusCode.PERMISSION_DENIED
+    status = Status.PERMISSION_DENIED
 
 
 class QueueFullError(HetserveError):
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status = Status.RESOURCE_EXHAUSTED
 
 
 class LimitError(HetserveError):
     """A bound on what clients may make the daemon hold (shared memory regions, descriptors)."""
 
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status = Status.RESOURCE_EXHAUSTED
 
 
 class DeadlineExceededError(HetserveError):
     """The client's deadline or the queue timeout passed before the request could run."""
 
-    status = grpc.StatusCode.DEADLINE_EXCEEDED
+    status = Status.DEADLINE_EXCEEDED
 
 
 class ModelUnavailableError(HetserveError):
-    status = grpc.StatusCode.UNAVAILABLE
+    status = Status.UNAVAILABLE
 
 
 class ConfigError(HetserveError):
     """A model repository entry that cannot be loaded (reported, never served)."""
 
-    status = grpc.StatusCode.UNAVAILABLE
+    status = Status.UNAVAILABLE
 
 
 class DeviceError(HetserveError):
     """Every device that could run a batch failed."""
 
-    status = grpc.StatusCode.INTERNAL
+    status = Status.INTERNAL
 
 
 class StartupError(Exception):
@@ -66,7 +89,7 @@ class StartupError(Exception):
 class StatusError(HetserveError):
     """An error as another process of the daemon answered it: its status and message."""
 
-    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+    def __init__(self, status: Status, message: str) -> None:
         super().__init__(message)
         self.status = status
 
@@ -76,3 +99,13 @@ def shown(value: object, limit: int = 200) -> str:
     peer must not grow logs and replies with what it sends)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def status_of(error: BaseException, where: str) -> tuple[Status, str]:
+    """The status and message a client gets for `error`; a bug's is logged here, in one line
+    (its traceback at DEBUG)."""
+    if isinstance(error, HetserveError):
+        return error.status, str(error)[:_MAX_MESSAGE]
+    log.error("%s failed: %s: %s", where, type(error).__name__, str(error)[:_MAX_MESSAGE])
+    log.debug("%s failed", where, exc_info=error)
+    return Status.INTERNAL, f"{where}: an internal error ({type(error).__name__})"

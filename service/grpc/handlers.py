@@ -18,13 +18,12 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from tritonclient.grpc import service_pb2
 
-from service.errors import HetserveError, InvalidInputError
+from service.errors import InvalidInputError, Status, status_of
 from service.grpc.codec import parse_message
 
 log = logging.getLogger(__name__)
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # A status message stays short whatever it quotes (the quotes are bounded too: errors.shown).
-_MAX_MESSAGE = 1024
 
 
 def add_to_server(servicer: object, server: grpc.aio.Server) -> None:
@@ -52,7 +51,7 @@ def _parsed(behaviour: Callable, request_class: type, name: str) -> Callable:
         try:
             request = parse_message(request_class, data)
         except InvalidInputError as e:
-            await context.abort(e.status, f"{name}: {e}")
+            await context.abort(grpc_status(e.status), f"{name}: {e}")
         try:
             reply = await behaviour(request, context)
         except Exception as e:
@@ -88,7 +87,7 @@ def _streamed(behaviour: Callable, name: str) -> Callable:
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
     if isinstance(error, grpc.aio.AbortError):  # aborted already, with its status
         raise error
-    status, message = status_of(error, method)
+    status, message = grpc_status_of(error, method)
     _end_if_past_deadline(context)
     await context.abort(status, message)
 
@@ -102,14 +101,14 @@ def _end_if_past_deadline(context: grpc.aio.ServicerContext) -> None:
         raise asyncio.CancelledError  # what gRPC raises in a call its client has left
 
 
-def status_of(error: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
-    """The status and message a client gets for `error`; a bug's is logged here, in one line
-    (its traceback at DEBUG)."""
-    if isinstance(error, HetserveError):
-        return error.status, str(error)[:_MAX_MESSAGE]
-    log.error("%s failed: %s: %s", where, type(error).__name__, str(error)[:_MAX_MESSAGE])
-    log.debug("%s failed", where, exc_info=error)
-    return grpc.StatusCode.INTERNAL, f"{where}: an internal error ({type(error).__name__})"
+def grpc_status(status: Status) -> grpc.StatusCode:
+    return grpc.StatusCode[status.name]
+
+
+def grpc_status_of(error: BaseException, where: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status and message a client gets for `error` (service.errors.status_of)."""
+    status, message = status_of(error, where)
+    return grpc_status(status), message
 
 
 def _unimplemented(name: str) -> Callable:

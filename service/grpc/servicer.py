@@ -17,10 +17,9 @@ from tritonclient.grpc import service_pb2
 from service.core.dataplane import DataPlane, select
 from service.core.metrics import Metrics
 from service.core.types import Answer, ServedModel
-from service.errors import HetserveError
+from service.errors import HetserveError, Status, status_of
 from service.grpc import codec, shared_memory
 from service.grpc.door import Peers
-from service.grpc.handlers import status_of
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
 
@@ -51,7 +50,7 @@ class InferenceServicer:
         self._token_uid = settings.shm_uid_for_token
         self._stream_window = settings.max_stream_inflight
         self._energy = settings.response_energy
-        self._counters: dict[tuple[str, grpc.StatusCode], Counter] = {}
+        self._counters: dict[tuple[str, Status], Counter] = {}
         self._durations: dict[str, Histogram] = {}  # per served model, like _counters
         # Fixed for the process: read the package metadata once, not per call.
         self._server_metadata = pb.ServerMetadataResponse(
@@ -224,7 +223,7 @@ class InferenceServicer:
         except HetserveError as e:
             self._count(spec.name, e.status)
             raise
-        self._count(spec.name, grpc.StatusCode.OK)
+        self._count(spec.name, Status.OK)
         duration = self._durations.get(spec.name)
         if duration is None:
             duration = self._durations[spec.name] = \
@@ -232,7 +231,7 @@ class InferenceServicer:
         duration.observe(time.perf_counter() - call.start)
         return response
 
-    def _count(self, model: str, code: grpc.StatusCode) -> None:
+    def _count(self, model: str, code: Status) -> None:
         counter = self._counters.get((model, code))
         if counter is None:  # served model names times status codes: a bounded set
             counter = self._counters[model, code] = self._metrics.requests.labels(

@@ -99,7 +99,7 @@ class Reply(_Message):
 
 class Failed(_Message):
     id: int
-    status: str  # a grpc.StatusCode name
+    status: str  # a service.errors.Status name
     message: str
 
 

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from service.core.dataplane import DataPlane
 from service.core.queue_policy import RequestOptions
 from service.core.types import Answer
-from service.grpc.handlers import status_of
+from service.errors import status_of
 from service.workers import messages as msg
 from service.workers.arena import Arena
 

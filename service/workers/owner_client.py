@@ -12,7 +12,6 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
@@ -21,7 +20,7 @@ from service.core.model_table import ModelTable
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost, Tensors
-from service.errors import ModelUnavailableError, QueueFullError, StatusError
+from service.errors import ModelUnavailableError, QueueFullError, Status, StatusError
 from service.grpc.shared_memory import Caller
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -81,7 +80,7 @@ class OwnerClient:
             return
         match message:
             case msg.Failed(status=status, message=text):
-                future.set_exception(StatusError(grpc.StatusCode[status], text))
+                future.set_exception(StatusError(Status[status], text))
             case msg.Reply():
                 future.set_result(_answer(message, payload))
             case msg.Statistics():
