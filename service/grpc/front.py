@@ -1,12 +1,14 @@
-"""The daemon's gRPC server in one process: the KServe V2 servicer, health and reflection on the
-daemon's addresses (loopback TCP, the unix socket), with TLS and the token where configured; a
-drain that refuses new requests and lets those in flight finish."""
+"""The daemon's gRPC servers in one process: the KServe V2 servicer, health and reflection on the
+daemon's addresses (loopback TCP, the unix socket), a server for each so that TCP clients cannot
+take the socket users' share (service/grpc/limits.py), with TLS and the token on TCP where
+configured; a drain that refuses new requests and lets those in flight finish."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,38 +19,47 @@ from service.errors import StartupError
 from service.grpc import handlers, unix_socket
 from service.grpc.auth import TokenInterceptor
 from service.grpc.credentials import ExposureError, TlsFiles, TokenFile
+from service.grpc.limits import Listener, RpcLimit, backstop, server_options
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+TCP, SOCKET = "tcp", "socket"  # the servers' keys
 
 
 class GrpcFront:
-    """A gRPC server on the daemon's addresses, in this process: the whole daemon with one
-    worker, and each front-end process with several (then sharing the TCP port)."""
+    """The daemon's gRPC servers in this process, one per listener with its own limits: the
+    whole daemon with one worker, and each front-end process with several (then sharing the TCP
+    port)."""
 
     def __init__(self, settings: Settings, token: TokenFile | None, servicer: object,
                  plane: DataPlane, reuseport: bool = False) -> None:
         self._settings, self._plane = settings, plane
-        # gRPC turns SO_REUSEPORT on by default: a second daemon would silently share the port.
-        # Front-ends share it on purpose, once their owner holds it (service/workers/frontends.py).
-        self._server = grpc.aio.server(
-            interceptors=[TokenInterceptor(token)] if token else [], options=[
-                ("grpc.so_reuseport", int(reuseport)),
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
-                ("grpc.max_send_message_length", settings.max_message_bytes),
-            ])
-        handlers.add_to_server(servicer, self._server)
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._servers: dict[str, grpc.aio.Server] = {}
+        if settings.grpc_port:  # the socket's users need no token
+            self._servers[TCP] = self._server(Listener.tcp(settings), servicer, reuseport,
+                                              [TokenInterceptor(token)] if token else [])
+        if settings.unix_socket:
+            self._servers[SOCKET] = self._server(Listener.socket(settings), servicer, False, [])
+
+    def _server(self, listener: Listener, servicer: object, reuseport: bool,
+                interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+        server = grpc.aio.server(
+            interceptors=[*interceptors, RpcLimit(listener)],
+            options=server_options(self._settings, listener, reuseport),
+            maximum_concurrent_rpcs=backstop(listener))
+        handlers.add_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME),
-            self._server)
+            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        return server
 
     async def start(self, cleanup: contextlib.AsyncExitStack) -> list[str]:
         await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
-        addresses = bind(self._server, self._settings)
-        await self._server.start()
-        cleanup.push_async_callback(self._server.stop, 0)  # a no-op after a drain
+        addresses = bind(self._servers, self._settings)
+        for server in self._servers.values():
+            await server.start()
+            cleanup.push_async_callback(server.stop, 0)  # a no-op after a drain
         return addresses
 
     async def serving(self) -> None:
@@ -60,7 +71,8 @@ class GrpcFront:
         await self.health.enter_graceful_shutdown()  # every service NOT_SERVING
         if not await self._plane.drain(grace_s):
             log.warning("requests still in flight after %.1f s are cancelled", grace_s)
-        await self._server.stop(max(grace_s - (loop.time() - started), 0.0))
+        left = max(grace_s - (loop.time() - started), 0.0)
+        await asyncio.gather(*(server.stop(left) for server in self._servers.values()))
 
 
 async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
@@ -68,15 +80,15 @@ async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
         await servicer.set(service, status)
 
 
-def bind(server: grpc.aio.Server, settings: Settings) -> list[str]:
+def bind(servers: Mapping[str, grpc.aio.Server], settings: Settings) -> list[str]:
     addresses = []
     if settings.grpc_port:
         target = f"{settings.grpc_host}:{settings.grpc_port}"
-        add_port(server, target, target, _tls(settings))
+        add_port(servers[TCP], target, target, _tls(settings))
         addresses.append(target + (" (TLS)" if settings.tls_cert else ""))
     if settings.unix_socket:
         target = f"unix:{settings.unix_socket}"
-        add_port(server, target, str(settings.unix_socket), None)
+        add_port(servers[SOCKET], target, str(settings.unix_socket), None)
         # Bound already: its mode says who may connect before anyone can.
         unix_socket.restrict(settings.unix_socket, unix_socket.group_id(settings.socket_group))
         addresses.append(target)
