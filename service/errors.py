@@ -47,6 +47,12 @@ class ModelUnavailableError(HetserveError):
     status = grpc.StatusCode.UNAVAILABLE
 
 
+class StreamIdleError(HetserveError):
+    """A stream that sent no request for --stream-idle-s while no reply was pending."""
+
+    status = grpc.StatusCode.UNAVAILABLE
+
+
 class ConfigError(HetserveError):
     """A model repository entry that cannot be loaded (reported, never served)."""
 
