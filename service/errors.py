@@ -70,6 +70,12 @@ class ModelUnavailableError(HetserveError):
     status = Status.UNAVAILABLE
 
 
+class StreamIdleError(HetserveError):
+    """A stream that sent no request for --stream-idle-s while no reply was pending."""
+
+    status = Status.UNAVAILABLE
+
+
 class ConfigError(HetserveError):
     """A model repository entry that cannot be loaded (reported, never served)."""
 

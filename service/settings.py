@@ -63,13 +63,11 @@ class Settings:
     max_shm_regions_per_client: int = field(
         default=256, metadata={"doc": "the same for one client: the unix socket's users, or "
                                       "the token's holders over TCP"})
-    max_connections: int = field(
-        default=1024, metadata={"doc": "connections open at once on each listener (the unix "
-                                       "socket, TCP) of each front-end; beyond it a connection "
-                                       "is refused (RESOURCE_EXHAUSTED)"})
     max_connections_per_peer: int = field(
-        default=64, metadata={"doc": "the same for one peer: a uid on the unix socket, an "
-                                     "address over TCP"})
+        default=64, metadata={"doc": "connections open at once from one peer (a uid on the unix "
+                                     "socket, an address over TCP), per listener and front-end "
+                                     "process; beyond them a new one is refused "
+                                     "(RESOURCE_EXHAUSTED naming the flag)"})
     shm_uid_for_token: int = field(
         default=-1, metadata={"doc": "system shared memory over TCP: token holders may use the "
                                      "objects this uid could open; -1: none (the unix socket's "
@@ -78,6 +76,41 @@ class Settings:
         default=256, metadata={"doc": "requests of one ModelStreamInfer stream read ahead of "
                                       "their replies; a client that reads no replies stops "
                                       "being read"})
+    stream_idle_s: float = field(
+        default=300.0, metadata={"doc": "a ModelStreamInfer stream with no request for this long "
+                                        "and no reply pending is closed UNAVAILABLE"})
+    max_rpcs_tcp: int = field(
+        default=512, metadata={"doc": "calls (a stream is one) in progress at once over TCP, per "
+                                      "front-end process, before RESOURCE_EXHAUSTED; the unix "
+                                      "socket has its own server and limit"})
+    max_rpcs_socket: int = field(
+        default=1024, metadata={"doc": "the same for the unix socket"})
+    max_connections_tcp: int = field(
+        default=512, metadata={"doc": "TCP connections open at once, per front-end process; "
+                                      "beyond them a new one is refused (RESOURCE_EXHAUSTED "
+                                      "naming the flag; closed, with TLS)"})
+    max_connections_socket: int = field(
+        default=512, metadata={"doc": "the same for the unix socket"})
+    max_streams_per_connection: int = field(
+        default=128, metadata={"doc": "calls in progress at once on one connection (HTTP/2 "
+                                      "MAX_CONCURRENT_STREAMS); further streams are refused "
+                                      "(REFUSED_STREAM, which clients retry)"})
+    connection_idle_s: float = field(
+        default=300.0, metadata={"doc": "a connection with no call in progress for this long is "
+                                        "closed (GOAWAY; clients reconnect when they next call)"})
+    connection_age_s: float = field(
+        default=3600.0, metadata={"doc": "a connection this old is asked to close (GOAWAY): no "
+                                         "new calls on it, and connection_age_grace_s for those "
+                                         "in progress"})
+    connection_age_grace_s: float = field(
+        default=60.0, metadata={"doc": "how long calls in progress on a connection past "
+                                       "connection_age_s may go on before they are cancelled"})
+    min_ping_interval_s: float = field(
+        default=60.0, metadata={"doc": "shortest interval between a client's pings with nothing "
+                                       "sent by the daemon in between (two hours while the "
+                                       "client has no call in progress); the third ping sooner "
+                                       "closes the connection (GOAWAY ENHANCE_YOUR_CALM, "
+                                       "too_many_pings)"})
     intra_op_threads: int = field(
         default=0, metadata={"doc": "ONNX Runtime threads per engine instance; 0: ONNX "
                                     "Runtime's choice, or the cores split between a device's "

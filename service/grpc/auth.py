@@ -1,5 +1,5 @@
 """Who may call the daemon. The unix socket admits the daemon's user (and --socket-group's
-members), so its callers (as its door says: service/grpc/door.py) are trusted. TCP stays on
+members), so its callers are trusted. TCP stays on
 loopback unless the operator exposes it, and then it must carry TLS and a bearer token
 (`authorization: Bearer <token>`) on every call but health checks, which load balancers and
 kubelets make without credentials."""
@@ -14,7 +14,6 @@ from collections.abc import Callable
 import grpc
 
 from service.grpc.credentials import ExposureError, TokenFile
-from service.grpc.door import Peers
 
 _EXEMPT = "/grpc.health.v1.Health/"
 
@@ -40,8 +39,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses TCP calls without the bearer token in force: UNAUTHENTICATED, before any handler
     runs."""
 
-    def __init__(self, token: TokenFile, peers: Peers) -> None:
-        self._token, self._peers = token, peers
+    def __init__(self, token: TokenFile) -> None:
+        self._token = token
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -50,9 +49,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return _guarded(handler, self._allowed)
 
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
-        peer = self._peers.identify(context.peer())
-        if peer is not None and peer.listener == "unix":
-            return True
+        # On the TCP server alone (service/grpc/front.py): the peer's address says nothing here,
+        # as a connection forwarded over a unix socket still came from TCP.
         sent = dict(context.invocation_metadata()).get("authorization", "")
         return hmac.compare_digest(str(sent).encode(), self._token.bearer())
 

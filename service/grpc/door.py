@@ -55,6 +55,7 @@ class Peer:
 class Bounds:
     per_peer: int
     total: int
+    total_flag: str  # the flag that sets `total`, named in refusals
 
 
 class Peers:
@@ -106,7 +107,7 @@ class Door:
         peer = self._identify(sock)
         if sum(self._open.values()) >= self._bounds.total:
             return None, (f"{sum(self._open.values())} connections are open on the daemon's "
-                          f"{self.listener} listener, its limit (--max-connections)")
+                          f"{self.listener} listener, its limit ({self._bounds.total_flag})")
         if self._open[peer.address] >= self._bounds.per_peer:
             return None, (f"{self._open[peer.address]} connections are open from "
                           f"{peer.address}, the limit per peer (--max-connections-per-peer); "

@@ -1,13 +1,14 @@
-"""The daemon's gRPC server in one process: the KServe V2 servicer, health and reflection behind
-the daemon's doors (loopback TCP, the unix socket: service/grpc/door.py), with TLS and the token
-where configured; a drain that refuses new requests and lets those in flight finish."""
+"""The daemon's gRPC servers in one process: the KServe V2 servicer, health and reflection behind
+the daemon's doors (loopback TCP, the unix socket: service/grpc/door.py), a server for each so
+that TCP clients cannot take the socket users' share (service/grpc/limits.py), with TLS and the
+token on TCP where configured; a drain that refuses new requests and lets those in flight
+finish."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,59 +20,64 @@ from service.grpc import handlers, unix_socket
 from service.grpc.auth import TokenInterceptor
 from service.grpc.credentials import ExposureError, TlsFiles, TokenFile
 from service.grpc.door import Bounds, Door, Peers, private_folder
+from service.grpc.limits import Listener, RpcLimit, backstop, server_options
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class GrpcFront:
-    """A gRPC server on the daemon's addresses, in this process: the whole daemon with one
-    worker, and each front-end process with several (then sharing the TCP port)."""
+    """The daemon's gRPC servers in this process, one per listener with its own limits and door:
+    the whole daemon with one worker, and each front-end process with several (then sharing the
+    TCP port)."""
 
     def __init__(self, settings: Settings, token: TokenFile | None, servicer: object,
                  plane: DataPlane, peers: Peers, reuseport: bool = False) -> None:
-        self._settings, self._plane, self.peers = settings, plane, peers
+        self._settings, self._plane, self._peers = settings, plane, peers
         # Front-ends share the port on purpose, once their owner holds it
         # (service/workers/frontends.py); a second daemon must not share it silently.
         self._reuseport = reuseport
-        self._server = grpc.aio.server(
-            interceptors=[TokenInterceptor(token, peers)] if token else [], options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
-                ("grpc.max_send_message_length", settings.max_message_bytes),
-            ])
-        handlers.add_to_server(servicer, self._server)
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._servers: dict[Listener, grpc.aio.Server] = {}
+        if settings.grpc_port:  # the socket's users need no token
+            self._servers[Listener.tcp(settings)] = self._server(
+                Listener.tcp(settings), servicer, [TokenInterceptor(token)] if token else [])
+        if settings.unix_socket:
+            self._servers[Listener.socket(settings)] = self._server(
+                Listener.socket(settings), servicer, [])
+        if not self._servers:
+            raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
+
+    def _server(self, listener: Listener, servicer: object,
+                interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+        server = grpc.aio.server(
+            interceptors=[*interceptors, RpcLimit(listener)],
+            options=server_options(self._settings), maximum_concurrent_rpcs=backstop(listener))
+        handlers.add_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME),
-            self._server)
+            (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        return server
 
     async def start(self, cleanup: contextlib.AsyncExitStack) -> list[str]:
         await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
         inner = cleanup.enter_context(private_folder())
-        doors = self._doors(inner)
-        for door in doors:
-            add_port(self._server, f"unix:{door.inner}", str(door.inner),
-                     _tls(self._settings) if door.listener == "tcp" else None)
-        await self._server.start()
-        cleanup.push_async_callback(self._server.stop, 0)  # a no-op after a drain
+        doors = []
+        for listener, server in self._servers.items():
+            door = Door(listener.door, inner / f"{listener.door}.sock", Bounds(
+                self._settings.max_connections_per_peer, listener.max_connections,
+                listener.connections_flag),
+                self._peers, tls=listener.door == "tcp" and bool(self._settings.tls_cert))
+            add_port(server, f"unix:{door.inner}", str(door.inner),
+                     _tls(self._settings) if door.tls else None)
+            await server.start()
+            cleanup.push_async_callback(server.stop, 0)  # a no-op after a drain
+            doors.append(door)
         addresses = []
-        for door in doors:  # clients may connect once gRPC listens behind the doors
+        for door in doors:  # clients may connect once gRPC listens behind every door
             addresses.append(await self._open(door))
             cleanup.callback(door.close)
         return addresses
-
-    def _doors(self, inner: Path) -> list[Door]:
-        s = self._settings
-        bounds = Bounds(s.max_connections_per_peer, s.max_connections)
-        doors = [Door("tcp", inner / "tcp.sock", bounds, self.peers, tls=bool(s.tls_cert))
-                 ] if s.grpc_port else []
-        if s.unix_socket:
-            doors.append(Door("unix", inner / "unix.sock", bounds, self.peers))
-        if not doors:
-            raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
-        return doors
 
     async def _open(self, door: Door) -> str:
         s = self._settings
@@ -101,7 +107,8 @@ class GrpcFront:
         await self.health.enter_graceful_shutdown()  # every service NOT_SERVING
         if not await self._plane.drain(grace_s):
             log.warning("requests still in flight after %.1f s are cancelled", grace_s)
-        await self._server.stop(max(grace_s - (loop.time() - started), 0.0))
+        left = max(grace_s - (loop.time() - started), 0.0)
+        await asyncio.gather(*(server.stop(left) for server in self._servers.values()))
 
 
 async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2
 from service.core.dataplane import DataPlane, select
 from service.core.metrics import Metrics
 from service.core.types import Answer, ServedModel
-from service.errors import HetserveError, Status, status_of
+from service.errors import HetserveError, Status, StreamIdleError, status_of
 from service.grpc import codec, shared_memory
 from service.grpc.door import Peers
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
@@ -49,6 +49,7 @@ class InferenceServicer:
         self._token = bool(settings.token_file)
         self._token_uid = settings.shm_uid_for_token
         self._stream_window = settings.max_stream_inflight
+        self._stream_idle_s = settings.stream_idle_s
         self._energy = settings.response_energy
         self._counters: dict[tuple[str, Status], Counter] = {}
         self._durations: dict[str, Histogram] = {}  # per served model, like _counters
@@ -131,10 +132,22 @@ class InferenceServicer:
         Messages arrive as bytes: one that does not parse gets its own error reply and the
         stream goes on. A stream that ends early (the client gone) withdraws what it queued.
         At most `max_stream_inflight` requests are read ahead of the replies sent: a client that
-        reads no replies stops being read (gRPC's flow control) instead of filling memory."""
+        reads no replies stops being read (gRPC's flow control) instead of filling memory. A
+        stream with no request for `stream_idle_s` while no reply is pending is closed
+        UNAVAILABLE: an idle stream holds one of the listener's calls (--max-rpcs-*)."""
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         waiting: set[asyncio.Future] = set()
         window = asyncio.Semaphore(self._stream_window)
+        idle: list[asyncio.Timeout] = []  # the reader's timer, while it reads requests
+        pending = 0  # requests read whose replies have not been written
+
+        def settle(change: int) -> None:
+            """Counts pending replies; the idle timer runs while there are none."""
+            nonlocal pending
+            pending += change
+            if idle and self._stream_idle_s:
+                idle[0].reschedule(None if pending else
+                                   asyncio.get_running_loop().time() + self._stream_idle_s)
 
         def answered(call: _Call, answer: asyncio.Future) -> None:
             waiting.discard(answer)
@@ -148,21 +161,33 @@ class InferenceServicer:
 
         async def read() -> None:
             try:
-                async for data in request_iterator:
-                    await window.acquire()  # released as its reply leaves
-                    request = pb.ModelInferRequest()
-                    try:
-                        request = codec.parse_message(pb.ModelInferRequest, data)
-                        call = self._submit(request, context.time_remaining(),
-                                            self._caller_of(request, context))
-                    except Exception as e:
-                        replies.put_nowait(self._error_reply(request, e))
-                        continue
-                    waiting.add(call.answer)
-                    call.answer.add_done_callback(functools.partial(answered, call))
+                async with asyncio.timeout(None) as timer:
+                    idle.append(timer)
+                    settle(0)
+                    async for data in request_iterator:
+                        await window.acquire()  # released as its reply leaves
+                        settle(+1)
+                        request = pb.ModelInferRequest()
+                        try:
+                            request = codec.parse_message(pb.ModelInferRequest, data)
+                            call = self._submit(request, context.time_remaining(),
+                                                self._caller_of(request, context))
+                        except Exception as e:
+                            replies.put_nowait(self._error_reply(request, e))
+                            continue
+                        waiting.add(call.answer)
+                        call.answer.add_done_callback(functools.partial(answered, call))
+                    idle.clear()  # the client has sent all: no longer idle, just waiting
                 if waiting:
                     await asyncio.wait(waiting)  # their callbacks have queued their replies
+            except TimeoutError:
+                if not timer.expired():
+                    raise
+                raise StreamIdleError(
+                    f"ModelStreamInfer: no request for {self._stream_idle_s:g} s and no reply "
+                    "pending: the stream is closed (--stream-idle-s)") from None
             finally:  # the writer below ends however reading ended
+                idle.clear()
                 replies.put_nowait(None)
 
         reader = asyncio.create_task(read())
@@ -170,6 +195,7 @@ class InferenceServicer:
             while (reply := await replies.get()) is not None:
                 window.release()
                 yield reply
+                settle(-1)  # written
             await reader  # raises what reading the stream raised
         finally:
             reader.cancel()

@@ -117,10 +117,17 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
     if settings.workers < 0:
         raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
                            "the CPUs) or a number of front-end processes")
-    for name in ("max_shm_regions", "max_shm_regions_per_client", "max_stream_inflight"):
+    for name in ("max_shm_regions", "max_shm_regions_per_client", "max_stream_inflight",
+                 "max_rpcs_tcp", "max_rpcs_socket", "max_connections_tcp",
+                 "max_connections_socket", "max_streams_per_connection"):
         if getattr(settings, name) < 1:
             raise StartupError(f"{name}: {getattr(settings, name)} received, expected at "
                                "least 1")
+    for name in ("stream_idle_s", "connection_idle_s", "connection_age_s",
+                 "connection_age_grace_s", "min_ping_interval_s"):
+        if not getattr(settings, name) >= 0:
+            raise StartupError(f"{name}: {getattr(settings, name):g} received, expected "
+                               "seconds (0: none)")
     try:
         unix_socket.group_id(settings.socket_group)
     except ValueError as e:

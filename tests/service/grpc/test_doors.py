@@ -90,5 +90,5 @@ def test_idle_connections_fill_only_their_listener(daemon, holdout) -> None:
         with _channel(daemon.url) as channel:
             code, details = _live(channel)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-        assert "--max-connections)" in details
+        assert "(--max-connections-tcp)" in details
     _serves_again(daemon)

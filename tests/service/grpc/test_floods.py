@@ -1,0 +1,191 @@
+"""No single client takes the daemon away from the others: what one unprivileged TCP client floods
+the daemon with (thousands of streams on one connection, streams opened and reset at once, idle
+streams and connections, more calls than the TCP server serves) is bounded by grpc core and the
+servicer, while the unix socket's users, on a server of their own, keep getting answers. The
+floods come from a raw HTTP/2 client; each test takes a few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from h2.settings import SettingCodes
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.service.grpc.raw_h2 import RawH2
+
+STREAMS = 16  # --max-streams-per-connection
+IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
+RPCS = 8  # --max-rpcs-tcp
+CONNECTIONS = 4  # --max-connections-tcp
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory) -> Iterator[Daemon]:
+    """Few streams per connection, short idle timeouts."""
+    d = Daemon(tmp_path_factory.mktemp("floods"), MODELS, "--workers", "1",
+               "--max-streams-per-connection", str(STREAMS), "--stream-idle-s", str(IDLE_S),
+               "--connection-idle-s", str(IDLE_S))
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory) -> Iterator[Daemon]:
+    """Few calls and connections at once over TCP."""
+    d = Daemon(tmp_path_factory.mktemp("limited"), MODELS, "--workers", "1",
+               "--max-rpcs-tcp", str(RPCS), "--max-connections-tcp", str(CONNECTIONS))
+    yield d
+    assert d.stop() == 0
+
+
+@contextlib.contextmanager
+def socket_users(daemon: Daemon, holdout) -> Iterator[list]:
+    """Four unix socket clients inferring one image after another meanwhile: True for each
+    right answer, the error otherwise."""
+    stop, answers = threading.Event(), []
+
+    def user() -> None:
+        with grpcclient.InferenceServerClient(daemon.socket_url) as client:
+            while not stop.is_set():
+                try:
+                    logits = client.infer(MODEL, image_input(holdout[0][:1]),
+                                          client_timeout=5).as_numpy("logits")
+                    answers.append(bool(logits.argmax() == holdout[1][0]))
+                except InferenceServerException as e:
+                    answers.append(e)
+
+    users = [threading.Thread(target=user, daemon=True) for _ in range(4)]
+    for u in users:
+        u.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for u in users:
+            u.join(timeout=10)
+    assert not any(u.is_alive() for u in users)
+
+
+def _all_right(answers: list) -> None:
+    assert len(answers) >= 4, "the socket's users got no answers"
+    assert [a for a in answers if a is not True] == []
+
+
+def test_thousands_of_streams_on_one_connection_are_capped(short, holdout) -> None:
+    with socket_users(short, holdout) as answers, RawH2(short.url) as flood:
+        assert flood.settings[SettingCodes.MAX_CONCURRENT_STREAMS] == STREAMS
+        opened = [flood.open() for _ in range(2000)]
+        flood.flush()
+        flood.read(5.0, until=lambda: len(flood.refused) >= len(opened) - STREAMS)
+        flood.read(0.5)  # the socket's users meanwhile
+    assert len(flood.refused) == len(opened) - STREAMS  # REFUSED_STREAM, at once
+    assert flood.goaway is None
+    _all_right(answers)
+
+
+def test_socket_users_are_answered_while_tcp_streams_are_opened_and_reset(short,
+                                                                         holdout) -> None:
+    """HTTP/2 rapid reset. grpc core (1.85) sends no GOAWAY for it, whatever its arguments; the
+    stream cap per connection keeps it from the other clients."""
+    with socket_users(short, holdout) as answers, RawH2(short.url) as flood:
+        end, pairs = time.monotonic() + 2.0, 0
+        while time.monotonic() < end and not flood.closed:
+            for _ in range(100):
+                flood.reset(flood.open())
+            pairs += 100
+            flood.flush()
+    assert pairs > 10_000
+    _all_right(answers)
+
+
+def test_an_idle_stream_is_closed_naming_the_flag(short, holdout) -> None:
+    request = service_pb2.ModelInferRequest(
+        model_name=MODEL, inputs=[service_pb2.ModelInferRequest.InferInputTensor(
+            name="image", datatype="FP32", shape=[1, 1, 28, 28])],
+        raw_input_contents=[np.ascontiguousarray(holdout[0][:1], np.float32).tobytes()])
+
+    async def idle_stream() -> tuple[grpc.aio.AioRpcError, float]:
+        async with grpc.aio.insecure_channel(short.url) as channel:
+            stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            await stream.write(request)
+            reply = await asyncio.wait_for(stream.read(), 10)
+            assert not reply.error_message
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as closed:
+                await asyncio.wait_for(stream.read(), IDLE_S + 5)
+            return closed.value, time.monotonic() - started
+
+    error, waited = asyncio.run(idle_stream())
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"no request for {IDLE_S:g} s" in error.details()
+    assert "--stream-idle-s" in error.details()
+    assert IDLE_S * 0.9 <= waited < IDLE_S + 3
+
+
+@pytest.mark.parametrize("listener", ["tcp", "socket"])
+def test_an_idle_connection_is_closed(short, listener) -> None:
+    with RawH2(short.url if listener == "tcp" else short.socket_url) as idle:
+        started = time.monotonic()
+        idle.read(IDLE_S + 5)
+        waited = time.monotonic() - started
+    assert idle.goaway is not None and idle.closed
+    assert IDLE_S * 0.5 <= waited < IDLE_S + 3
+
+
+def test_calls_beyond_max_rpcs_tcp_are_refused_and_the_socket_is_served(limited,
+                                                                        holdout) -> None:
+    """The held streams fill the TCP server's calls; the unix socket has a server of its own."""
+    with socket_users(limited, holdout) as answers, \
+            grpcclient.InferenceServerClient(limited.url) as tcp:
+        def call() -> InferenceServerException | None:
+            try:
+                tcp.infer(MODEL, image_input(holdout[0][:1]), client_timeout=5)
+            except InferenceServerException as e:
+                return e
+            return None
+
+        with RawH2(limited.url) as holder:
+            for _ in range(RPCS):
+                holder.open()
+            holder.flush()
+            deadline = time.monotonic() + 5
+            while call() is None and time.monotonic() < deadline:  # until they are counted
+                pass
+            refused = [call() for _ in range(200)]
+        deadline = time.monotonic() + 5
+        while (error := call()) is not None and time.monotonic() < deadline:  # let go
+            time.sleep(0.05)
+    assert error is None
+    assert {e.status() for e in refused if e} == {"StatusCode.RESOURCE_EXHAUSTED"}
+    assert all(e and f"{RPCS} calls in progress" in e.message() and "--max-rpcs-tcp" in
+               e.message() for e in refused)
+    _all_right(answers)
+
+
+def test_connections_beyond_max_connections_tcp_are_closed(limited, holdout) -> None:
+    with socket_users(limited, holdout) as answers, contextlib.ExitStack() as held:
+        connections = [held.enter_context(RawH2(limited.url, timeout_s=2.0))
+                       for _ in range(CONNECTIONS + 2)]
+        for c in connections:
+            c.read(0.2)
+        assert [c.closed for c in connections] == [False] * CONNECTIONS + [True] * 2
+        assert not any(c.settings for c in connections[CONNECTIONS:])
+        connections[0].sock.close()  # a place frees up
+        deadline = time.monotonic() + 5
+        while (again := RawH2(limited.url, timeout_s=2.0)).closed and \
+                time.monotonic() < deadline:
+            again.sock.close()
+            time.sleep(0.05)
+        again.sock.close()
+        assert again.settings
+    _all_right(answers)
