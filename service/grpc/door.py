@@ -85,7 +85,7 @@ class Door:
     def __init__(self, listener: str, inner: Path, bounds: Bounds, peers: Peers,
                  tls: bool = False) -> None:
         self.listener, self.inner, self._bounds, self._peers = listener, inner, bounds, peers
-        self._tls = tls
+        self.tls = tls
         self._open: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
 
@@ -158,7 +158,7 @@ class _Connection(asyncio.Protocol):
         self._peer, refusal = self._door._admit(transport.get_extra_info("socket"))
         if self._peer is None:
             log.warning("connection refused: %s", refusal)
-            _Refusal.take_over(transport, refusal, self._door._tls)
+            _Refusal.take_over(transport, refusal, self._door.tls)
             return
         self._name = self._door._peers._add(self._peer)
         transport.pause_reading()  # until the upstream connection is there

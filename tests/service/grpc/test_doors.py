@@ -22,8 +22,9 @@ PER_PEER, TOTAL = 3, 8
 @pytest.fixture(scope="module", params=["1", "2"], ids=["workers1", "workers2"])
 def daemon(request, tmp_path_factory) -> Iterator[Daemon]:
     d = Daemon(tmp_path_factory.mktemp("doors"), MODELS, "--workers", request.param,
-               "--max-connections-per-peer", str(PER_PEER), "--max-connections", str(TOTAL))
+               "--max-connections-per-peer", str(PER_PEER), "--max-connections-tcp", str(TOTAL))
     d.workers = int(request.param)
+    time.sleep(1.0)  # until the door has seen the start-up readiness probe's connection close
     yield d
     assert d.stop() == 0
 
@@ -85,7 +86,7 @@ def test_idle_connections_fill_only_their_listener(daemon, holdout) -> None:
             sock = held.enter_context(socket.socket())
             sock.bind((f"127.0.0.{2 + i // PER_PEER}", 0))  # PER_PEER from each address
             sock.connect(("127.0.0.1", daemon.port))
-        time.sleep(0.5)
+        time.sleep(0.5)  # every one accepted or refused
         _unix_serves(daemon, holdout)
         with _channel(daemon.url) as channel:
             code, details = _live(channel)

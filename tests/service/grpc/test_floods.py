@@ -26,7 +26,6 @@ from tests.service.grpc.raw_h2 import RawH2
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
 RPCS = 8  # --max-rpcs-tcp
-CONNECTIONS = 4  # --max-connections-tcp
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def short(tmp_path_factory) -> Iterator[Daemon]:
 def limited(tmp_path_factory) -> Iterator[Daemon]:
     """Few calls and connections at once over TCP."""
     d = Daemon(tmp_path_factory.mktemp("limited"), MODELS, "--workers", "1",
-               "--max-rpcs-tcp", str(RPCS), "--max-connections-tcp", str(CONNECTIONS))
+               "--max-rpcs-tcp", str(RPCS))
     yield d
     assert d.stop() == 0
 
@@ -169,23 +168,4 @@ def test_calls_beyond_max_rpcs_tcp_are_refused_and_the_socket_is_served(limited,
     assert {e.status() for e in refused if e} == {"StatusCode.RESOURCE_EXHAUSTED"}
     assert all(e and f"{RPCS} calls in progress" in e.message() and "--max-rpcs-tcp" in
                e.message() for e in refused)
-    _all_right(answers)
-
-
-def test_connections_beyond_max_connections_tcp_are_closed(limited, holdout) -> None:
-    with socket_users(limited, holdout) as answers, contextlib.ExitStack() as held:
-        connections = [held.enter_context(RawH2(limited.url, timeout_s=2.0))
-                       for _ in range(CONNECTIONS + 2)]
-        for c in connections:
-            c.read(0.2)
-        assert [c.closed for c in connections] == [False] * CONNECTIONS + [True] * 2
-        assert not any(c.settings for c in connections[CONNECTIONS:])
-        connections[0].sock.close()  # a place frees up
-        deadline = time.monotonic() + 5
-        while (again := RawH2(limited.url, timeout_s=2.0)).closed and \
-                time.monotonic() < deadline:
-            again.sock.close()
-            time.sleep(0.05)
-        again.sock.close()
-        assert again.settings
     _all_right(answers)
