@@ -38,10 +38,10 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def open_folder(folder: Path, force: bool = False, flag: str = "--force") -> int:
+def open_folder(folder: Path, force: bool = False, flag: str | None = "--force") -> int:
     """A descriptor of `folder` once it is a real folder that this process may write in:
     UnsafeFolderError for a symbolic link, or, running as root, for another user's folder
-    unless `force` (`flag` is how the user says so)."""
+    unless `force` (`flag` is how the user says so; None where the command has no such flag)."""
     try:
         fd = os.open(folder, os.O_RDONLY | _NOFOLLOW)
     except OSError as e:
@@ -55,8 +55,8 @@ def open_folder(folder: Path, force: bool = False, flag: str = "--force") -> int
         problem = f"{folder} is not a folder"
     elif os.geteuid() == 0 and info.st_uid != 0 and not force:
         problem = (f"{folder} belongs to {user_name(info.st_uid)} and this runs as root, which "
-                   f"would write there on that user's say-so: run it as that user, or pass "
-                   f"{flag} to write there anyway")
+                   "would write there on that user's say-so: run it as that user"
+                   + (f", or pass {flag} to write there anyway" if flag else ""))
     if problem:
         os.close(fd)
         raise UnsafeFolderError(problem)
@@ -64,7 +64,7 @@ def open_folder(folder: Path, force: bool = False, flag: str = "--force") -> int
 
 
 @contextlib.contextmanager
-def folder(path: Path, force: bool = False, flag: str = "--force") -> Iterator[int]:
+def folder(path: Path, force: bool = False, flag: str | None = "--force") -> Iterator[int]:
     """open_folder() for the length of a block."""
     fd = open_folder(path, force, flag)
     try:
@@ -93,7 +93,7 @@ def write_at(folder_fd: int, name: str, data: bytes | str, mode: int = 0o666) ->
     os.fsync(folder_fd)  # the rename itself survives a crash
 
 
-def write_file(path: Path, data: bytes | str, force: bool = False, flag: str = "--force",
+def write_file(path: Path, data: bytes | str, force: bool = False, flag: str | None = "--force",
                mode: int = 0o666) -> Path:
     """write_at() in `path`'s folder, checked by open_folder()."""
     with folder(path.parent, force, flag) as fd:
@@ -114,7 +114,7 @@ def open_at(folder_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
                                 "remove it") from None
 
 
-def open_log(path: Path, force: bool = False, flag: str = "--force") -> int:
+def open_log(path: Path, force: bool = False, flag: str | None = "--force") -> int:
     """A descriptor appending to the log `path` (created 0600), for a child's output."""
     with folder(path.parent, force, flag) as fd:
         return open_at(fd, path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     fpga_build.add_argument("--pipelined", action="store_true",
                             help="convolutions through the pipelined kernels, joined by "
                                  "channels (Intel) or pipes (AMD/Xilinx)")
+    fpga_build.add_argument("--force", action="store_true",
+                            help="run as root, write into --out even where another user owns "
+                                 "it (refused otherwise; docs/security.md)")
 
     tune = commands.add_parser(
         "tune", help="find the devices, instance counts, queue delay and batch sizes that serve "
@@ -176,7 +179,8 @@ def _fpga_build(args: argparse.Namespace) -> int:
             model = entry.versions[max(entry.versions)]
             if precision is None and OrtOptions.from_config(entry.config).fp16:
                 precision = "fp16"
-        result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined)
+        result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined,
+                       args.force)
     except Exception as e:  # a model or device that cannot be built for is the answer
         print(f"hetserve fpga build: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

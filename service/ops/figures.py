@@ -30,10 +30,11 @@ def pareto(points: list[T], key: Callable[[T], tuple[float, float]]) -> list[T]:
     return front
 
 
-def save(fig, path: Path, force: bool = False) -> Path:
-    """The figure as the PNG `path`, written as every file for a user is (safe_files)."""
+def save(fig, path: Path, force: bool = False, flag: str | None = None) -> Path:
+    """The figure as the PNG `path`, written as every file for a user is (safe_files; `flag`
+    names the command's --force where it has one)."""
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=DPI)
     plt.close(fig)
-    return safe_files.write_file(path, png.getvalue(), force)
+    return safe_files.write_file(path, png.getvalue(), force, flag)

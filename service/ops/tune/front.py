@@ -41,4 +41,4 @@ def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winne
     fig.text(0.01, 0.01, f"Hollow: {hollow}. Power sources: {named}"
              + (" (idle/busy watts x measured busy time, not a measurement)" if estimate else ""),
              fontsize=7)
-    return save(fig, path, force)
+    return save(fig, path, force, "--force")
