@@ -63,6 +63,17 @@ def open_folder(folder: Path, force: bool = False, flag: str | None = "--force")
     return fd
 
 
+def make_folder(path: Path, force: bool = False, flag: str | None = "--force") -> Path:
+    """`path`, made where it is missing once its nearest existing folder passes open_folder()
+    (root makes no folder in another user's either)."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    os.close(open_folder(existing, force, flag))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @contextlib.contextmanager
 def folder(path: Path, force: bool = False, flag: str | None = "--force") -> Iterator[int]:
     """open_folder() for the length of a block."""

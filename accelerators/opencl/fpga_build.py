@@ -35,7 +35,7 @@ def build(model: Path, out: Path, device: str = "fpga0", precision: str = "fp32"
     """The program for `model` on `device`: a binary where the device is an emulator, else the
     source and the commands that compile it for a board. Files go to `out` as safe_files
     writes them (`force`: as root, into a folder another user owns)."""
-    out.mkdir(parents=True, exist_ok=True)
+    safe_files.make_folder(out, force)
     source = safe_files.write_file(out / SOURCE_NAME, kernel_source(), force)
     if _emulated(device):
         engine = OpenCLEngine(model, device, ProgramCache(from_source=True),

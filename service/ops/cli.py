@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     health = commands.add_parser(
         "health", help="ask a daemon's grpc.health.v1 service whether it serves (exit 0 when "
                        "SERVING); for container health checks",
-        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port.")
+        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port. A unix "
+                    "socket is used only in a folder of the expected user (this one, or "
+                    "HETSERVE_DAEMON_USER) and with a listener running as that user.")
     health.add_argument("--address", help="unix:PATH or HOST:PORT (default: the unix socket "
                                           f"from the {ENV_PREFIX}UNIX_SOCKET setting)")
     health.add_argument("--service", default="",

@@ -12,6 +12,7 @@ import pytest
 from accelerators.safe_files import (
     UnsafeFolderError,
     folder,
+    make_folder,
     open_at,
     open_log,
     read_at,
@@ -71,5 +72,8 @@ def test_root_refuses_another_user_s_folder_unless_forced(tmp_path: Path) -> Non
         write_file(theirs / "report.md", "x", flag="--force")
     assert all(word in str(refused.value) for word in (str(theirs), "nobody", "--force"))
     assert not (theirs / "report.md").exists()
+    with pytest.raises(UnsafeFolderError):
+        make_folder(theirs / "out" / "deeper")  # nor a folder made in theirs
+    assert not (theirs / "out").exists()
     write_file(theirs / "report.md", "x", force=True)
     assert (theirs / "report.md").read_text() == "x"

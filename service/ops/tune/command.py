@@ -128,7 +128,6 @@ def _check(args: argparse.Namespace, argv: list[str]):
     model_dir = Path(os.path.abspath(args.model_dir))
     report_dir = Path(os.path.abspath(args.report or f"hetserve-tune-{model_dir.name}"))
     shipped_text = _shipped_config(model_dir, args.force)
-    _check_writable(report_dir, args.force)
     try:
         entry = ModelRepository(model_dir.parent).load(model_dir.name)
     except (ConfigError, Exception) as e:  # any reason the repository gives is the message
@@ -147,6 +146,7 @@ def _check(args: argparse.Namespace, argv: list[str]):
     serve_args = [*(["--power-sources", args.power_sources] if args.power_sources else []),
                   *(["--power-model", args.power_model] if args.power_model else []),
                   *(["--engine-modules", args.engine_modules] if args.engine_modules else [])]
+    _check_report(report_dir, args.force)  # last: a refused run leaves no folder behind
     return Plan(
         model=entry.name, model_dir=model_dir, config=entry.config,
         shipped_text=shipped_text, devices=candidates,
@@ -173,15 +173,13 @@ def _shipped_config(model_dir: Path, force: bool) -> str:
         raise BadInputError(f"{model_dir}: not a model folder (config.pbtxt: {e})") from e
 
 
-def _check_writable(folder: Path, force: bool) -> None:
-    """That the report may go to `folder`, or be made in its nearest existing ancestor."""
+def _check_report(folder: Path, force: bool) -> None:
+    """That the report may go to `folder` (made there now, before the sweep)."""
     from accelerators import safe_files
     from service.ops.tune.session import BadInputError
 
-    while not os.path.lexists(folder) and folder != folder.parent:
-        folder = folder.parent
     try:
-        os.close(safe_files.open_folder(folder, force))
+        safe_files.make_folder(folder, force)
     except safe_files.UnsafeFolderError as e:
         raise BadInputError(f"--report: {e}") from e
     except OSError as e:

@@ -97,7 +97,7 @@ def _finish(plan: Plan, info: report.RunInfo, result: SweepResult, console: Cons
         written_path = _write_config(plan, chosen, report.header(info, chosen, comparison))
         console.print(f"written: {written_path}\n  {chosen.candidate.label()}\n  "
                       f"{report.comparison_text(comparison, plan.objective)}")
-    plan.report_dir.mkdir(parents=True, exist_ok=True)
+    safe_files.make_folder(plan.report_dir, plan.force)
     with safe_files.folder(plan.report_dir, plan.force) as folder:
         safe_files.write_at(folder, "results.json",
                             report.results_json(info, result, chosen, comparison))
