@@ -72,7 +72,7 @@ class DaemonProcess:
     def __init__(self, args: list[str], address: str, log_path: Path) -> None:
         self.address = address
         self.log_path = log_path
-        log_fd = safe_files.open_log(log_path)
+        log_fd = safe_files.open_log(log_path, flag=None)
         try:
             self._process = subprocess.Popen([sys.executable, "-m", "service", "serve", *args],
                                              stdout=log_fd, stderr=subprocess.STDOUT)

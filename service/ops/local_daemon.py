@@ -52,7 +52,7 @@ def local_daemon(models: Path, folder: Path, *extra: str,
     folder.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
     address, log_path = f"127.0.0.1:{port}", folder / "daemon.log"
-    log_fd = safe_files.open_log(log_path)
+    log_fd = safe_files.open_log(log_path, flag=None)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "service", "serve", "--models", str(models),
