@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from accelerators import safe_files
+
 log = logging.getLogger(__name__)
 
 SYSTEM_VENDORS = Path("/etc/OpenCL/vendors")
@@ -89,7 +91,7 @@ def _write(files: dict[str, str], parent: Path) -> Path:
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     staging = Path(tempfile.mkdtemp(dir=parent, prefix=".staging-"))
     for name, text in files.items():
-        (staging / name).write_text(text)
+        safe_files.write_file(staging / name, text, flag=None)
     try:
         staging.rename(folder)
     except OSError:  # another process won the race: its folder holds the same files

@@ -32,6 +32,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 
 from serving import MODEL, ROOT, model_repository, process_tree_cpu_s  # noqa: E402
 
+from accelerators import safe_files  # noqa: E402
 from service import contract  # noqa: E402
 from service.ops.local_daemon import LocalDaemon, local_daemon  # noqa: E402
 from service.ops.top import fetch  # noqa: E402
@@ -105,8 +106,9 @@ def power_budget(tmp: Path, seconds: float) -> dict:
         models = model_repository(tmp / name, devices=devices, latency_budget_ms="100")
         config = models / MODEL / "config.pbtxt"
         text = config.read_text().replace("max_batch_size: 128", "max_batch_size: 8")
-        config.write_text(text.replace("dynamic_batching {", "dynamic_batching { priority_levels"
-                                       ": 2 default_priority_level: 2"))
+        safe_files.write_file(config, text.replace(
+            "dynamic_batching {", "dynamic_batching { priority_levels: 2 "
+            "default_priority_level: 2"), flag=None)
         with _daemon(tmp, name, models, *power, *flags) as daemon:
             asyncio.run(_load(daemon.tcp_address, 1.0, 64, priority=2))  # past the overshoot
             before, start = fetch(daemon.metrics_url), time.monotonic()

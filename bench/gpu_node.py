@@ -30,6 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
+from accelerators import safe_files  # noqa: E402
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
 from service.ops.load_client import ClientPool  # noqa: E402
@@ -54,13 +55,14 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
         else:
             onnx.save(cnn_architectures.resnet50(), str(path))
         inp, dims, out, classes = SHAPES[name]
-        (folder / name / "config.pbtxt").write_text(
+        config = (
             f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {MAX_BATCH}\n'
             f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: {list(dims)} }} ]\n'
             f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ {classes} ] }} ]\n'
             "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
             f'parameters {{ key: "batch_buckets" value: {{ string_value: "{buckets}" }} }}\n'
             f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
+        safe_files.write_file(folder / name / "config.pbtxt", config, flag=None)
     return folder
 
 
@@ -196,7 +198,7 @@ def main() -> None:
                   f"| {d['compute_ms_per_batch'] / ref[bucket]['ms_per_run']:.2f} (batch {bucket}) "
                   f"| {d['padding_share']:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        safe_files.write_file(args.json, json.dumps(results, indent=1), flag=None)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 import numpy as np
 
+from accelerators import safe_files
 from bench.loadgen_summary import accuracy, parse_summary
 from bench.loadgen_sut import DaemonSUT, SampleLibrary
 
@@ -103,6 +104,6 @@ def _run(address: str, model: str, library: SampleLibrary, scenario: str,
     if accuracy_mode and library.labels is not None:
         summary["accuracy"], summary["accuracy_samples"] = accuracy(
             out / "mlperf_log_accuracy.json", library.labels)
-    (out / "summary.json").write_text(json.dumps(
-        {k: v for k, v in summary.items() if k != "sut_latency_ms"}, indent=2))
+    safe_files.write_file(out / "summary.json", json.dumps(
+        {k: v for k, v in summary.items() if k != "sut_latency_ms"}, indent=2), flag=None)
     return summary

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from accelerators import safe_files
 from accelerators.flops import count_flops
 from bench import ROOT
 
@@ -91,7 +92,8 @@ def write_repository(root: Path, models: list[BenchModel], devices: str, max_bat
                 target.symlink_to(m.path)
             except OSError:
                 shutil.copyfile(m.path, target)
-        (folder / "config.pbtxt").write_text(_CONFIG.format(
+        config = _CONFIG.format(
             name=m.name, max_batch=max_batch, dims=", ".join(map(str, m.dims)),
-            classes=m.classes, batching=batching, instances=instances, devices=devices))
+            classes=m.classes, batching=batching, instances=instances, devices=devices)
+        safe_files.write_file(folder / "config.pbtxt", config, flag=None)
     return root

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from accelerators import safe_files
 from bench import plots
 from bench.models import TITLES
 from service.ops.watts import watts_label
@@ -131,7 +132,8 @@ def tradeoff_section(points: list[dict]) -> list[str]:
 def write_report(results: dict, out: Path) -> Path:
     """results.json, the PNGs and report.md under `out`; returns report.md's path."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    safe_files.write_file(out / "results.json", json.dumps(results, indent=2, default=str),
+                          flag=None)
     meta = results.get("meta", {})
     lines = ["# hetserve benchmark report", ""]
     lines += [f"- {key}: {value}" for key, value in meta.items()] + [""]
@@ -156,5 +158,5 @@ def write_report(results: dict, out: Path) -> Path:
         lines += [f"## {bench['name']}", "", f"`{bench['command']}` (exit status "
                   f"{bench['returncode']})", "", "```", bench["output"].rstrip(), "```", ""]
     report = out / "report.md"
-    report.write_text("\n".join(lines))
+    safe_files.write_file(report, "\n".join(lines), flag=None)
     return report

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from accelerators import safe_files
 from service.ops import load_client, perf_analyzer
 from service.ops.load_client import ClientPool
 from service.ops.local_daemon import free_port
@@ -66,7 +67,7 @@ def model_repository(folder: Path, batching: bool = True, **parameters: str) -> 
         text = re.sub(r"dynamic_batching \{.*\}\n", "", text)
     text += "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
                     for k, v in parameters.items())
-    config.write_text(text)
+    safe_files.write_file(config, text, flag=None)
     return folder
 
 
@@ -316,7 +317,7 @@ def main() -> None:
     print(f"{args.clients} client process(es)\n" + _table(results)
           + _perf_analyzer_table(results))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        safe_files.write_file(args.json, json.dumps(results, indent=2), flag=None)
 
 
 if __name__ == "__main__":

@@ -29,14 +29,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelerators import safe_files
 from service.contract import default_socket
-from service.grpc import unix_socket
+from service.grpc import client_socket, unix_socket
 from service.ops.local_daemon import is_ready, stop, wait_ready
 from service.workers.parent_death import end_with
 
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
 ADDRESS_ENV = "HETSERVE_DAEMON"
+# The job's files in the daemon's socket folder, beside daemon.lock (the election's lock).
+_LOG, _OWNER = "daemon.log", "daemon.owner"
 
 
 def resolve_address(explicit: str | None = None) -> str:
@@ -69,9 +72,12 @@ class DaemonProcess:
     def __init__(self, args: list[str], address: str, log_path: Path) -> None:
         self.address = address
         self.log_path = log_path
-        with open(log_path, "ab") as log_file:
+        log_fd = safe_files.open_log(log_path, flag=None)
+        try:
             self._process = subprocess.Popen([sys.executable, "-m", "service", "serve", *args],
-                                             stdout=log_file, stderr=subprocess.STDOUT)
+                                             stdout=log_fd, stderr=subprocess.STDOUT)
+        finally:
+            os.close(log_fd)
 
     @property
     def pid(self) -> int:
@@ -88,11 +94,20 @@ class DaemonProcess:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, even on a crash
-        yield
+def _locked(folder: Path) -> Iterator[int]:
+    """The socket folder `folder`, checked as the daemon's (client_socket.open_folder) and made
+    where it is missing, with this host's election lock held in it; its descriptor, through
+    which the job's files there are opened, never through a link."""
+    folder_fd = client_socket.open_folder(folder, create=True)
+    try:
+        lock = safe_files.open_at(folder_fd, "daemon.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a crash
+            yield folder_fd
+        finally:
+            os.close(lock)
+    finally:
+        os.close(folder_fd)
 
 
 def _spark_jvm_pid() -> int:
@@ -134,11 +149,11 @@ class NodeDaemon:
                                "not allowed to start one (no model repository given)")
         socket = _node_socket(address)
         deadline = time.monotonic() + timeout_s
-        with _locked(socket.parent / "daemon.lock"):
+        with _locked(socket.parent) as folder_fd:
             while not is_ready(address):  # a peer may have started one meanwhile
                 # One that holds the socket is starting, loading, busy or draining: wait.
                 if not unix_socket.is_held(socket):
-                    self._start(address, socket, timeout_s)
+                    self._start(address, socket, folder_fd, timeout_s)
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the hetserve daemon at {address} (pid "
@@ -147,21 +162,22 @@ class NodeDaemon:
                 time.sleep(0.2)
         return address
 
-    def _start(self, address: str, socket: Path, timeout_s: float) -> None:
-        """Starts this node's daemon; the caller holds the election lock."""
-        log_path = socket.parent / "daemon.log"
+    def _start(self, address: str, socket: Path, folder_fd: int, timeout_s: float) -> None:
+        """Starts this node's daemon; the caller holds the election lock in its folder."""
         serve = ["--models", self.model_repository, "--metrics-port", "0", *_serve_args(address)]
-        with open(log_path, "ab") as log_file:
+        log_fd = safe_files.open_at(folder_fd, _LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
             supervisor = subprocess.Popen(
                 [sys.executable, "-m", "spark_jobs.daemon", "supervise", str(_spark_jvm_pid()),
                  "--", *serve],
-                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_ready(address, supervisor, log_path, timeout_s)
-        record = socket.parent / "daemon.owner"
-        staged = record.with_suffix(".new")
-        staged.write_text(json.dumps({"owner": self.owner, "supervisor": supervisor.pid,
-                                      "daemon": int(unix_socket.holder(socket))}))
-        staged.replace(record)  # readers see the old record or the new one, never half
+                stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(log_fd)
+        wait_ready(address, supervisor, socket.parent / _LOG, timeout_s)
+        # Readers see the old record or the new one, never half.
+        safe_files.write_at(folder_fd, _OWNER, json.dumps(
+            {"owner": self.owner, "supervisor": supervisor.pid,
+             "daemon": int(unix_socket.holder(socket))}), 0o600)
         log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
                  address, self.owner, supervisor.pid)
 
@@ -172,9 +188,8 @@ class NodeDaemon:
             socket = _node_socket(address)
         except ValueError:
             return False
-        record = socket.parent / "daemon.owner"
-        with _locked(socket.parent / "daemon.lock"):
-            owner = read_owner(record)
+        with _locked(socket.parent) as folder_fd:
+            owner = _read_owner(folder_fd)
             if owner is None or owner["owner"] != self.owner:
                 return False
             os.kill(owner["supervisor"], signal.SIGTERM)
@@ -183,7 +198,7 @@ class NodeDaemon:
             while ((unix_socket.is_held(socket) or _running(owner["daemon"]))
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
-            record.unlink()
+            os.unlink(_OWNER, dir_fd=folder_fd)
         log.info("stopped the daemon %s started at %s", self.owner, address)
         return True
 
@@ -198,9 +213,21 @@ def _running(pid: int) -> bool:
 
 def read_owner(owner_file: Path) -> dict | None:
     """{"owner", "supervisor", "daemon"} of a daemon a job started, while its supervisor
-    runs (a record whose supervisor has gone is stale)."""
+    runs (a record whose supervisor has gone is stale); `owner_file` is daemon.owner in the
+    daemon's socket folder."""
     try:
-        owner = json.loads(owner_file.read_text())
+        folder_fd = client_socket.open_folder(owner_file.parent)
+    except FileNotFoundError:
+        return None
+    try:
+        return _read_owner(folder_fd)
+    finally:
+        os.close(folder_fd)
+
+
+def _read_owner(folder_fd: int) -> dict | None:
+    try:
+        owner = json.loads(safe_files.read_at(folder_fd, _OWNER))
         os.kill(owner["supervisor"], 0)
         return owner
     except (OSError, ValueError, KeyError):

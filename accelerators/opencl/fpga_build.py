@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelerators import safe_files
 from accelerators.devices import opencl_devices
 from accelerators.engine import parse_device_name
 from accelerators.opencl.engine import OpenCLEngine, kernels_of, lowered_plans
@@ -30,17 +31,16 @@ class FpgaBuild:
 
 
 def build(model: Path, out: Path, device: str = "fpga0", precision: str = "fp32",
-          pipelined: bool = False) -> FpgaBuild:
+          pipelined: bool = False, force: bool = False) -> FpgaBuild:
     """The program for `model` on `device`: a binary where the device is an emulator, else the
-    source and the commands that compile it for a board."""
-    out.mkdir(parents=True, exist_ok=True)
-    source = out / SOURCE_NAME
-    source.write_text(kernel_source())
+    source and the commands that compile it for a board. Files go to `out` as safe_files
+    writes them (`force`: as root, into a folder another user owns)."""
+    safe_files.make_folder(out, force)
+    source = safe_files.write_file(out / SOURCE_NAME, kernel_source(), force)
     if _emulated(device):
         engine = OpenCLEngine(model, device, ProgramCache(from_source=True),
                               pipelined=pipelined, precision=precision)
-        binary = out / EMULATOR_BINARY
-        binary.write_bytes(engine.program.binaries[0])
+        binary = safe_files.write_file(out / EMULATOR_BINARY, engine.program.binaries[0], force)
         return FpgaBuild(engine.kernels, _options(engine.build), source, binary, [])
     graph = load_graph(model)
     builds = {vendor: Build.for_fpga(vendor, pipelined, precision == "fp16")

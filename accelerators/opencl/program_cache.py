@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from accelerators import safe_files
 from accelerators.opencl.device import OpenCLDevice
 from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
 
@@ -104,9 +105,8 @@ class ProgramCache:
                 log.warning("cached OpenCL binary %s unusable (%s); rebuilding", path, e)
         program = cl.Program(dev.context, source).build(options)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(program.binaries[0])
-        tmp.replace(path)  # atomic: concurrent daemons never read half a file
+        # Atomic: concurrent daemons never read half a file.
+        safe_files.write_file(path, program.binaries[0], flag=None)
         log.info("built OpenCL kernels for %s; cached at %s", dev.description, path)
         return program
 

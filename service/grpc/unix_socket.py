@@ -45,19 +45,24 @@ def prepare_folder(socket: Path, gid: int | None) -> None:
             os.chmod(folder, 0o750)
     except FileExistsError:
         pass
-    info = folder.lstat()
     fix = (f"remove it, or create it owned by uid {os.geteuid()} with mode 0700 (0750 with "
            "--socket-group)")
+    problem = folder_problem(folder, folder.lstat(), os.geteuid())
+    if problem:
+        raise FolderError(f"{problem}: {fix}")
+
+
+def folder_problem(folder: Path, info: os.stat_result, uid: int) -> str | None:
+    """Why the socket folder `folder` (its lstat or fstat `info`) is not `uid`'s alone, or None:
+    the rule the daemon applies to its own folder and clients to their daemon's."""
     if not stat.S_ISDIR(info.st_mode):
-        raise FolderError(f"socket folder {str(folder)!r} is not a directory (a symbolic link?): "
-                          + fix)
-    if info.st_uid != os.geteuid():
-        raise FolderError(f"socket folder {str(folder)!r} belongs to uid {info.st_uid}, not to "
-                          f"the daemon's: {fix}")
+        return f"socket folder {str(folder)!r} is not a directory (a symbolic link?)"
+    if info.st_uid != uid:
+        return f"socket folder {str(folder)!r} belongs to uid {info.st_uid}, not to uid {uid}"
     if info.st_mode & 0o022:
-        raise FolderError(f"socket folder {str(folder)!r} has mode "
-                          f"{stat.S_IMODE(info.st_mode):04o}: group or others may write there; "
-                          + fix)
+        return (f"socket folder {str(folder)!r} has mode {stat.S_IMODE(info.st_mode):04o}: "
+                "group or others may write there")
+    return None
 
 
 def restrict(socket: Path, gid: int | None) -> None:

@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     health = commands.add_parser(
         "health", help="ask a daemon's grpc.health.v1 service whether it serves (exit 0 when "
                        "SERVING); for container health checks",
-        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port.")
+        description="Plaintext gRPC: the unix socket, loopback TCP or the --health-port. A unix "
+                    "socket is used only in a folder of the expected user (this one, or "
+                    "HETSERVE_DAEMON_USER) and with a listener running as that user.")
     health.add_argument("--address", help="unix:PATH or HOST:PORT (default: the unix socket "
                                           f"from the {ENV_PREFIX}UNIX_SOCKET setting)")
     health.add_argument("--service", default="",
@@ -123,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     fpga_build.add_argument("--pipelined", action="store_true",
                             help="convolutions through the pipelined kernels, joined by "
                                  "channels (Intel) or pipes (AMD/Xilinx)")
+    fpga_build.add_argument("--force", action="store_true",
+                            help="run as root, write into --out even where another user owns "
+                                 "it (refused otherwise; docs/security.md)")
 
     tune = commands.add_parser(
         "tune", help="find the devices, instance counts, queue delay and batch sizes that serve "
@@ -188,7 +193,8 @@ def _fpga_build(args: argparse.Namespace) -> int:
             model = entry.versions[max(entry.versions)]
             if precision is None and OrtOptions.from_config(entry.config).fp16:
                 precision = "fp16"
-        result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined)
+        result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined,
+                       args.force)
     except Exception as e:  # a model or device that cannot be built for is the answer
         print(f"hetserve fpga build: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -4,11 +4,14 @@ extras; importing this module without it raises ImportError."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import matplotlib
+
+from accelerators import safe_files
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -27,8 +30,11 @@ def pareto(points: list[T], key: Callable[[T], tuple[float, float]]) -> list[T]:
     return front
 
 
-def save(fig, path: Path) -> Path:
+def save(fig, path: Path, force: bool = False, flag: str | None = None) -> Path:
+    """The figure as the PNG `path`, written as every file for a user is (safe_files; `flag`
+    names the command's --force where it has one)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
     plt.close(fig)
-    return path
+    return safe_files.write_file(path, png.getvalue(), force, flag)

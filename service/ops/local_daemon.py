@@ -18,6 +18,8 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
+from accelerators import safe_files
+from service.grpc import client_socket
 from service.workers.parent_death import end_with
 
 _LOG_TAIL_CHARS = 4000
@@ -50,13 +52,16 @@ def local_daemon(models: Path, folder: Path, *extra: str,
     folder.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
     address, log_path = f"127.0.0.1:{port}", folder / "daemon.log"
-    with open(log_path, "ab") as log_file:
+    log_fd = safe_files.open_log(log_path, flag=None)
+    try:
         process = subprocess.Popen(
             [sys.executable, "-m", "service", "serve", "--models", str(models),
              "--port", str(port), "--socket", str(folder / "grpc.sock"),
              "--metrics-port", str(metrics_port), *extra],
-            stdout=log_file, stderr=subprocess.STDOUT,
+            stdout=log_fd, stderr=subprocess.STDOUT,
             preexec_fn=functools.partial(end_with, os.getpid()))
+    finally:
+        os.close(log_fd)
     try:
         wait_ready(address, process, log_path, timeout_s)
         yield LocalDaemon(f"unix:{folder / 'grpc.sock'}", address,
@@ -66,7 +71,10 @@ def local_daemon(models: Path, folder: Path, *extra: str,
 
 
 def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:
-    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs)."""
+    """Whether a daemon answers at `address` and serves (or, with `live`, merely runs);
+    UntrustedDaemonError, before anything is sent, for a unix socket that is not the expected
+    user's daemon's (client_socket.check)."""
+    client_socket.check(address)
     client = grpcclient.InferenceServerClient(address)
     try:
         return (client.is_server_live if live else client.is_server_ready)(

@@ -8,6 +8,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from service.grpc import client_socket
 from service.settings import Settings
 
 
@@ -18,7 +19,13 @@ def default_address(settings: Settings) -> str:
 
 
 def check(address: str, service: str = "", timeout_s: float = 5.0) -> int:
-    """Prints the status; 0 when SERVING, 1 otherwise (NOT_SERVING, unknown, unreachable)."""
+    """Prints the status; 0 when SERVING, 1 otherwise (NOT_SERVING, unknown, unreachable, or a
+    unix socket that is not the expected user's daemon's: then nothing is sent)."""
+    try:
+        client_socket.check(address)
+    except client_socket.UntrustedDaemonError as e:
+        print(f"hetserve health: {e}", file=sys.stderr)
+        return 1
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(

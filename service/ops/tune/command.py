@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import signal
 import socket
@@ -60,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true",
                         help="also replace config.pbtxt with the winner, keeping the original "
                              "as config.pbtxt.orig")
+    parser.add_argument("--force", action="store_true",
+                        help="run as root, write into the model's or the report's folder even "
+                             "where another user owns it (refused otherwise: that user could "
+                             "have planted links there; docs/security.md)")
     parser.add_argument("--power-sources", metavar="MAP",
                         help="passed to each daemon (hetserve serve --power-sources)")
     parser.add_argument("--power-model", metavar="MAP",
@@ -72,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
 
+    from accelerators.safe_files import UnsafeFolderError
     from service.ops.tune import session
     from service.ops.tune.session import BadInputError
 
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         plan = _check(args, argv)
         return session.run(plan, console, progress_console)
-    except BadInputError as e:
+    except (BadInputError, UnsafeFolderError) as e:  # the latter: a folder swapped mid-sweep
         print(f"hetserve tune: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -117,9 +123,11 @@ def _check(args: argparse.Namespace, argv: list[str]):
                             f"objective {args.objective}")
     if args.clients < 1:
         raise BadInputError(f"--clients {args.clients}: expected 1 or more")
-    model_dir = args.model_dir.resolve()
-    if not (model_dir / "config.pbtxt").is_file():
-        raise BadInputError(f"{args.model_dir}: not a model folder (no config.pbtxt in it)")
+    # Made absolute without resolving links: a folder that is a link is refused where it is
+    # written (accelerators/safe_files.py), not silently replaced by what it points to.
+    model_dir = Path(os.path.abspath(args.model_dir))
+    report_dir = Path(os.path.abspath(args.report or f"hetserve-tune-{model_dir.name}"))
+    shipped_text = _shipped_config(model_dir, args.force)
     try:
         entry = ModelRepository(model_dir.parent).load(model_dir.name)
     except (ConfigError, Exception) as e:  # any reason the repository gives is the message
@@ -138,12 +146,41 @@ def _check(args: argparse.Namespace, argv: list[str]):
     serve_args = [*(["--power-sources", args.power_sources] if args.power_sources else []),
                   *(["--power-model", args.power_model] if args.power_model else []),
                   *(["--engine-modules", args.engine_modules] if args.engine_modules else [])]
+    _check_report(report_dir, args.force)  # last: a refused run leaves no folder behind
     return Plan(
         model=entry.name, model_dir=model_dir, config=entry.config,
-        shipped_text=(model_dir / "config.pbtxt").read_text(), devices=candidates,
+        shipped_text=shipped_text, devices=candidates,
         objective=args.objective, p99_ms=args.p99_ms, budget_s=args.budget_s,
         concurrencies=tuple(sorted(set(args.concurrency))), seconds=args.seconds,
         clients=args.clients, perf_analyzer=binary or None, serve_args=tuple(serve_args),
-        report_dir=(args.report or Path(f"hetserve-tune-{entry.name}")).resolve(),
-        write=args.write, command=shlex.join(["hetserve", *argv]),
+        report_dir=report_dir, write=args.write, force=args.force,
+        command=shlex.join(["hetserve", *argv]),
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), host=socket.gethostname())
+
+
+def _shipped_config(model_dir: Path, force: bool) -> str:
+    """The model's config.pbtxt, read without following a link, once tune may write beside it
+    (before any sweep, so that a refusal costs nothing)."""
+    from accelerators import safe_files
+    from service.ops.tune.session import BadInputError
+
+    try:
+        with safe_files.folder(model_dir, force) as fd:
+            return safe_files.read_at(fd, "config.pbtxt").decode()
+    except safe_files.UnsafeFolderError as e:
+        raise BadInputError(str(e)) from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{model_dir}: not a model folder (config.pbtxt: {e})") from e
+
+
+def _check_report(folder: Path, force: bool) -> None:
+    """That the report may go to `folder` (made there now, before the sweep)."""
+    from accelerators import safe_files
+    from service.ops.tune.session import BadInputError
+
+    try:
+        safe_files.make_folder(folder, force)
+    except safe_files.UnsafeFolderError as e:
+        raise BadInputError(f"--report: {e}") from e
+    except OSError as e:
+        raise BadInputError(f"--report {folder}: {e.strerror}") from e

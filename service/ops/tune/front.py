@@ -11,7 +11,7 @@ from service.ops.watts import source_label
 
 
 def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winner: str | None,
-         sources: set[str], title: str, hollow: str, path: Path) -> Path:
+         sources: set[str], title: str, hollow: str, path: Path, force: bool = False) -> Path:
     """`series`: candidate label -> its (req/s, GFLOP/s per W, qualifies) points; `hollow`
     says why a point does not qualify."""
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -41,4 +41,4 @@ def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winne
     fig.text(0.01, 0.01, f"Hollow: {hollow}. Power sources: {named}"
              + (" (idle/busy watts x measured busy time, not a measurement)" if estimate else ""),
              fontsize=7)
-    return save(fig, path)
+    return save(fig, path, force, "--force")

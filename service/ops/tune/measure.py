@@ -15,6 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 
+from accelerators import safe_files
 from service import contract
 from service.ops import perf_analyzer
 from service.ops.load_client import START_AFTER_S, ClientPool, infer_request
@@ -92,7 +93,7 @@ def measure(workspace: Workspace, model: str, config_text: str, candidate: Candi
     recorded in the measurement, never raised (Ctrl-C is)."""
     started = time.monotonic()
     measurement = Measurement(candidate, stage)
-    (workspace.model_dir / "config.pbtxt").write_text(config_text)
+    safe_files.write_file(workspace.model_dir / "config.pbtxt", config_text)
     workspace.runs += 1
     folder = workspace.root / f"run{workspace.runs}"
     try:

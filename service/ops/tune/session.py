@@ -3,13 +3,13 @@ config and the report, whatever way the sweep ended."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from tritonclient.grpc import model_config_pb2
 
+from accelerators import safe_files
 from accelerators.engines import DeviceSpec
 from service.ops.progress import progress_bar
 from service.ops.tune import rank, report, space
@@ -47,6 +47,7 @@ class Plan:
     serve_args: tuple[str, ...]
     report_dir: Path
     write: bool
+    force: bool  # root may write into folders other users own (safe_files.open_folder)
     command: str
     started: str
     host: str
@@ -96,12 +97,13 @@ def _finish(plan: Plan, info: report.RunInfo, result: SweepResult, console: Cons
         written_path = _write_config(plan, chosen, report.header(info, chosen, comparison))
         console.print(f"written: {written_path}\n  {chosen.candidate.label()}\n  "
                       f"{report.comparison_text(comparison, plan.objective)}")
-    plan.report_dir.mkdir(parents=True, exist_ok=True)
-    (plan.report_dir / "results.json").write_text(
-        report.results_json(info, result, chosen, comparison))
-    figure, note = _figure(plan, result, chosen)
-    (plan.report_dir / "report.md").write_text(report.markdown(
-        info, result, chosen, comparison, written_path, figure, note))
+    safe_files.make_folder(plan.report_dir, plan.force)
+    with safe_files.folder(plan.report_dir, plan.force) as folder:
+        safe_files.write_at(folder, "results.json",
+                            report.results_json(info, result, chosen, comparison))
+        figure, note = _figure(plan, result, chosen)
+        safe_files.write_at(folder, "report.md", report.markdown(
+            info, result, chosen, comparison, written_path, figure, note))
     console.print(f"report: {plan.report_dir / 'report.md'}" + (f" ({note})" if note else ""))
     if chosen is None and result.measurements and result.shipped.points:
         bound = f"p99 ≤ {plan.p99_ms:g} ms" if plan.p99_ms else "the objective"
@@ -114,14 +116,15 @@ def _write_config(plan: Plan, chosen: Measurement, header: str) -> Path:
     text = (plan.shipped_text if chosen.stage == "shipped"
             else space.render(plan.config, chosen.candidate))
     original = plan.model_dir / "config.pbtxt"
-    tuned = original.with_name(original.name + TUNED_SUFFIX)
-    tuned.write_text(header + text)
-    if not plan.write:
-        return tuned
-    kept = original.with_name(original.name + ORIGINAL_SUFFIX)
-    if not kept.exists():  # the first --write keeps the user's own file
-        shutil.copy2(original, kept)
-    original.write_text(header + text)
+    tuned, kept = original.name + TUNED_SUFFIX, original.name + ORIGINAL_SUFFIX
+    with safe_files.folder(plan.model_dir, plan.force) as folder:
+        safe_files.write_at(folder, tuned, header + text)
+        if not plan.write:
+            return plan.model_dir / tuned
+        # The first --write keeps the user's own file (as tune read it); a link is no backup.
+        if not safe_files.is_file_at(folder, kept):
+            safe_files.write_at(folder, kept, plan.shipped_text)
+        safe_files.write_at(folder, original.name, header + text)
     return original
 
 
@@ -142,4 +145,4 @@ def _figure(plan: Plan, result: SweepResult,
     hollow = f"p99 over {plan.p99_ms:g} ms or errors" if plan.p99_ms else "errors"
     return front.draw(series, result.shipped.candidate.label(),
                       chosen.candidate.label() if chosen else None, sources, title, hollow,
-                      plan.report_dir / "front.png"), ""
+                      plan.report_dir / "front.png", plan.force), ""
