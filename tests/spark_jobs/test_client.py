@@ -144,7 +144,8 @@ def test_tensors_travel_through_shared_memory_to_a_daemon_on_this_node(daemon, h
                         _refuse_registration)
     via_messages = infer(daemon.socket_url, model, images, 128, 2)
     assert registered[1] is None
-    np.testing.assert_array_equal(via_memory.logits, via_messages.logits)
+    # Equal up to the engines' tolerance: each batch goes to whichever listed device is free.
+    np.testing.assert_allclose(via_memory.logits, via_messages.logits, rtol=1e-4, atol=1e-4)
     assert (via_memory.logits.argmax(1) == holdout[1][:300]).mean() >= 0.95
 
 
