@@ -95,6 +95,10 @@ class Settings:
         default=128, metadata={"doc": "calls in progress at once on one connection (HTTP/2 "
                                       "MAX_CONCURRENT_STREAMS); further streams are refused "
                                       "(REFUSED_STREAM, which clients retry)"})
+    max_stream_resets: int = field(
+        default=1000, metadata={"doc": "streams a plaintext connection may reset beyond those "
+                                       "the daemon completed on it; beyond them it gets GOAWAY "
+                                       "and is closed (HTTP/2 rapid reset)"})
     connection_idle_s: float = field(
         default=300.0, metadata={"doc": "a connection with no call in progress for this long is "
                                         "closed (GOAWAY; clients reconnect when they next call)"})

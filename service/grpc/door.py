@@ -33,6 +33,8 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
+from service.grpc.resets import ResetWatch
+
 log = logging.getLogger(__name__)
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python lacks the name
@@ -56,6 +58,7 @@ class Bounds:
     per_peer: int
     total: int
     total_flag: str  # the flag that sets `total`, named in refusals
+    resets: int  # stream resets a connection may send beyond the streams completed on it
 
 
 class Peers:
@@ -84,7 +87,7 @@ class Door:
 
     def __init__(self, listener: str, inner: Path, bounds: Bounds, peers: Peers,
                  tls: bool = False) -> None:
-        self.listener, self.inner, self._bounds, self._peers = listener, inner, bounds, peers
+        self.listener, self.inner, self.bounds, self._peers = listener, inner, bounds, peers
         self.tls = tls
         self._open: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
@@ -105,10 +108,10 @@ class Door:
     def _admit(self, sock: socket.socket) -> tuple[Peer | None, str]:
         """Who `sock` is, or why it is refused."""
         peer = self._identify(sock)
-        if sum(self._open.values()) >= self._bounds.total:
+        if sum(self._open.values()) >= self.bounds.total:
             return None, (f"{sum(self._open.values())} connections are open on the daemon's "
-                          f"{self.listener} listener, its limit ({self._bounds.total_flag})")
-        if self._open[peer.address] >= self._bounds.per_peer:
+                          f"{self.listener} listener, its limit ({self.bounds.total_flag})")
+        if self._open[peer.address] >= self.bounds.per_peer:
             return None, (f"{self._open[peer.address]} connections are open from "
                           f"{peer.address}, the limit per peer (--max-connections-per-peer); "
                           "close some or share one channel")
@@ -151,6 +154,8 @@ class _Connection(asyncio.Protocol):
         self._upstream: asyncio.Transport | None = None
         self._peer: Peer | None = None
         self._name = ""
+        # Plaintext only: TLS passes through undecrypted.
+        self.resets = None if door.tls else ResetWatch(door.bounds.resets)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -188,7 +193,22 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self._upstream is not None
+        if self.resets is not None and self.resets.from_client(data):
+            self._go_away()
+            return
         self._upstream.write(data)
+
+    def _go_away(self) -> None:
+        """Rapid reset: no more of this client's frames reach gRPC, and it gets GOAWAY."""
+        assert self._client is not None and self._upstream is not None and self.resets
+        log.warning("connection from %s closed: %d streams reset against %d completed "
+                    "(--max-stream-resets)", self._peer.address if self._peer else "?",
+                    self.resets.resets, self.resets.completed)
+        self._upstream.close()
+        frame = self.resets.goaway()
+        if frame is not None:
+            self._client.write(frame)
+        self._client.close()
 
     # The client reads slowly: stop reading what gRPC sends it until it catches up.
     def pause_writing(self) -> None:
@@ -221,6 +241,8 @@ class _Upstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self._connection._client is not None
+        if self._connection.resets is not None:
+            self._connection.resets.from_server(data)
         self._connection._client.write(data)
 
     # gRPC sends faster than the door can pass on: stop reading the client's requests.

@@ -66,7 +66,7 @@ class GrpcFront:
         for listener, server in self._servers.items():
             door = Door(listener.door, inner / f"{listener.door}.sock", Bounds(
                 self._settings.max_connections_per_peer, listener.max_connections,
-                listener.connections_flag),
+                listener.connections_flag, self._settings.max_stream_resets),
                 self._peers, tls=listener.door == "tcp" and bool(self._settings.tls_cert))
             add_port(server, f"unix:{door.inner}", str(door.inner),
                      _tls(self._settings) if door.tls else None)

@@ -39,6 +39,7 @@ _SERVE_FLAGS = [
     ("--max-connections-tcp", "max_connections_tcp"),
     ("--max-connections-socket", "max_connections_socket"),
     ("--max-streams-per-connection", "max_streams_per_connection"),
+    ("--max-stream-resets", "max_stream_resets"),
     ("--connection-idle-s", "connection_idle_s"),
     ("--connection-age-s", "connection_age_s"),
     ("--connection-age-grace-s", "connection_age_grace_s"),

@@ -62,8 +62,10 @@ class RawH2:
             ("te", "trailers")])
         return stream
 
-    def send_message(self, stream: int, message: bytes) -> None:
-        self.h2.send_data(stream, b"\0" + struct.pack(">I", len(message)) + message)
+    def send_message(self, stream: int, message: bytes, end: bool = False) -> None:
+        """One gRPC message; `end` ends the call's requests too (a unary call's)."""
+        self.h2.send_data(stream, b"\0" + struct.pack(">I", len(message)) + message,
+                          end_stream=end)
 
     def reset(self, stream: int) -> None:
         self.h2.reset_stream(stream, ErrorCodes.CANCEL)

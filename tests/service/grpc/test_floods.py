@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -26,6 +27,7 @@ from tests.service.grpc.raw_h2 import RawH2
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
 RPCS = 8  # --max-rpcs-tcp
+RESETS = 500  # --max-stream-resets
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def short(tmp_path_factory) -> Iterator[Daemon]:
     """Few streams per connection, short idle timeouts."""
     d = Daemon(tmp_path_factory.mktemp("floods"), MODELS, "--workers", "1",
                "--max-streams-per-connection", str(STREAMS), "--stream-idle-s", str(IDLE_S),
-               "--connection-idle-s", str(IDLE_S))
+               "--connection-idle-s", str(IDLE_S), "--max-stream-resets", str(RESETS))
     yield d
     assert d.stop() == 0
 
@@ -92,19 +94,52 @@ def test_thousands_of_streams_on_one_connection_are_capped(short, holdout) -> No
     _all_right(answers)
 
 
-def test_socket_users_are_answered_while_tcp_streams_are_opened_and_reset(short,
-                                                                         holdout) -> None:
-    """HTTP/2 rapid reset. grpc core (1.85) sends no GOAWAY for it, whatever its arguments; the
-    stream cap per connection keeps it from the other clients."""
-    with socket_users(short, holdout) as answers, RawH2(short.url) as flood:
-        end, pairs = time.monotonic() + 2.0, 0
-        while time.monotonic() < end and not flood.closed:
+@pytest.mark.parametrize("listener", ["tcp", "socket"])
+def test_streams_opened_and_reset_at_speed_get_goaway(short, listener, holdout) -> None:
+    """HTTP/2 rapid reset, on either listener: grpc core (1.85) sends no GOAWAY for it, so the
+    door does, once the connection has reset --max-stream-resets streams beyond those it
+    completed; the socket's users are answered meanwhile."""
+    address = short.url if listener == "tcp" else short.socket_url
+    with socket_users(short, holdout) as answers, RawH2(address) as flood:
+        end, pairs = time.monotonic() + 10.0, 0
+        while time.monotonic() < end and not flood.closed and flood.goaway is None:
             for _ in range(100):
                 flood.reset(flood.open())
             pairs += 100
             flood.flush()
-    assert pairs > 10_000
+        flood.read(2.0)
+    assert flood.closed and flood.goaway is not None, f"{pairs} pairs, no GOAWAY"
+    assert flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+    assert b"--max-stream-resets" in flood.goaway.additional_data
+    assert RESETS < pairs < RESETS + 10_000
     _all_right(answers)
+
+
+def test_resets_count_against_the_calls_a_connection_completed(short) -> None:
+    """A client that cancels calls keeps its connection while it resets no more than
+    --max-stream-resets beyond the calls completed on it."""
+    with RawH2(short.url) as client:
+        def reset(count: int) -> None:
+            for _ in range(count):
+                if client.goaway is None:
+                    client.reset(client.open())
+            client.flush()
+            client.read(0.5)
+
+        reset(RESETS - 100)
+        for _ in range(200 // STREAMS):  # within the stream cap
+            calls = [client.open("/inference.GRPCInferenceService/ServerLive")
+                     for _ in range(STREAMS)]
+            for call in calls:
+                client.send_message(call, b"", end=True)
+            client.flush()
+            client.read(10.0, until=lambda: all(c in client.ended for c in calls))
+            assert {client.ended.get(c) for c in calls} == {"0"}
+        reset(250)  # RESETS + 150 in all, within the 192 completed
+        assert not client.closed and client.goaway is None
+        reset(100)
+        client.read(2.0)
+    assert client.goaway is not None and client.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
 
 
 def test_an_idle_stream_is_closed_naming_the_flag(short, holdout) -> None:
