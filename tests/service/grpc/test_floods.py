@@ -21,8 +21,8 @@ from h2.settings import SettingCodes
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from bench.raw_h2 import RawH2
 from tests.conftest import MODEL, MODELS, Daemon, image_input
-from tests.service.grpc.raw_h2 import RawH2
 
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s

@@ -1,5 +1,6 @@
 """A raw HTTP/2 client (prior knowledge, no TLS) for what no gRPC client does: thousands of
-streams on one connection, streams reset as soon as they open, a connection that sends nothing."""
+streams on one connection, streams reset as soon as they open, a connection that sends nothing
+(the floods of bench/floods.py and tests/service/grpc/test_floods.py)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,16 @@ class _Unbounded(h2.connection.H2Connection):
 class RawH2:
     """One connection to `address` (HOST:PORT or unix:PATH); every wait is bounded."""
 
-    def __init__(self, address: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 5.0, bind: str | None = None) -> None:
+        """`bind`: the local address to connect from (TCP)."""
         if address.startswith("unix:"):
             self.sock = socket.socket(socket.AF_UNIX)
             self.sock.settimeout(timeout_s)
             self.sock.connect(address[len("unix:"):])
         else:
             host, port = address.rsplit(":", 1)
-            self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+            self.sock = socket.create_connection((host, int(port)), timeout=timeout_s,
+                                                 source_address=(bind, 0) if bind else None)
         self.h2 = _Unbounded(h2.config.H2Configuration(
             client_side=True, header_encoding="utf-8"))
         self.h2.initiate_connection()

@@ -1,0 +1,223 @@
+"""Floods against the daemon from one unprivileged TCP client, while four unix socket users
+infer (issue 37's targets): streams opened and reset at full speed, 40,000 idle ModelStreamInfer
+streams, 20,000 idle connections. For each: the share of the socket users' requests answered
+right (target >= 99%), the daemon's resident memory growth (target <= 200 MB) and open
+descriptors against its limit (target <= 80%), and both again once the flood's connections have
+closed (no trace). The attacker runs in a process of its own, so that its Python does not slow
+the users' client.
+
+    .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from bench.raw_h2 import RawH2
+from service.ops.local_daemon import free_port
+from spark_jobs.daemon import DaemonProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "mnist_cnn"
+ATTACKS = ("rapid-reset", "idle-streams", "idle-connections")
+
+
+def attack(kind: str, host: str, port: int, seconds: float) -> str:
+    """Runs one flood against HOST:PORT for `seconds`; what it did, in a line."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    end = time.monotonic() + seconds
+    with contextlib.ExitStack() as held:
+        if kind == "rapid-reset":
+            pairs = goaways = 0
+            while time.monotonic() < end:
+                flood = held.enter_context(RawH2(f"{host}:{port}"))
+                while time.monotonic() < end and not flood.closed and flood.goaway is None:
+                    for _ in range(100):
+                        flood.reset(flood.open())
+                    pairs += 100
+                    flood.flush()
+                goaways += flood.goaway is not None
+            return f"{pairs} streams opened and reset, {goaways} GOAWAY"
+        if kind == "idle-streams":
+            opened = refused = 0
+            for address in _addresses(hard // 2):
+                if opened >= 40_000 or time.monotonic() > end:
+                    break
+                try:
+                    flood = held.enter_context(RawH2(f"{host}:{port}", bind=address))
+                    streams = [flood.open() for _ in range(1000)]
+                    flood.flush()
+                    flood.read(0.2)
+                except OSError:
+                    refused += 1
+                    continue
+                opened += len(streams) - len(flood.refused) - len(flood.ended)
+            time.sleep(max(end - time.monotonic(), 0))
+            return f"{opened} idle streams held, {refused} connections refused"
+        if kind == "idle-connections":
+            held_count = 0
+            for address in _addresses(min(20_000, hard - 200)):
+                sock = held.enter_context(socket.socket())
+                sock.bind((address, 0))
+                try:
+                    sock.connect((host, port))
+                except OSError:
+                    continue
+                held_count += 1
+            time.sleep(max(end - time.monotonic(), 0))
+            return f"{held_count} connections opened and held idle"
+    raise ValueError(f"no attack {kind!r}")
+
+
+def _addresses(count: int) -> Iterator[str]:
+    """Loopback source addresses, a few connections from each (per-peer bounds count them)."""
+    for i in range(count):
+        yield f"127.0.{(i // 16) // 250}.{2 + (i // 16) % 250}"
+
+
+class Daemon:
+    def __init__(self, tmp: Path, workers: int) -> None:
+        self.port = free_port()
+        self.socket = tmp / "grpc.sock"
+        self.process = DaemonProcess(
+            ["--models", str(ROOT / "models"), "--port", str(self.port), "--socket",
+             str(self.socket), "--metrics-port", "0", "--workers", str(workers)],
+            f"unix:{self.socket}", tmp / "daemon.log")
+        self.process.wait_ready()
+
+    def pids(self) -> list[int]:
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [self.process.pid, *map(int, children.read_text().split())]
+
+    def rss_mb(self) -> float:
+        return sum(_status(pid, "VmRSS") for pid in self.pids()) / 1024
+
+    def descriptors(self) -> tuple[int, int]:
+        """The most descriptors one of its processes holds, and that process's limit."""
+        counts = [(len(list(Path(f"/proc/{pid}/fd").iterdir())), _fd_limit(pid))
+                  for pid in self.pids()]
+        return max(counts)
+
+
+def _status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _fd_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    return 0
+
+
+@contextlib.contextmanager
+def socket_users(daemon: Daemon, images: np.ndarray, labels: np.ndarray) -> Iterator[list]:
+    """Four unix socket users, one request each at a time: True for each right answer."""
+    stop, answers = threading.Event(), []
+
+    def user() -> None:
+        with grpcclient.InferenceServerClient(f"unix:{daemon.socket}") as client:
+            i = 0
+            while not stop.is_set():
+                tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
+                tensor.set_data_from_numpy(images[i:i + 1])
+                try:
+                    logits = client.infer(MODEL, [tensor], client_timeout=5).as_numpy("logits")
+                    answers.append(bool(logits.argmax() == labels[i]))
+                except Exception as e:  # noqa: BLE001 - a failure is what is counted
+                    answers.append(e)
+                i = (i + 1) % len(images)
+
+    users = [threading.Thread(target=user, daemon=True) for _ in range(4)]
+    for u in users:
+        u.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for u in users:
+            u.join(timeout=10)
+
+
+def run(seconds: float, workers: int) -> list[dict]:
+    import mnist_digits  # tools/, on the path through bench/__init__.py
+    images, labels = mnist_digits.holdout_split()
+    images, labels = images[:64].astype(np.float32), labels[:64]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hetserve-floods-") as tmp:
+        daemon = Daemon(Path(tmp), workers)
+        try:
+            for kind in ATTACKS:
+                time.sleep(1.0)
+                base_rss, (base_fds, limit) = daemon.rss_mb(), daemon.descriptors()
+                peak_rss, peak_fds = base_rss, base_fds
+                with socket_users(daemon, images, labels) as answers:
+                    attacker = subprocess.Popen(
+                        [sys.executable, "-m", "bench.floods", "--attack", kind, "--port",
+                         str(daemon.port), "--seconds", str(seconds)], cwd=ROOT,
+                        stdout=subprocess.PIPE, text=True)
+                    while attacker.poll() is None:
+                        peak_rss = max(peak_rss, daemon.rss_mb())
+                        peak_fds = max(peak_fds, daemon.descriptors()[0])
+                        time.sleep(0.2)
+                    done = attacker.stdout.read().strip()
+                time.sleep(2.0)  # the flood's connections close
+                ok = sum(a is True for a in answers)
+                rows.append({
+                    "attack": kind, "did": done, "users_ok": ok, "users_total": len(answers),
+                    "ok_share": ok / max(len(answers), 1),
+                    "rss_growth_mb": peak_rss - base_rss, "fds_peak": peak_fds,
+                    "fd_limit": limit, "fds_after": daemon.descriptors()[0],
+                    "fds_before": base_fds, "rss_after_growth_mb": daemon.rss_mb() - base_rss,
+                    "errors": sorted({str(a)[:120] for a in answers if a is not True})[:3]})
+        finally:
+            daemon.process.stop()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="each flood's length")
+    parser.add_argument("--workers", type=int, default=1, help="the daemon's --workers")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--attack", choices=ATTACKS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.attack:  # the attacker's own process
+        print(attack(args.attack, "127.0.0.1", args.port, args.seconds))
+        return 0
+    rows = run(args.seconds, args.workers)
+    print(f"{'flood':18} {'users OK':>14} {'RSS +MB':>8} {'fds peak/limit':>16} "
+          f"{'after: fds, RSS +MB':>20}  what the attacker did")
+    for r in rows:
+        print(f"{r['attack']:18} {r['ok_share']:>8.2%} ({r['users_total']:>4}) "
+              f"{r['rss_growth_mb']:>8.1f} {r['fds_peak']:>7}/{r['fd_limit']:<7} "
+              f"{r['fds_after']:>7} (was {r['fds_before']}), {r['rss_after_growth_mb']:+.1f}  "
+              f"{r['did']}")
+        for error in r["errors"]:
+            print(f"{'':18} error: {error}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
