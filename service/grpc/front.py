@@ -17,7 +17,7 @@ from service.core.dataplane import DataPlane
 from service.errors import StartupError
 from service.grpc import handlers, unix_socket
 from service.grpc.auth import TokenInterceptor
-from service.grpc.credentials import ExposureError, TlsFiles, TokenFile
+from service.grpc.credentials import ExposureError, TlsFiles, TokenFile, admin_token
 from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.settings import Settings
 
@@ -35,7 +35,8 @@ class GrpcFront:
         # (service/workers/frontends.py); a second daemon must not share it silently.
         self._reuseport = reuseport
         self._server = grpc.aio.server(
-            interceptors=[TokenInterceptor(token, peers)] if token else [], options=[
+            interceptors=[TokenInterceptor(token, peers, admin_token(settings))]
+            if token else [], options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
