@@ -147,7 +147,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
                             self._settings.shutdown_grace_s)
             await _close(model)
             log.info("model %r version %d unloaded", model.spec.name, model.spec.version)
-        await asyncio.gather(*(retire(m) for m in models))
+        # Shielded: a caller that goes meanwhile (a client's deadline) leaves no engine open.
+        await asyncio.shield(asyncio.gather(*(retire(m) for m in models)))
 
     async def _load_version(self, entry: RepositoryEntry, version: int,
                             path: Path) -> LoadedModel:
