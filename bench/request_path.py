@@ -35,7 +35,9 @@ from serving import infer_request, model_ceiling, model_repository  # noqa: E402
 
 from service.core.dataplane import DataPlane  # noqa: E402
 from service.core.metrics import Metrics  # noqa: E402
+from service.core.model_control import ModelControl  # noqa: E402
 from service.core.registry import ModelRegistry  # noqa: E402
+from service.grpc.door import Peers  # noqa: E402
 from service.grpc.servicer import InferenceServicer  # noqa: E402
 from service.grpc.shared_memory import SharedMemoryRegions  # noqa: E402
 from service.settings import Settings  # noqa: E402
@@ -67,7 +69,7 @@ async def serving(models: Path) -> AsyncIterator[InferenceServicer]:
     """A servicer on `models`, as the daemon builds it, without gRPC around it."""
     async with data_plane(models) as (plane, metrics, settings):
         yield InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
-                                settings)
+                                Peers(), settings, ModelControl(plane.models, settings))
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:

@@ -36,6 +36,12 @@ class Settings:
         default=None, metadata={"doc": "file holding the bearer token that gRPC calls over TCP "
                                        "must send as 'authorization: Bearer <token>' (the unix "
                                        "socket and health checks need none)"})
+    admin_token_file: Path | None = field(
+        default=None, metadata={"doc": "file holding a bearer token whose holders may load and "
+                                       "unload models (RepositoryModelLoad / Unload) from "
+                                       "anywhere, sent as 'authorization: Bearer <token>'; root "
+                                       "and the daemon's user may over the unix socket without "
+                                       "it"})
     metrics_host: str = field(
         default="127.0.0.1", metadata={"doc": "address of the Prometheus /metrics endpoint"})
     metrics_port: int = field(
@@ -44,6 +50,16 @@ class Settings:
         default=0, metadata={"doc": "plaintext port on metrics_host serving only grpc.health.v1, "
                                     "for probes that send neither TLS nor a token (Kubernetes "
                                     "grpc probes); 0 disables it"})
+    model_control_mode: str = field(
+        default="none", metadata={"doc": "none: the repository's models load at start and stay; "
+                                         "poll: changes in the repository load, reload and "
+                                         "unload models; explicit: only --load-model at start, "
+                                         "then RepositoryModelLoad / Unload"})
+    repository_poll_secs: float = field(
+        default=15.0, metadata={"doc": "seconds between scans of the repository in poll mode"})
+    load_model: str = field(
+        default="", metadata={"doc": "models to load at start in explicit mode, comma-separated "
+                                     "or the flag repeated; '*': all"})
     workers: int = field(
         default=0, metadata={"doc": "front-end processes doing gRPC, decoding and replies, "
                                     "sharing the port; the devices stay in one process that "

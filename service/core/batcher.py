@@ -110,6 +110,7 @@ class DynamicBatcher:
         self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
         self._waits_paid = 1.0  # share of the latest waits that grew their batch
         self._waits_skipped = 0  # windows skipped since the last wait
+        self._emptied: asyncio.Event | None = None  # set as the queue empties, while draining
         self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
 
     def queued(self) -> int:
@@ -194,6 +195,21 @@ class DynamicBatcher:
                 _settle(queue.popleft(), error=ModelUnavailableError(
                     f"model {self.model!r} is unloading"))
 
+    async def drain(self, grace_s: float) -> bool:
+        """Until every queued request has left the queue (answered, or in a batch, which close()
+        lets finish): for a version that takes no new requests. False if `grace_s` ran out."""
+        self._emptied = asyncio.Event()
+
+        async def emptied() -> None:
+            while self.queued():
+                self._emptied.clear()
+                await self._emptied.wait()
+        try:
+            await asyncio.wait_for(emptied(), grace_s)
+        except TimeoutError:
+            return False
+        return True
+
     def _leave(self, pending: _Pending) -> None:
         """Frees the queue room of a request answered or cancelled while it waited."""
         if pending.timer is not None:
@@ -203,6 +219,8 @@ class DynamicBatcher:
             self._queued[pending.level] -= pending.size
             if pending.delayed:
                 self._queued_delayed[pending.level] -= pending.size
+            if self._emptied is not None and not self.queued():
+                self._emptied.set()
 
     def _expire(self, pending: _Pending) -> None:
         if not pending.taken:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, ServedModel, ServedModels, Tensors
-from service.errors import HetserveError, ModelUnavailableError
+from service.errors import HetserveError, InvalidInputError, ModelUnavailableError
 
 
 @dataclass(frozen=True)
@@ -113,4 +113,8 @@ def select(answer: Answer, names: list[str]) -> Answer:
     """The answer with only the outputs named, in that order."""
     if names == list(answer.outputs):
         return answer  # the common case: every output, in the model's order
+    missing = [name for name in names if name not in answer.outputs]
+    if missing:  # a version swapped in while the request waited lacks an output it asked for
+        raise InvalidInputError(f"requested outputs {missing}: the model's version that ran "
+                                f"has the outputs {list(answer.outputs)}")
     return Answer({name: answer.outputs[name] for name in names}, answer.device, answer.cost)

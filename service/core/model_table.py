@@ -1,5 +1,6 @@
-"""Served model versions by name, and the reasons of those that failed to load: what the data
-plane looks models up in, in the device owner (the registry) and in front-ends (a catalog)."""
+"""Served model versions by name, and the reasons of those not served (failed to load, unloaded):
+what the data plane looks models up in, in the device owner (the registry) and in front-ends (a
+catalog)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class ModelTable(Generic[M]):
             check_model_name(name)
             reason = self.failures.get(name)
             raise ModelNotFoundError(f"model_name {name!r}: " + (
-                f"failed to load: {reason}" if reason else
+                f"not served: {reason}" if reason else
                 f"no such model; serving {sorted(self._models)}"))
         if not version:
             return versions[max(versions)]

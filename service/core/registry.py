@@ -1,13 +1,21 @@
 """Loaded models: each version with a worker on every device of its `devices` parameter that can
 run it, a router among them, and a batcher. A model that fails to load is kept as a reason,
-reported by readiness and the index, and never takes others down."""
+reported by readiness and the index, and never takes others down.
+
+Models load, reload and unload while the daemon serves (service/core/model_control.py says when).
+A reload loads and warms the versions that are new or whose files changed while the others
+serve; then they take traffic at once, and the versions they replace drain their queued
+requests before their engines close. A load that fails leaves what served serving. Loads of one
+model run one at a time."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +35,12 @@ from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
 from service.core.power_budget import PowerBudget
 from service.core.queue_policy import BatchPolicy
-from service.core.repository import ModelRepository, RepositoryEntry
+from service.core.repository import ModelRepository, RepositoryEntry, check_model_name
 from service.core.router import POLICIES, Router
 from service.core.statistics import ModelStatistics
 from service.core.warmup import WarmupBatch, warmup_batches
 from service.core.worker import DeviceWorker
-from service.errors import ConfigError
+from service.errors import ConfigError, ModelNotFoundError
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,8 @@ class LoadedModel:
     router: Router
     batcher: DynamicBatcher
     stats: ModelStatistics
+    stamp: tuple  # what it was loaded from (RepositoryEntry.stamps): unchanged, it stays
+    generation: int  # which load this is, so that front-ends can say what they validated against
 
 
 class ModelRegistry(ModelTable[LoadedModel]):
@@ -58,30 +68,87 @@ class ModelRegistry(ModelTable[LoadedModel]):
         self._settings = settings
         self._metrics = metrics
         self._power_budget = power_budget
-        self._repository = ModelRepository(settings.model_repository)
+        self.repository = ModelRepository(settings.model_repository)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._generations = itertools.count(1)
+        self.listeners: list[Callable[[], None]] = []  # told at once when what serves changed
 
-    async def load_all(self) -> None:
-        for name in self._repository.names():
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Loads every model of the repository, or those named; a failure is each model's own."""
+        for name in self.repository.names() if names is None else names:
             try:
-                await self._load(name)
-            except ConfigError as e:
-                self.failures[name] = str(e)
-                log.error("model %r not served: %s", name, e)
-            except Exception as e:  # any failure of one model (a sensor, a graph) is its own
-                self.failures[name] = f"{type(e).__name__}: {e}"
-                log.exception("model %r not served", name)
+                await self.load(name)
+            except Exception:  # logged and recorded by load
+                pass
 
-    async def _load(self, name: str) -> None:
-        entry = self._repository.load(name)
-        versions: dict[int, LoadedModel] = {}
+    async def load(self, name: str) -> None:
+        """Loads model `name` as its folder is now, or reloads it (see the module's doc); raises
+        why it failed, which is also logged and recorded for the index."""
+        if not (self.repository.root / check_model_name(name)).is_dir():
+            raise ModelNotFoundError(f"model_name {name!r}: no such folder in the model "
+                                     f"repository; it holds {self.repository.names()}")
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            current = self._models.get(name, {})
+            try:
+                entry = self.repository.load(name)
+                kept = {v: m for v, m in current.items() if entry.stamps.get(v) == m.stamp}
+                added = await self._load_versions(entry, kept)
+            except Exception as e:
+                self._failed(name, e, current)
+                raise
+            self._models[name] = dict(sorted({**kept, **added}.items()))
+            self.failures.pop(name, None)
+            await self._retire([m for v, m in current.items() if kept.get(v) is not m])
+
+    async def unload(self, name: str) -> None:
+        """Stops serving model `name`: its versions drain their queued requests and close."""
+        check_model_name(name)
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            versions = self._models.pop(name, None)
+            if versions is None and name not in self.failures:
+                return  # never loaded: nothing to do (as Triton answers)
+            self.failures[name] = "unloaded"
+            await self._retire(list((versions or {}).values()))
+
+    async def _load_versions(self, entry: RepositoryEntry,
+                             kept: dict[int, LoadedModel]) -> dict[int, LoadedModel]:
+        added: dict[int, LoadedModel] = {}
         try:
             for version, path in entry.versions.items():
-                versions[version] = await self._load_version(entry, version, path)
-        except BaseException:  # nothing of a model half loaded keeps running
-            for model in versions.values():
+                if version not in kept:
+                    added[version] = await self._load_version(entry, version, path)
+        except BaseException:  # nothing of a load half done keeps running
+            for model in added.values():
                 await _close(model)
             raise
-        self._models[name] = versions
+        return added
+
+    def _failed(self, name: str, error: Exception, serving: dict[int, LoadedModel]) -> None:
+        reason = str(error) if isinstance(error, ConfigError) else \
+            f"{type(error).__name__}: {error}"
+        if serving:
+            reason += f" (versions {sorted(serving)} still serve)"
+        self.failures[name] = reason
+        if isinstance(error, ConfigError):
+            log.error("model %r not loaded: %s", name, reason)
+        else:  # any failure of one model (a sensor, a graph) is its own
+            log.exception("model %r not loaded", name)
+
+    async def _retire(self, models: list[LoadedModel]) -> None:
+        """Tells the listeners what serves now, then lets the versions that no longer serve
+        finish what they hold (within the shutdown grace), and closes them."""
+        for listener in self.listeners:
+            listener()
+
+        async def retire(model: LoadedModel) -> None:
+            if not await model.batcher.drain(self._settings.shutdown_grace_s):
+                log.warning("model %r version %d: requests still queued after %.1f s are "
+                            "refused", model.spec.name, model.spec.version,
+                            self._settings.shutdown_grace_s)
+            await _close(model)
+            log.info("model %r version %d unloaded", model.spec.name, model.spec.version)
+        # Shielded: a caller that goes meanwhile (a client's deadline) leaves no engine open.
+        await asyncio.shield(asyncio.gather(*(retire(m) for m in models)))
 
     async def _load_version(self, entry: RepositoryEntry, version: int,
                             path: Path) -> LoadedModel:
@@ -148,7 +215,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
                  "warm-up %.2f s)", name, version, config.parameters["devices"].string_value,
                  router.policy, [w.instances for w in workers],
                  [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
-        return LoadedModel(spec, config, router, batcher, stats)
+        return LoadedModel(spec, config, router, batcher, stats, entry.stamps[version],
+                           next(self._generations))
 
     async def _warm_up(self, spec: ModelSpec, workers: list[DeviceWorker],
                        batches: list[WarmupBatch], outputs: list[str],
@@ -221,6 +289,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                         shapes) for _ in range(count - len(engines))]
 
     async def close(self) -> None:
+        for lock in list(self._locks.values()):  # a load under way ends first; none after
+            await lock.acquire()
         for model in self.loaded():
             await _close(model)
         self._models.clear()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ class RepositoryEntry:
     name: str
     config: model_config_pb2.ModelConfig
     versions: dict[int, Path]  # version -> model file
+    stamps: dict[int, tuple]  # version -> what it is loaded from, as stamp() sees it
 
 
 def check_model_name(name: str) -> str:
@@ -48,6 +51,7 @@ class ModelRepository:
         """Reads one model's config and versions; ConfigError says what is wrong."""
         folder = self.root / check_model_name(name)
         config_path = folder / "config.pbtxt"
+        shared, folders = stamp(folder)  # before reading: a change meanwhile shows next time
         if not config_path.is_file():
             raise ConfigError(f"model {name!r}: {config_path} is missing")
         try:
@@ -66,7 +70,37 @@ class ModelRepository:
         if not versions:
             raise ConfigError(f"model {name!r}: no version folder holds {shown(filename)} "
                               f"(looked in {folder}/<version>/)")
-        return RepositoryEntry(name, config, versions)
+        return RepositoryEntry(name, config, versions,
+                               {v: (shared, folders.get(v)) for v in versions})
+
+    def stamp(self, name: str) -> object:
+        """What model `name`'s folder holds now, cheaply (stamp()); None once it is gone."""
+        folder = self.root / check_model_name(name)
+        return stamp(folder) if folder.is_dir() else None
+
+
+def stamp(folder: Path) -> tuple[tuple, dict[int, tuple]]:
+    """A model folder's files as (files outside version folders, files of each version folder):
+    each by relative path, size and modification time, config.pbtxt also by its content (an
+    edit within the clock's resolution keeps size and time). A version whose part and the shared
+    part are unchanged need not be loaded again."""
+    shared: list[tuple] = []
+    versions: dict[int, list[tuple]] = {}
+    for top, _, files in os.walk(folder):
+        relative = Path(top).relative_to(folder)
+        top_part = relative.parts[0] if relative.parts else ""
+        into = versions.setdefault(int(top_part), []) if top_part.isdigit() else shared
+        for name in files:
+            try:
+                s = os.stat(Path(top) / name)
+            except OSError:  # removed meanwhile: the next look sees it
+                continue
+            into.append((str(relative / name), s.st_size, s.st_mtime_ns))
+    try:
+        shared.append(hashlib.sha256((folder / "config.pbtxt").read_bytes()).hexdigest())
+    except OSError:
+        pass
+    return tuple(sorted(shared, key=str)), {v: tuple(sorted(f)) for v, f in versions.items()}
 
 
 def file_name(value: str, model: str, field: str, where: str) -> str:

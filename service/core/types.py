@@ -57,6 +57,7 @@ class ServedModel(Protocol):
     config: model_config_pb2.ModelConfig  # the effective configuration
     batcher: Batcher
     stats: ModelStatistics
+    generation: int  # which load of the model this is (a reload makes a new one)
 
 
 class ServedModels(Protocol):
@@ -67,4 +68,15 @@ class ServedModels(Protocol):
         ...
 
     def loaded(self) -> Sequence[ServedModel]:
+        ...
+
+
+class ModelControls(Protocol):
+    """RepositoryModelLoad / Unload, once the transport has checked the caller: the device
+    owner's model control (service/core/model_control.py), or a front-end's way to it."""
+
+    async def load(self, name: str, parameters: Sequence[str] = ()) -> None:
+        ...
+
+    async def unload(self, name: str) -> None:
         ...

@@ -7,12 +7,15 @@ clients out."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import ssl
 from pathlib import Path
 
 import grpc
+
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +24,13 @@ class ExposureError(Exception):
     """TCP would be reachable from other hosts without TLS and a token."""
 
 
-def read_token(path: Path) -> str:
+def read_token(path: Path, setting: str = "token_file") -> str:
     try:
         token = path.read_text().strip()
     except OSError as e:
-        raise ExposureError(f"token_file: cannot read {str(path)!r}: {e.strerror}") from None
+        raise ExposureError(f"{setting}: cannot read {str(path)!r}: {e.strerror}") from None
     if not token:
-        raise ExposureError(f"token_file: {str(path)!r} is empty; expected a bearer token")
+        raise ExposureError(f"{setting}: {str(path)!r} is empty; expected a bearer token")
     return token
 
 
@@ -56,19 +59,20 @@ class _Watched:
 
 
 class TokenFile:
-    """The bearer token in force, from `path`. Raises ExposureError at start-up if unusable."""
+    """The bearer token in force, from `path` (the file that `setting` names). Raises
+    ExposureError at start-up if unusable."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path, setting: str = "token_file") -> None:
+        self._path, self._setting = path, setting
         self._watched = _Watched(path)
-        self._bearer = f"Bearer {read_token(path)}".encode()
+        self._bearer = f"Bearer {read_token(path, setting)}".encode()
 
     def bearer(self) -> bytes:
         """`Bearer <token>` as callers must send it, re-read first if the file changed."""
         if self._watched.changed():
             try:
-                self._bearer = f"Bearer {read_token(self._path)}".encode()
-                log.info("token_file %s changed: the new token is in force", self._path)
+                self._bearer = f"Bearer {read_token(self._path, self._setting)}".encode()
+                log.info("%s %s changed: the new token is in force", self._setting, self._path)
             except ExposureError as e:
                 log.warning("%s; the previous token stays in force", e)
         return self._bearer
@@ -107,3 +111,19 @@ class TlsFiles:
             raise ExposureError(f"tls_cert {str(self._cert)!r} / tls_key {str(self._key)!r}: "
                                 f"cannot use the pair: {e}") from None
         return grpc.ssl_server_certificate_configuration([pair])
+
+
+def admin_token(settings: Settings) -> TokenFile | None:
+    """The token of --admin-token-file, whose holders may load and unload models."""
+    path = settings.admin_token_file
+    return TokenFile(path, "admin_token_file") if path else None
+
+
+def sent_bearer(context: grpc.aio.ServicerContext) -> bytes:
+    """What a call sent as its 'authorization' metadata."""
+    return str(dict(context.invocation_metadata()).get("authorization", "")).encode()
+
+
+def holds(token: TokenFile | None, context: grpc.aio.ServicerContext) -> bool:
+    """Whether a call carries `token` (none configured: never), compared in constant time."""
+    return token is not None and hmac.compare_digest(sent_bearer(context), token.bearer())

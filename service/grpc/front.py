@@ -18,7 +18,7 @@ from service.core.dataplane import DataPlane
 from service.errors import StartupError
 from service.grpc import handlers, unix_socket
 from service.grpc.auth import TokenInterceptor
-from service.grpc.credentials import ExposureError, TlsFiles, TokenFile
+from service.grpc.credentials import ExposureError, TlsFiles, TokenFile, admin_token
 from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.limits import Listener, RpcLimit, backstop, server_options
 from service.settings import Settings
@@ -41,7 +41,8 @@ class GrpcFront:
         self._servers: dict[Listener, grpc.aio.Server] = {}
         if settings.grpc_port:  # the socket's users need no token
             self._servers[Listener.tcp(settings)] = self._server(
-                Listener.tcp(settings), servicer, [TokenInterceptor(token)] if token else [])
+                Listener.tcp(settings), servicer,
+                [TokenInterceptor(token, admin_token(settings))] if token else [])
         if settings.unix_socket:
             self._servers[Listener.socket(settings)] = self._server(
                 Listener.socket(settings), servicer, [])

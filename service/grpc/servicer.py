@@ -14,11 +14,14 @@ import grpc
 from prometheus_client import Counter, Histogram
 from tritonclient.grpc import service_pb2
 
+from service.core.control_callers import check_caller
 from service.core.dataplane import DataPlane, select
 from service.core.metrics import Metrics
-from service.core.types import Answer, ServedModel
+from service.core.repository import check_model_name
+from service.core.types import Answer, ModelControls, ServedModel
 from service.errors import HetserveError, Status, StreamIdleError, status_of
 from service.grpc import codec, shared_memory
+from service.grpc.credentials import admin_token, holds
 from service.grpc.door import Peers
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
@@ -40,11 +43,13 @@ class _Call:
 
 class InferenceServicer:
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 peers: Peers, settings: Settings) -> None:
+                 peers: Peers, settings: Settings, control: ModelControls) -> None:
         self._plane = plane
         self._metrics = metrics
         self._regions = regions
         self._peers = peers
+        self._control = control
+        self._admin = admin_token(settings)
         # TCP calls carry the daemon's token: shared memory there as the operator allows
         self._token = bool(settings.token_file)
         self._token_uid = settings.shm_uid_for_token
@@ -94,6 +99,22 @@ class InferenceServicer:
             pb.RepositoryIndexResponse.ModelIndex(name=s.name, version=s.version, state=s.state,
                                                   reason=s.reason)
             for s in self._plane.index() if s.state == "READY" or not request.ready])
+
+    async def RepositoryModelLoad(self, request, context):
+        await self._control.load(self._controlled(request.model_name, context),
+                                 list(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        await self._control.unload(self._controlled(request.model_name, context))
+        return pb.RepositoryModelUnloadResponse()
+
+    def _controlled(self, name: str, context: grpc.aio.ServicerContext) -> str:
+        """The model a caller may load or unload (PermissionDeniedError otherwise)."""
+        peer = self._peers.identify(context.peer())
+        check_caller(peer.uid if peer is not None else None, holds(self._admin, context),
+                     self._admin is not None)
+        return check_model_name(name)
 
     async def ModelStatistics(self, request, context):
         return pb.ModelStatisticsResponse(model_stats=[

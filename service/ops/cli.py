@@ -23,9 +23,13 @@ _SERVE_FLAGS = [
     ("--tls-cert", "tls_cert"),
     ("--tls-key", "tls_key"),
     ("--token-file", "token_file"),
+    ("--admin-token-file", "admin_token_file"),
     ("--metrics-host", "metrics_host"),
     ("--metrics-port", "metrics_port"),
     ("--health-port", "health_port"),
+    ("--model-control-mode", "model_control_mode"),
+    ("--repository-poll-secs", "repository_poll_secs"),
+    ("--load-model", "load_model"),
     ("--workers", "workers"),
     ("--max-queue-size", "max_queue_size"),
     ("--max-shm-regions", "max_shm_regions"),
@@ -54,6 +58,8 @@ _SERVE_FLAGS = [
     ("--response-energy", "response_energy"),
 ]
 
+_REPEATABLE = {"load_model"}  # given several times, the values join with commas
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -67,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     docs, defaults = Settings.docs(), Settings()
     for flag, name in _SERVE_FLAGS:
         serve.add_argument(flag, dest=name, metavar=name.upper(),
+                           action="append" if name in _REPEATABLE else "store",
                            help=f"{docs[name]} (default: {getattr(defaults, name)})")
 
     devices = commands.add_parser(
@@ -232,11 +239,16 @@ def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
             for spec in device_specs(found)}
 
 
+def _joined(value: str | list[str] | None) -> str | None:
+    return ",".join(value) if isinstance(value, list) else value
+
+
 def _serve(args: argparse.Namespace) -> int:
     from service.ops.server import StartupError, serve
 
     try:
-        settings = Settings.from_env(**{name: getattr(args, name) for _, name in _SERVE_FLAGS})
+        settings = Settings.from_env(**{name: _joined(getattr(args, name))
+                                        for _, name in _SERVE_FLAGS})
     except ValueError as e:
         print(f"hetserve serve: {e}", file=sys.stderr)
         return 2

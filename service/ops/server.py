@@ -17,12 +17,14 @@ from grpc_health.v1 import health, health_pb2_grpc
 from accelerators.power.meter import SAMPLE_S, PowerMonitor
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.core.model_control import ModelControl
+from service.core.model_control import check_settings as check_model_control
 from service.core.power_budget import BUDGET_SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
 from service.errors import StartupError
 from service.grpc import unix_socket
 from service.grpc.auth import check_exposure
-from service.grpc.credentials import ExposureError, TokenFile
+from service.grpc.credentials import ExposureError, TokenFile, admin_token
 from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port
 from service.grpc.servicer import InferenceServicer
@@ -55,16 +57,18 @@ async def serve(settings: Settings) -> None:
             PowerBudget(settings.power_budget_w, power, metrics.registry)
         registry = ModelRegistry(settings, metrics, budget)
         cleanup.push_async_callback(registry.close)
+        control = ModelControl(registry, settings)
+        cleanup.push_async_callback(control.close)  # before the registry closes
         plane = DataPlane(registry)
         if workers == 1:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
             peers = Peers()
             front: GrpcFront | Frontends = GrpcFront(
-                settings, token, InferenceServicer(plane, metrics, regions, peers, settings),
-                plane, peers)
+                settings, token,
+                InferenceServicer(plane, metrics, regions, peers, settings, control), plane, peers)
         else:
-            front = Frontends(settings, workers, plane, metrics)
+            front = Frontends(settings, workers, plane, metrics, control)
         addresses = await front.start(cleanup)
         probes = _health_port(front.health, settings)
         if settings.metrics_port:
@@ -84,7 +88,7 @@ async def serve(settings: Settings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
 
-        await registry.load_all()
+        await control.start()
         if budget is not None:
             try:
                 check_budget(budget.budget_w, power)
@@ -114,6 +118,7 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
                            "directory")
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise StartupError("tls_cert and tls_key: give both or neither")
+    check_model_control(settings)
     if settings.workers < 0:
         raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
                            "the CPUs) or a number of front-end processes")
@@ -136,6 +141,7 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
     try:
         check_exposure(settings.grpc_host, bool(settings.tls_cert), bool(settings.token_file))
         token = TokenFile(settings.token_file) if settings.token_file else None
+        admin_token(settings)  # readable and not empty
     except ExposureError as e:
         raise StartupError(str(e)) from e
     budget = settings.power_budget_w

@@ -41,11 +41,12 @@ log = logging.getLogger(__name__)
 class FrontendServicer(InferenceServicer):
     """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
     client's system shared memory region registered with every front-end: the owner reserves
-    its name before this one answers OK, so that a name is registered once."""
+    its name before this one answers OK, so that a name is registered once. Loads and unloads
+    models through the owner, once the caller is checked here."""
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
                  peers: Peers, owner: OwnerClient, settings: Settings) -> None:
-        super().__init__(plane, metrics, regions, peers, settings)
+        super().__init__(plane, metrics, regions, peers, settings, owner)
         self._owner = owner
 
     async def SystemSharedMemoryRegister(self, request, context):

@@ -6,7 +6,8 @@ decoding, validation, auth and replies; they share the TCP port through SO_REUSE
 its own unix socket (service.contract.worker_socket). Each hands requests to the owner through its
 shared-memory arena and a socketpair (service/workers/owner_channel.py). Clients' shared memory
 region names are reserved here, for every front-end: a name is registered once, whichever front-end
-a client reaches.
+a client reaches. Models are loaded and unloaded here, at a front-end's request too, and every
+front-end is sent the new catalog the moment a change takes traffic.
 
 The port is guarded here first: a probe bind without SO_REUSEPORT fails when any other program
 or daemon holds it, and a bound, never-listening SO_REUSEPORT socket then keeps it for the
@@ -37,6 +38,7 @@ from prometheus_client import multiprocess
 from service.contract import worker_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.core.model_control import ModelControl
 from service.errors import HetserveError, StartupError
 from service.grpc.front import set_health
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
@@ -53,10 +55,11 @@ _EXIT_MARGIN_S = 5.0  # beyond the grace, for front-ends to stop before they are
 
 
 class Frontends:
-    def __init__(self, settings: Settings, count: int, plane: DataPlane,
-                 metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, count: int, plane: DataPlane, metrics: Metrics,
+                 control: ModelControl) -> None:
         self._settings, self._count = settings, count
-        self._plane, self._metrics = plane, metrics
+        self._plane, self._metrics, self._control = plane, metrics, control
+        self._controls: set[asyncio.Task] = set()  # loads and unloads front-ends asked for
         self.health = health.aio.HealthServicer()  # the daemon's, for --health-port
         self._arena_size = arena.size_for(settings.max_message_bytes, count)
         self._sides: dict[int, OwnerSide] = {}
@@ -101,11 +104,16 @@ class Frontends:
         return addresses
 
     async def serving(self) -> None:
-        """Models are loaded: every front-end (and each one started later) gets the catalog."""
+        """Models are loaded: every front-end (and each one started later) gets the catalog,
+        and again whenever what serves changes."""
+        self._publish()
+        self._control.listeners.append(self._publish)
+        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+
+    def _publish(self) -> None:
         self._catalog = owner_channel.catalog(self._plane)
         for side in self._sides.values():
             side.send(*self._catalog)
-        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self, grace_s: float) -> None:
         """Every front-end drains (refuses new requests, finishes those in flight) while this
@@ -161,7 +169,7 @@ class Frontends:
             self._plane, self._arena_size, lambda channel_fd, arena_fd: [
                 sys.executable, "-m", "service.workers.frontend_process", str(index),
                 str(channel_fd), str(arena_fd), str(self._arena_size), str(os.getpid())],
-            self._share, self._env)
+            self._requested, self._env)
         for registered in self._shared.values():  # known before it listens: sent first
             side.send(registered)
         side.send(*(self._catalog or (msg.Loading(), b"")))
@@ -174,6 +182,27 @@ class Frontends:
             announce.cancel()
             await serving  # the channel ends with the process: its requests are cancelled
             del self._sides[index], self._processes[index]
+
+    def _requested(self, origin: OwnerSide, request: msg.ForDaemon) -> None:
+        if isinstance(request, msg.Load | msg.Unload):
+            task = asyncio.create_task(self._load_or_unload(origin, request))
+            self._controls.add(task)
+            task.add_done_callback(self._controls.discard)
+        else:
+            self._share(origin, request)
+
+    async def _load_or_unload(self, origin: OwnerSide, request: msg.Load | msg.Unload) -> None:
+        """Answered once the change serves: every front-end has been sent the catalog before
+        the answer (on each channel, in that order)."""
+        try:
+            if isinstance(request, msg.Load):
+                await self._control.load(request.name, request.parameters)
+            else:
+                await self._control.unload(request.name)
+        except Exception as e:  # refused or failed: that caller's answer
+            origin.fail(request.id, e)
+        else:
+            origin.send(msg.Done(request.id))
 
     def _share(self, origin: OwnerSide, request: msg.Register | msg.Unregister) -> None:
         """A client registers or unregisters a shared memory region at one front-end: the name is
@@ -207,7 +236,7 @@ class Frontends:
 
 async def start_frontend(plane: DataPlane, arena_size: int,
                          command: Callable[[int, int], list[str]],
-                         on_share: Callable[[OwnerSide, msg.Register | msg.Unregister], None],
+                         on_request: Callable[[OwnerSide, msg.ForDaemon], None],
                          env: dict[str, str] | None = None
                          ) -> tuple[OwnerSide, asyncio.subprocess.Process]:
     """A front-end process with a fresh arena and channel to `plane`, and this process's side
@@ -226,7 +255,7 @@ async def start_frontend(plane: DataPlane, arena_size: int,
         there.close()
         os.close(fd)
         (SHM_ROOT / key).unlink()  # both hold it now (or nobody)
-    side = OwnerSide(plane, inputs, on_share)
+    side = OwnerSide(plane, inputs, on_request)
     await side.open(here)
     return side, process
 

@@ -3,8 +3,8 @@ MessagePack arrays by msgspec (a tenth of the cost of the JSON dictionaries they
 bench/channel_messages.py). Each frame of the channel (service/workers/owner_channel.py) holds
 one message and a payload of bytes where the kind says so. Nothing is unpickled.
 
-A request's id is the front-end's; the owner answers each Infer, Stats, Register and Unregister
-exactly once, by id. Errors travel as (status, message)."""
+A request's id is the front-end's; the owner answers each Infer, Stats, Register, Unregister,
+Load and Unload exactly once, by id. Errors travel as (status, message)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class Infer(_Message):
 
     id: int
     model: str
-    version: int
+    version: int  # 0: the latest, whichever it is when the owner takes the request
+    generation: int  # the load of the model it was validated against (Catalog.generations)
     size: int  # rows on the batch axis
     inputs: list[InputPlace]
     priority: int
@@ -72,15 +73,33 @@ class Unregister(_Message):
     caller: str
 
 
+class Load(_Message):
+    """RepositoryModelLoad, from a caller the front-end let: the owner answers Done once every
+    front-end has been sent the catalog it made, or Failed."""
+
+    id: int
+    name: str
+    parameters: list[str]  # the names of the request's parameters
+
+
+class Unload(_Message):
+    """RepositoryModelUnload, answered as Load is."""
+
+    id: int
+    name: str
+
+
 # owner -> front-end
 class Loading(_Message):
     """The owner's first word while it loads models."""
 
 
 class Catalog(_Message):
-    """The served models; the payload holds their ModelConfig messages, of `sizes` bytes."""
+    """The served models, sent again whenever they change; the payload holds their ModelConfig
+    messages, of `sizes` bytes."""
 
     versions: list[int]
+    generations: list[int]  # which load of its model each one is
     sizes: list[int]
     failures: dict[str, str]  # model name -> why it is not served
 
@@ -110,7 +129,8 @@ class Statistics(_Message):
 
 
 class Done(_Message):
-    """Register or Unregister `id` is done at every other front-end."""
+    """Register or Unregister `id` is done at every other front-end; Load or Unload `id` is done,
+    and every front-end has been sent the new catalog."""
 
     id: int
 
@@ -133,5 +153,6 @@ class Released(_Message):
     names: list[str]
 
 
-ToOwner = Infer | Cancel | Stats | Listening | Register | Unregister
+ForDaemon = Register | Unregister | Load | Unload  # what the owner does for every front-end
+ToOwner = Infer | Cancel | Stats | Listening | Register | Unregister | Load | Unload
 ToFrontend = Loading | Catalog | Reply | Failed | Statistics | Done | Registered | Released

@@ -113,8 +113,9 @@ def catalog(plane: DataPlane) -> tuple[msg.Catalog, bytes]:
     """The served models (their effective configs) and the failed ones, for front-ends."""
     models = plane.models.loaded()
     configs = [m.config.SerializeToString() for m in models]
-    return (msg.Catalog([m.spec.version for m in models], [len(c) for c in configs],
-                        plane.models.failures), b"".join(configs))
+    return (msg.Catalog([m.spec.version for m in models], [m.generation for m in models],
+                        [len(c) for c in configs], plane.models.failures),
+            b"".join(configs))
 
 
 class OwnerSide:
@@ -123,9 +124,11 @@ class OwnerSide:
     arena block only then."""
 
     def __init__(self, plane: DataPlane, inputs: Arena,
-                 on_share: Callable[[OwnerSide, msg.Register | msg.Unregister], None]) -> None:
+                 on_request: Callable[[OwnerSide, msg.ForDaemon], None]) -> None:
         self._plane, self._inputs = plane, inputs  # the front-end's arena
-        self._on_share = on_share  # a client's shared memory (un)registered at this front-end
+        # what a front-end asks of the whole daemon: a client's shared memory region
+        # (un)registered there, a model to load or unload
+        self._on_request = on_request
         self._answers: dict[int, asyncio.Future[Answer]] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
         self.channel: Channel[msg.ToOwner] | None = None
@@ -153,8 +156,8 @@ class OwnerSide:
                 self._answers[request_id].cancel()
             case msg.Stats():
                 self._statistics(message)
-            case msg.Register() | msg.Unregister():
-                self._on_share(self, message)
+            case msg.Register() | msg.Unregister() | msg.Load() | msg.Unload():
+                self._on_request(self, message)
             case msg.Listening():
                 self.listening.set()
 
@@ -164,9 +167,12 @@ class OwnerSide:
         try:
             inputs = {name: np.frombuffer(self._inputs.view((offset, nbytes)), dtype).reshape(shape)
                       for name, dtype, shape, offset, nbytes in m.inputs}
+            model = self._plane.model(m.model, str(m.version) if m.version else "")
+            # A model reloaded since the front-end validated the request: checked again here,
+            # so that it runs on the new version or is refused naming what is expected.
+            size = m.size if model.generation == m.generation else model.spec.validate(inputs)
             answer = self._plane.enqueue(
-                self._plane.model(m.model, str(m.version)), inputs, m.size,
-                RequestOptions(m.priority, m.timeout_us, m.deadline),
+                model, inputs, size, RequestOptions(m.priority, m.timeout_us, m.deadline),
                 alone=self.channel.in_frame == 1)
         except Exception as e:
             self.fail(m.id, e)

@@ -9,7 +9,7 @@ import asyncio
 import functools
 import itertools
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,7 +88,7 @@ class OwnerClient:
             case msg.Done():
                 future.set_result(None)
 
-    def enqueue(self, name: str, version: int, inputs: Tensors, size: int,
+    def enqueue(self, name: str, version: int, generation: int, inputs: Tensors, size: int,
                 options: RequestOptions) -> asyncio.Future[Answer]:
         """Hands a validated request to the owner now; the future of its answer. Cancelling the
         future withdraws the request (the owner still answers, and only then is its block
@@ -109,7 +109,7 @@ class OwnerClient:
             places.append((tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes))
             at += array.nbytes
         request_id, future = self._request(lambda i: msg.Infer(
-            i, name, version, size, places, options.priority, options.timeout_us,
+            i, name, version, generation, size, places, options.priority, options.timeout_us,
             options.deadline), block)
         future.add_done_callback(functools.partial(self._withdraw, request_id))
         return future
@@ -128,6 +128,14 @@ class OwnerClient:
     async def unregister(self, name: str, caller: Caller) -> None:
         """The same for a client's release of its region `name` (every one for "")."""
         await self._ask(lambda i: msg.Unregister(i, name, caller.name))
+
+    async def load(self, name: str, parameters: Sequence[str] = ()) -> None:
+        """Has the owner load or reload model `name`; done once every front-end has been sent
+        the new catalog (this one has it then)."""
+        await self._ask(lambda i: msg.Load(i, name, list(parameters)))
+
+    async def unload(self, name: str) -> None:
+        await self._ask(lambda i: msg.Unload(i, name))
 
     async def statistics(self, name: str, version: str) -> bytes:
         return await self._ask(lambda i: msg.Stats(i, name, version))
@@ -163,6 +171,7 @@ class RemoteModel:
     spec: ModelSpec
     config: model_config_pb2.ModelConfig
     batcher: RemoteBatcher
+    generation: int
     # Counted by the data plane here; ModelStatistics answers with the owner's counts.
     stats: ModelStatistics = field(default_factory=ModelStatistics)
 
@@ -171,24 +180,41 @@ class RemoteModel:
 class RemoteBatcher:
     owner: OwnerClient
     spec: ModelSpec
+    version: int  # as the owner is asked for it: 0 for the latest
+    generation: int
 
     def enqueue(self, inputs: Tensors, size: int, options: RequestOptions = DEFAULT_OPTIONS,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """Hands the request to the owner, which sees for itself what comes together (its
         frames)."""
-        return self.owner.enqueue(self.spec.name, self.spec.version, inputs, size, options)
+        return self.owner.enqueue(self.spec.name, self.version, self.generation, inputs, size,
+                                  options)
 
 
 class Catalog(ModelTable[RemoteModel]):
-    """The owner's served models, as its catalog message lists them."""
+    """The owner's served models, as its latest catalog message lists them. A request for a
+    model's latest version asks the owner for the latest, whichever it is by then: a version
+    swapped in meanwhile serves it (the owner checks it against the new version)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._latest: dict[str, RemoteModel] = {}
+
+    def get(self, name: str, version: str = "") -> RemoteModel:
+        model = super().get(name, version)
+        return model if version else self._latest[name]
 
     def update(self, owner: OwnerClient, catalog: msg.Catalog, payload: memoryview) -> None:
         models: dict[str, dict[int, RemoteModel]] = {}
         start = 0
-        for version, size in zip(catalog.versions, catalog.sizes):
+        for version, generation, size in zip(catalog.versions, catalog.generations,
+                                             catalog.sizes, strict=True):
             config = model_config_pb2.ModelConfig.FromString(bytes(payload[start:start + size]))
             start += size
             spec = ModelSpec.from_config(config, version)
             models.setdefault(spec.name, {})[version] = RemoteModel(
-                spec, config, RemoteBatcher(owner, spec))
+                spec, config, RemoteBatcher(owner, spec, version, generation), generation)
+        latest = {name: versions[max(versions)] for name, versions in models.items()}
+        self._latest = {name: RemoteModel(m.spec, m.config, RemoteBatcher(
+            owner, m.spec, 0, m.generation), m.generation) for name, m in latest.items()}
         self._models, self.failures = models, catalog.failures

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 import tests.service.faulty_engine  # noqa: F401  (registers faulty:<device>)
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.core.model_control import ModelControl
 from service.core.registry import LoadedModel, ModelRegistry
 from service.grpc import handlers
 from service.grpc.door import Peers
@@ -50,7 +51,8 @@ async def _serving(models: Path) -> AsyncIterator[Served]:
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     handlers.add_to_server(InferenceServicer(
-        plane, metrics, SharedMemoryRegions.from_settings(settings), Peers(), settings), server)
+        plane, metrics, SharedMemoryRegions.from_settings(settings), Peers(), settings,
+        ModelControl(registry, settings)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
