@@ -80,11 +80,14 @@ def _serves_again(daemon: Daemon) -> None:
 def test_idle_connections_fill_only_their_listener(daemon, holdout) -> None:
     """Connections that send nothing, from several addresses, up to the listener's limit: the
     next is refused at once, and the socket's users are served meanwhile."""
-    # Thrice the limit: with several front-ends, the kernel spreads them over every door.
     with contextlib.ExitStack() as held:
-        for i in range(3 * TOTAL * daemon.workers):
+        # Thrice the limit (with several front-ends, the kernel spreads them over every door),
+        # twice: the second fills what the earlier tests' connections, closing meanwhile, free.
+        for i in range(6 * TOTAL * daemon.workers):
+            if i == 3 * TOTAL * daemon.workers:
+                time.sleep(0.5)
             sock = held.enter_context(socket.socket())
-            sock.bind((f"127.0.0.{2 + i // PER_PEER}", 0))  # PER_PEER from each address
+            sock.bind((f"127.0.0.{2 + i // PER_PEER % 200}", 0))  # PER_PEER from each address
             sock.connect(("127.0.0.1", daemon.port))
         time.sleep(0.5)  # every one accepted or refused
         _unix_serves(daemon, holdout)
