@@ -108,9 +108,11 @@ class Settings:
     max_connections_socket: int = field(
         default=512, metadata={"doc": "the same for the unix socket"})
     max_streams_per_connection: int = field(
-        default=128, metadata={"doc": "calls in progress at once on one connection (HTTP/2 "
-                                      "MAX_CONCURRENT_STREAMS); further streams are refused "
-                                      "(REFUSED_STREAM, which clients retry)"})
+        default=512, metadata={"doc": "calls in progress at once on one connection (HTTP/2 "
+                                      "MAX_CONCURRENT_STREAMS), as many as a listener's calls "
+                                      "by default so that one channel may carry them all (a "
+                                      "client's queued streams would wait ahead of the daemon's "
+                                      "priorities); further streams wait in the client"})
     max_stream_resets: int = field(
         default=1000, metadata={"doc": "streams a plaintext connection may reset beyond those "
                                        "the daemon completed on it; beyond them it gets GOAWAY "

@@ -33,8 +33,7 @@ def _digit_request(holdout) -> service_pb2.ModelInferRequest:
 def test_bytes_that_do_not_parse_are_invalid_argument(daemon, method) -> None:
     with grpc.insecure_channel(daemon.url) as channel:
         error = _call(channel, method, TRUNCATED)
-    if method.startswith(("CudaShared", "Repository", "Trace", "Log")) \
-            and method != "RepositoryIndex":
+    if method.startswith(("CudaShared", "Trace", "Log")):
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED  # never parsed: not served
     else:
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
