@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -33,16 +33,19 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     config: model_config_pb2.ModelConfig
+    # An output's class labels, from its label_filename: what `classification` replies name.
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_config(cls, config: model_config_pb2.ModelConfig, version: int) -> ModelSpec:
+    def from_config(cls, config: model_config_pb2.ModelConfig, version: int,
+                    labels: dict[str, tuple[str, ...]] | None = None) -> ModelSpec:
         def specs(items) -> tuple[TensorSpec, ...]:
             return tuple(TensorSpec(t.name, contract.wire_from_config(t.data_type), tuple(t.dims))
                          for t in items)
         if not config.input or not config.output:
             raise ConfigError(f"model {config.name!r}: config.pbtxt must list input and output")
         return cls(config.name, version, config.max_batch_size,
-                   specs(config.input), specs(config.output), config)
+                   specs(config.input), specs(config.output), config, labels or {})
 
     def served_dims(self) -> dict[str, tuple[int, ...]]:
         """Each input's dims after its batch axis as served (-1: any size): with a batch axis

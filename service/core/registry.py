@@ -153,7 +153,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
     async def _load_version(self, entry: RepositoryEntry, version: int,
                             path: Path) -> LoadedModel:
         name = entry.name
-        spec = ModelSpec.from_config(entry.config, version)
+        spec = ModelSpec.from_config(entry.config, version, entry.labels)
         routing = _parameter(spec, "policy", "prefer")
         if routing not in POLICIES:
             raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "

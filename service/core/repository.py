@@ -27,6 +27,7 @@ class RepositoryEntry:
     config: model_config_pb2.ModelConfig
     versions: dict[int, Path]  # version -> model file
     stamps: dict[int, tuple]  # version -> what it is loaded from, as stamp() sees it
+    labels: dict[str, tuple[str, ...]]  # output -> its label_filename's lines
 
 
 def check_model_name(name: str) -> str:
@@ -71,7 +72,8 @@ class ModelRepository:
             raise ConfigError(f"model {name!r}: no version folder holds {shown(filename)} "
                               f"(looked in {folder}/<version>/)")
         return RepositoryEntry(name, config, versions,
-                               {v: (shared, folders.get(v)) for v in versions})
+                               {v: (shared, folders.get(v)) for v in versions},
+                               _labels(folder, config))
 
     def stamp(self, name: str) -> object:
         """What model `name`'s folder holds now, cheaply (stamp()); None once it is gone."""
@@ -110,6 +112,28 @@ def file_name(value: str, model: str, field: str, where: str) -> str:
         raise ConfigError(f"model {model!r}: {field} {shown(value)} is not a plain file name; "
                           f"expected the name of a file in {where}")
     return value
+
+
+def _labels(folder: Path, config: model_config_pb2.ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Each output's class labels, one a line of its label_filename (in the model's folder)."""
+    labels = {}
+    for i, output in enumerate(config.output):
+        if not output.label_filename:
+            continue
+        field = f"output[{i}].label_filename"
+        path = folder / file_name(output.label_filename, config.name, field,
+                                  "the model's folder")
+        try:
+            with open(path, encoding="utf-8", opener=_no_follow) as file:
+                labels[output.name] = tuple(line.rstrip("\r\n") for line in file)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"model {config.name!r}: {field} {output.label_filename!r}: "
+                              f"{getattr(e, 'strerror', None) or e}") from e
+    return labels
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def _policy_versions(policy: model_config_pb2.ModelVersionPolicy,

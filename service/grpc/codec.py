@@ -4,7 +4,9 @@ arrays (raw bytes without a copy; typed contents work too), answers become repli
 from __future__ import annotations
 
 import math
+import struct
 import time
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -12,6 +14,7 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
 from service import contract
+from service.core.model import ModelSpec
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.types import Answer, Tensors
 from service.errors import InvalidInputError, shown
@@ -102,15 +105,16 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
     return arrays
 
 
-def encode_response(request: service_pb2.ModelInferRequest, model_name: str, version: int,
-                    answer: Answer, regions: SharedMemoryRegions, caller: Caller | None,
+def encode_response(request: service_pb2.ModelInferRequest, spec: ModelSpec, answer: Answer,
+                    regions: SharedMemoryRegions, caller: Caller | None,
                     energy: bool = True) -> service_pb2.ModelInferResponse:
     """Outputs requested in shared memory are written there (their raw entry stays empty, so
-    that the others keep their places); every other output travels as raw bytes, which is all
-    tritonclient reads. The device that ran the request, and with `energy` what it cost, are
-    response parameters (service.contract)."""
+    that the others keep their places); an output asked for with `classification` becomes its
+    top classes (Triton's classification extension); every other output travels as raw bytes,
+    which is all tritonclient reads. The device that ran the request, and with `energy` what it
+    cost, are response parameters (service.contract)."""
     response = service_pb2.ModelInferResponse(
-        model_name=model_name, model_version=str(version), id=request.id)
+        model_name=spec.name, model_version=str(spec.version), id=request.id)
     parameters = response.parameters
     parameters[contract.DEVICE_PARAMETER].string_param = answer.device
     if energy:
@@ -123,13 +127,24 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
             parameters[contract.FLOPS_PARTIAL_PARAMETER].bool_param = True
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     for name, array in answer.outputs.items():
-        tensor = response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),
-                                      shape=array.shape)
         parameters = wanted.get(name)
+        count = _natural(parameters, "classification", f"output {shown(name)}: ") \
+            if parameters else None
+        if count:
+            data = classes(array, count, spec.labels.get(name, ()), spec.max_batch_size > 0)
+            response.outputs.add(name=name, datatype="BYTES", shape=data.shape)
+            array = data
+        else:
+            response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),
+                                 shape=array.shape)
         place = _shared_memory(parameters, "output", name) if parameters else None
         if place is None:
-            response.raw_output_contents.append(array.tobytes())  # C order, whatever its layout
+            response.raw_output_contents.append(
+                bytes_tensor(array) if count else array.tobytes())  # C order, whatever its layout
             continue
+        if count:
+            raise InvalidInputError(f"output {name!r}: classification and shared memory "
+                                    "received; a classified output travels in the reply")
         region, offset, byte_size = place
         if array.nbytes > byte_size:
             raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
@@ -137,9 +152,26 @@ def encode_response(request: service_pb2.ModelInferRequest, model_name: str, ver
         regions.write(region, offset, array, caller, f"output {name!r}")
         for key in _SHM_KEYS:
             if key in parameters:
-                tensor.parameters[key].CopyFrom(parameters[key])
+                response.outputs[-1].parameters[key].CopyFrom(parameters[key])
         response.raw_output_contents.append(b"")
     return response
+
+
+def classes(array: np.ndarray, count: int, labels: Sequence[str], batched: bool) -> np.ndarray:
+    """Triton's classification: each sample's `count` highest values (all where there are
+    fewer), highest first, as "<value>:<index>[:<label>]" strings."""
+    rows = array.reshape(len(array) if batched else 1, -1)
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :count]
+    text = np.array([[f"{row[i]:f}:{i}" + (f":{labels[i]}" if i < len(labels) else "")
+                      for i in order] for row, order in zip(rows, top)], dtype=object)
+    return text if batched else text[0]
+
+
+def bytes_tensor(array: np.ndarray) -> bytes:
+    """A BYTES tensor's raw contents, as the protocol lays them out: each element's length
+    (4 bytes, little-endian) then its UTF-8 bytes, in C order."""
+    return b"".join(struct.pack("<I", len(b)) + b
+                    for b in (str(v).encode() for v in array.reshape(-1)))
 
 
 def _shared_memory(parameters, side: str, name: str) -> tuple[str, int, int] | None:

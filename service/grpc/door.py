@@ -9,13 +9,15 @@ bound to a random abstract address before it connects, and gRPC reports that add
 call's peer: `Peers.identify` turns it back into who called. TLS passes through the door and
 ends at gRPC, as before.
 
-A connection over a door's bounds is refused in HTTP/2, as gRPC would refuse a call:
-RESOURCE_EXHAUSTED naming the limit (on a TLS port, which the door cannot speak, it is closed)."""
+A connection over a door's bounds is refused as its server would refuse a call, naming the limit:
+in HTTP/2, RESOURCE_EXHAUSTED; in HTTP/1.1 (the REST front), 429. On a TLS port, which the door
+does not decrypt, it is closed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -72,6 +74,13 @@ class Peers:
         (or whose connection has closed already)."""
         return self._by_address.get(grpc_peer)
 
+    @staticmethod
+    def address_of(peername: bytes | str) -> str:
+        """The address gRPC would report for a forwarded connection whose socket's peer name
+        (getpeername) is `peername`: how an HTTP server behind a door finds its caller."""
+        name = peername.decode(errors="replace") if isinstance(peername, bytes) else peername
+        return _ABSTRACT + name.removeprefix("\0")
+
     def _add(self, peer: Peer) -> str:
         name = f"hetserve-{os.getpid()}-{secrets.token_hex(8)}"
         self._by_address[_ABSTRACT + name] = peer
@@ -86,9 +95,10 @@ class Door:
     that listens on `inner`."""
 
     def __init__(self, listener: str, inner: Path, bounds: Bounds, peers: Peers,
-                 tls: bool = False) -> None:
+                 tls: bool = False, http2: bool = True) -> None:
         self.listener, self.inner, self.bounds, self._peers = listener, inner, bounds, peers
         self.tls = tls
+        self.http2 = http2  # gRPC's; else HTTP/1.1 (the REST front)
         self._open: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
 
@@ -119,8 +129,8 @@ class Door:
         return peer, ""
 
     def _identify(self, sock: socket.socket) -> Peer:
-        if self.listener == "tcp":
-            return Peer("tcp", sock.getpeername()[0])
+        if self.listener != "unix":
+            return Peer(self.listener, sock.getpeername()[0])
         _, uid, gid = struct.unpack("3i", sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         return Peer("unix", f"uid {uid}", uid, tuple(sorted({gid, *_peer_groups(sock)})))
@@ -154,8 +164,8 @@ class _Connection(asyncio.Protocol):
         self._upstream: asyncio.Transport | None = None
         self._peer: Peer | None = None
         self._name = ""
-        # Plaintext only: TLS passes through undecrypted.
-        self.resets = None if door.tls else ResetWatch(door.bounds.resets)
+        # Plaintext HTTP/2 only: TLS passes through undecrypted.
+        self.resets = ResetWatch(door.bounds.resets) if door.http2 and not door.tls else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -163,7 +173,11 @@ class _Connection(asyncio.Protocol):
         self._peer, refusal = self._door._admit(transport.get_extra_info("socket"))
         if self._peer is None:
             log.warning("connection refused: %s", refusal)
-            _Refusal.take_over(transport, refusal, self._door.tls)
+            if self._door.tls:
+                transport.close()
+            else:
+                transport.set_protocol((_Refusal if self._door.http2 else _HttpRefusal)(
+                    transport, refusal))
             return
         self._name = self._door._peers._add(self._peer)
         transport.pause_reading()  # until the upstream connection is there
@@ -260,7 +274,7 @@ class _Upstream(asyncio.Protocol):
 
 class _Refusal(asyncio.Protocol):
     """Refuses a connection in HTTP/2: each call it opens gets RESOURCE_EXHAUSTED with `message`,
-    then GOAWAY; or, on a TLS port, it is closed."""
+    then GOAWAY."""
 
     def __init__(self, transport: asyncio.Transport, message: str) -> None:
         self._transport, self._message = transport, message
@@ -269,13 +283,6 @@ class _Refusal(asyncio.Protocol):
         self._h2.initiate_connection()
         transport.write(self._h2.data_to_send())
         self._timer = asyncio.get_running_loop().call_later(_REFUSAL_S, transport.close)
-
-    @classmethod
-    def take_over(cls, transport: asyncio.Transport, message: str, tls: bool) -> None:
-        if tls:
-            transport.close()
-            return
-        transport.set_protocol(cls(transport, message))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -297,6 +304,16 @@ class _Refusal(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._timer.cancel()
+
+
+class _HttpRefusal(asyncio.Protocol):
+    """Refuses an HTTP/1.1 connection: 429 with `message` as KServe V2's error body."""
+
+    def __init__(self, transport: asyncio.Transport, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        transport.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        transport.close()
 
 
 def _percent_encoded(text: str) -> str:

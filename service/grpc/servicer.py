@@ -61,7 +61,8 @@ class InferenceServicer:
         # Fixed for the process: read the package metadata once, not per call.
         self._server_metadata = pb.ServerMetadataResponse(
             name="hetserve", version=package_version("hetserve"),
-            extensions=["model_repository", "statistics", "system_shared_memory"])
+            extensions=["classification", "model_repository", "statistics",
+                        "system_shared_memory"])
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
         """Whose shared memory regions a call may use (service.grpc.shared_memory.caller)."""
@@ -264,7 +265,7 @@ class InferenceServicer:
         spec = call.model.spec
         try:
             # Inside: an output that does not fit its shared memory region fails the request.
-            response = codec.encode_response(call.request, spec.name, spec.version,
+            response = codec.encode_response(call.request, spec,
                                              select(call.answer.result(), call.names),
                                              self._regions, call.caller, self._energy)
         except HetserveError as e:

@@ -101,6 +101,7 @@ class Catalog(_Message):
     versions: list[int]
     generations: list[int]  # which load of its model each one is
     sizes: list[int]
+    labels: list[dict[str, list[str]]]  # each one's outputs' class labels
     failures: dict[str, str]  # model name -> why it is not served
 
 

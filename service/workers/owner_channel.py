@@ -114,7 +114,9 @@ def catalog(plane: DataPlane) -> tuple[msg.Catalog, bytes]:
     models = plane.models.loaded()
     configs = [m.config.SerializeToString() for m in models]
     return (msg.Catalog([m.spec.version for m in models], [m.generation for m in models],
-                        [len(c) for c in configs], plane.models.failures),
+                        [len(c) for c in configs],
+                        [{k: list(v) for k, v in m.spec.labels.items()} for m in models],
+                        plane.models.failures),
             b"".join(configs))
 
 

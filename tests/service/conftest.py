@@ -42,6 +42,7 @@ def write_model(root: Path, max_batch_size: int, dynamic_batching: str | None,
     that a device's capacity is one engine's) and parameters replaced."""
     folder = root / MODEL
     shutil.copytree(MODELS / MODEL / "1", folder / "1")
+    shutil.copy(MODELS / MODEL / "labels.txt", folder)
     config = (MODELS / MODEL / "config.pbtxt").read_text()
     config = config.replace("max_batch_size: 128", f"max_batch_size: {max_batch_size}")
     config = re.sub(r"dynamic_batching \{.*\}\n",

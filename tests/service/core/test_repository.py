@@ -18,6 +18,7 @@ from tests.conftest import MODEL, MODELS, Daemon, image_input
 def _copy_model(root: Path, name: str, versions: list[int], config: str | None = None) -> None:
     folder = root / name
     folder.mkdir()
+    shutil.copy(MODELS / MODEL / "labels.txt", folder)
     for v in versions:
         (folder / str(v)).mkdir(parents=True)
         shutil.copy(MODELS / MODEL / "1" / "model.onnx", folder / str(v) / "model.onnx")
@@ -75,6 +76,16 @@ def test_default_model_filename_is_a_plain_file_name(tmp_path, filename) -> None
     with pytest.raises(ConfigError, match="model 'm': default_model_filename .* is not a plain "
                                           "file name; expected the name of a file"):
         ModelRepository(tmp_path).load("m")
+
+
+@pytest.mark.parametrize("filename", ["../other/labels.txt", "/etc/passwd", "missing.txt"])
+def test_a_label_file_is_a_plain_file_name_in_the_model_s_folder(tmp_path, filename) -> None:
+    _copy_model(tmp_path, "other", [1])
+    _copy_model(tmp_path, "m", [1], _config("m", "").replace(
+        'label_filename: "labels.txt"', f'label_filename: "{filename}"'))
+    with pytest.raises(ConfigError, match=r"model 'm': output\[0\]\.label_filename"):
+        ModelRepository(tmp_path).load("m")
+    assert ModelRepository(tmp_path).load("other").labels["logits"][7] == "seven"
 
 
 def test_config_paths_leading_outside_a_model_fail_it_and_others_serve(tmp_path, holdout) -> None:
