@@ -21,6 +21,10 @@ class Settings:
         default="127.0.0.1", metadata={"doc": "TCP address for gRPC; loopback unless exposed"})
     grpc_port: int = field(
         default=8001, metadata={"doc": "TCP port for gRPC; 0 disables TCP"})
+    http_port: int = field(
+        default=0, metadata={"doc": "TCP port for KServe V2 over HTTP/REST, on grpc_host with the "
+                                    "same TLS and token; 0 disables it (Triton's 8000 is the "
+                                    "usual choice)"})
     unix_socket: Path | None = field(
         default_factory=default_socket,
         metadata={"doc": "unix socket for node-local clients; empty disables it"})

@@ -29,6 +29,7 @@ from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
+from service.http.front import HttpFront
 from service.ops.systemd import notify
 from service.settings import Settings
 from service.workers.frontends import Frontends
@@ -64,12 +65,14 @@ async def serve(settings: Settings) -> None:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
             peers = Peers()
-            front: GrpcFront | Frontends = GrpcFront(
-                settings, token,
-                InferenceServicer(plane, metrics, regions, peers, settings, control), plane, peers)
+            servicer = InferenceServicer(plane, metrics, regions, peers, settings, control)
+            front: GrpcFront | Frontends = GrpcFront(settings, token, servicer, plane, peers)
+            http = HttpFront(settings, token, servicer, peers) if settings.http_port else None
         else:
-            front = Frontends(settings, workers, plane, metrics, control)
+            front, http = Frontends(settings, workers, plane, metrics, control), None
         addresses = await front.start(cleanup)
+        if http is not None:
+            addresses.append(await http.start(cleanup))
         probes = _health_port(front.health, settings)
         if settings.metrics_port:
             try:
@@ -103,7 +106,8 @@ async def serve(settings: Settings) -> None:
         log.info("draining: refusing new requests, %.1f s for those in flight",
                  settings.shutdown_grace_s)
         notify("STOPPING=1")
-        await front.drain(settings.shutdown_grace_s)
+        await asyncio.gather(front.drain(settings.shutdown_grace_s),
+                             *([http.drain()] if http else []))
 
 
 def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:

@@ -29,6 +29,7 @@ from service.grpc.door import Peers
 from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
+from service.http.front import HttpFront
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -104,9 +105,10 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
     peers = Peers()
-    front = GrpcFront(settings, token,
-                      FrontendServicer(plane, Metrics(), regions, peers, owner, settings),
-                      plane, peers, reuseport=True)
+    servicer = FrontendServicer(plane, Metrics(), regions, peers, owner, settings)
+    front = GrpcFront(settings, token, servicer, plane, peers, reuseport=True)
+    http = HttpFront(settings, token, servicer, peers, reuseport=True) \
+        if settings.http_port else None
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())
     # Models loaded already (a front-end started again): ready before the first connection.
@@ -114,6 +116,8 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
         await front.start(cleanup)
+        if http is not None:
+            await http.start(cleanup)
         if plane.ready:
             await front.serving()
         serving.append(True)
@@ -124,7 +128,8 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
             loop.add_signal_handler(sig, stop.set)
         await asyncio.wait([asyncio.create_task(stop.wait()), reading],
                            return_when=asyncio.FIRST_COMPLETED)
-        await front.drain(settings.shutdown_grace_s)
+        await asyncio.gather(front.drain(settings.shutdown_grace_s),
+                             *([http.drain()] if http else []))
         reading.cancel()
 
 

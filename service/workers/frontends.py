@@ -81,6 +81,10 @@ class Frontends:
             for held in _hold_port(s.grpc_host, s.grpc_port):
                 cleanup.callback(held.close)
             addresses.append(f"{s.grpc_host}:{s.grpc_port}" + (" (TLS)" if s.tls_cert else ""))
+        if s.http_port:
+            for held in _hold_port(s.grpc_host, s.http_port):
+                cleanup.callback(held.close)
+            addresses.append(f"http{'s' if s.tls_cert else ''}://{s.grpc_host}:{s.http_port}")
         if s.unix_socket:
             _remove_worker_sockets(s.unix_socket)  # ours to remove: this daemon holds the lock
             cleanup.callback(_remove_worker_sockets, s.unix_socket)

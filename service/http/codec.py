@@ -1,0 +1,211 @@
+"""KServe V2 over HTTP/REST <-> the protocol's messages: a JSON (and Triton binary-tensor) infer
+request becomes the same ModelInferRequest gRPC decodes, so that both transports share one
+servicer, its checks, batcher, priorities and deadlines; replies go back as JSON, with outputs
+as binary where the client asks (`binary_data`, `binary_data_output`)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from tritonclient.grpc import service_pb2 as pb
+
+from service import contract
+from service.errors import InvalidInputError, shown
+
+HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
+_SHARED_MEMORY = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
+
+
+def parse_json(data: bytes | memoryview, what: str) -> dict:
+    """A JSON object; InvalidInputError naming `what` otherwise (deep nesting included)."""
+    try:
+        document = json.loads(bytes(data) or b"{}")
+    except (ValueError, RecursionError) as e:
+        raise InvalidInputError(f"{what}: not a JSON document ({str(e)[:200]})") from None
+    if not isinstance(document, dict):
+        raise InvalidInputError(f"{what}: a JSON object expected, {type(document).__name__} "
+                                "received")
+    return document
+
+
+def infer_request(body: bytes, header_length: str | None, model: str,
+                  version: str) -> tuple[pb.ModelInferRequest, set[str] | None]:
+    """The request, and the outputs to send as binary (None: every output)."""
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= len(body):
+            raise InvalidInputError(f"header {HEADER_LENGTH}: {shown(header_length)} received, "
+                                    f"expected the JSON part's length, at most {len(body)}")
+        header, binary = memoryview(body)[:length], memoryview(body)[length:]
+    document = parse_json(header, "the request body")
+    request = pb.ModelInferRequest(model_name=model, model_version=version,
+                                   id=_text(document.get("id", ""), "id"))
+    parameters = _object(document.get("parameters", {}), "parameters")
+    binary_outputs = None if parameters.get("binary_data_output") is True else set()
+    _set_parameters(request.parameters, parameters, "parameters")
+    at = 0
+    for i, tensor in enumerate(_list(document.get("inputs"), "inputs")):
+        at += _input(request, _object(tensor, f"inputs[{i}]"), i, binary[at:])
+    if at != len(binary):
+        raise InvalidInputError(f"body: {len(binary) - at} bytes after the inputs' binary data "
+                                "are left over")
+    for i, output in enumerate(_list(document.get("outputs", []), "outputs")):
+        output = _object(output, f"outputs[{i}]")
+        name = _text(output.get("name"), f"outputs[{i}].name")
+        wanted = _object(output.get("parameters", {}), f"outputs[{i}].parameters")
+        if binary_outputs is not None and wanted.get("binary_data") is True:
+            binary_outputs.add(name)
+        _set_parameters(request.outputs.add(name=name).parameters, wanted,
+                        f"outputs[{i}].parameters")
+    return request, binary_outputs
+
+
+def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memoryview) -> int:
+    """Adds input `index` as raw bytes; how many bytes of `binary` it took."""
+    where = f"inputs[{index}]"
+    name = _text(tensor.get("name"), f"{where}.name")
+    datatype = _text(tensor.get("datatype"), f"{where}.datatype")
+    shape = _list(tensor.get("shape"), f"{where}.shape")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidInputError(f"{where}.shape: {shown(shape)} received, expected "
+                                "non-negative integers")
+    parameters = _object(tensor.get("parameters", {}), f"{where}.parameters")
+    _set_parameters(request.inputs.add(name=name, datatype=datatype, shape=shape).parameters,
+                    parameters, f"{where}.parameters")
+    size = parameters.get("binary_data_size")
+    dtype = contract.numpy_dtype(datatype)
+    if size is not None:
+        if not isinstance(size, int) or not 0 <= size <= len(binary):
+            raise InvalidInputError(f"{where}.parameters.binary_data_size: {shown(size)} "
+                                    f"received, at most the {len(binary)} bytes left expected")
+        request.raw_input_contents.append(bytes(binary[:size]))
+        return size
+    if dtype is None:
+        raise InvalidInputError(f"{where}.datatype: {shown(datatype)} received, expected one "
+                                f"of {contract.wire_names()}")
+    try:
+        array = np.asarray(tensor.get("data"), dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidInputError(f"{where}.data: not {datatype} values ({str(e)[:100]})") from None
+    request.raw_input_contents.append(array.tobytes())
+    return 0
+
+
+def infer_response(response: pb.ModelInferResponse,
+                   binary_outputs: set[str] | None) -> tuple[bytes, int | None]:
+    """The reply's body, and the length of its JSON part where binary outputs follow."""
+    document: dict[str, Any] = {"model_name": response.model_name,
+                                "model_version": response.model_version,
+                                "outputs": []}
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = parameter_values(response.parameters)
+    blobs = []
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        output: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
+                                  "shape": list(tensor.shape)}
+        if binary_outputs is None or tensor.name in binary_outputs:
+            output["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            output["data"] = _values(tensor.datatype, raw)
+        document["outputs"].append(output)
+    header = json.dumps(document).encode()
+    return (header + b"".join(blobs), len(header)) if blobs else (header, None)
+
+
+def _values(datatype: str, raw: bytes) -> list:
+    """A tensor's raw contents as the JSON list of its values, in row-major order."""
+    if datatype == "BYTES":
+        values, at = [], 0
+        while at < len(raw):
+            (size,) = struct.unpack_from("<I", raw, at)
+            values.append(raw[at + 4:at + 4 + size].decode(errors="replace"))
+            at += 4 + size
+        return values
+    return np.frombuffer(raw, contract.numpy_dtype(datatype)).tolist()
+
+
+def parameter_values(parameters) -> dict[str, Any]:
+    """Protocol parameters (InferParameter) as REST shows them: plain values."""
+    return {key: getattr(value, value.WhichOneof("parameter_choice"))
+            for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
+
+
+def _set_parameters(into, given: dict, where: str) -> None:
+    for key, value in given.items():
+        if key in _SHARED_MEMORY:
+            raise InvalidInputError(f"{where}.{key}: shared memory is not offered over REST; "
+                                    "use gRPC on the daemon's unix socket")
+        if key in _REST_ONLY:
+            continue
+        if isinstance(value, bool):
+            into[key].bool_param = value
+        elif isinstance(value, int):
+            into[key].int64_param = value
+        elif isinstance(value, float):
+            into[key].double_param = value
+        elif isinstance(value, str):
+            into[key].string_param = value
+        else:
+            raise InvalidInputError(f"{where}.{key}: {shown(value)} received, expected a "
+                                    "boolean, number or string")
+
+
+def as_json(message: Message) -> dict[str, Any]:
+    """A protocol message as KServe V2's REST API shows it: the .proto's field names, every
+    field with no presence at its value, 64-bit integers as numbers (protobuf's JSON mapping
+    writes them as strings, which clients such as perf_analyzer do not read as numbers)."""
+    document = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type and field.message_type.GetOptions().map_entry:
+            inner = field.message_type.fields_by_name["value"]
+            document[field.name] = {k: _json_value(inner, v) for k, v in value.items()}
+        elif field.label == FieldDescriptor.LABEL_REPEATED:
+            document[field.name] = [_json_value(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            continue
+        else:
+            document[field.name] = _json_value(field, value)
+    return document
+
+
+def _json_value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return as_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return field.enum_type.values_by_number[value].name
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return value.decode(errors="replace")
+    return value
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{where}: a JSON object expected, {shown(value)} received")
+    return value
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise InvalidInputError(f"{where}: a JSON array expected, {shown(value)} received")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{where}: a string expected, {shown(value)} received")
+    return value

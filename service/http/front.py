@@ -1,0 +1,206 @@
+"""KServe V2 over HTTP/REST on --http-port, in this process (the one process, or each front-end
+with --workers, sharing the port): aiohttp on the daemon's event loop, behind a door like gRPC's
+(service/grpc/door.py: connections bounded per peer and in all), with the same TLS and token.
+Each request is decoded into the protocol's message and answered by the servicer gRPC uses, so
+the checks, batcher, priorities, deadlines and statuses are the same; statuses map to HTTP here,
+once."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from tritonclient.grpc import service_pb2 as pb
+
+from service.errors import StartupError, Status, status_of
+from service.grpc.credentials import TokenFile, admin_token
+from service.grpc.door import Bounds, Door, Peers, private_folder
+from service.grpc.servicer import InferenceServicer
+from service.http import codec
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+HTTP_STATUS = {
+    Status.INVALID_ARGUMENT: 400, Status.FAILED_PRECONDITION: 400, Status.UNAUTHENTICATED: 401,
+    Status.PERMISSION_DENIED: 403, Status.NOT_FOUND: 404, Status.ALREADY_EXISTS: 409,
+    Status.RESOURCE_EXHAUSTED: 429, Status.CANCELLED: 499, Status.INTERNAL: 500,
+    Status.UNIMPLEMENTED: 501, Status.UNAVAILABLE: 503, Status.DEADLINE_EXCEEDED: 504,
+}
+_HEALTH = "/v2/health/"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Call:
+    """What the servicer reads of a gRPC call, for one HTTP request."""
+
+    def __init__(self, request: web.Request) -> None:
+        peername = request.transport.get_extra_info("peername") if request.transport else ""
+        self._peer = Peers.address_of(peername or "")
+        self._authorization = request.headers.get("Authorization", "")
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> None:  # REST has no deadline; a `timeout` parameter may say one
+        return None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", self._authorization),)
+
+
+class HttpFront:
+    def __init__(self, settings: Settings, token: TokenFile | None,
+                 servicer: InferenceServicer, peers: Peers, reuseport: bool = False) -> None:
+        self._settings, self._servicer, self._peers = settings, servicer, peers
+        self._tokens = [t for t in (token, admin_token(settings)) if t is not None]
+        self._reuseport = reuseport
+        self._runner: web.AppRunner | None = None
+        self._door: Door | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=self._settings.max_message_bytes,
+                              middlewares=[self._answered])
+        model = r"/v2/models/{model}{version:(/versions/[^/]+)?}"
+        app.add_routes([
+            web.get("/v2/health/live", self._live),
+            web.get("/v2/health/ready", self._ready),
+            web.get("/v2", self._server_metadata),
+            web.get("/v2/models/stats", self._statistics),
+            web.get(model, self._model_metadata),
+            web.get(model + "/ready", self._model_ready),
+            web.get(model + "/config", self._model_config),
+            web.get(model + "/stats", self._statistics),
+            web.post(model + "/infer", self._infer),
+            web.post("/v2/repository/index", self._index),
+            web.post("/v2/repository/models/{model}/load", self._load),
+            web.post("/v2/repository/models/{model}/unload", self._unload),
+        ])
+        return app
+
+    async def start(self, cleanup: contextlib.AsyncExitStack) -> str:
+        s = self._settings
+        tls = _ssl(s)
+        inner = cleanup.enter_context(private_folder())
+        self._door = Door("http", inner / "http.sock", Bounds(
+            s.max_connections_per_peer, s.max_connections_tcp, "--max-connections-tcp",
+            s.max_stream_resets), self._peers, tls=tls is not None, http2=False)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        cleanup.push_async_callback(self._runner.cleanup)
+        await web.UnixSite(self._runner, str(self._door.inner), ssl_context=tls,
+                           shutdown_timeout=s.shutdown_grace_s).start()
+        target = f"{s.grpc_host}:{s.http_port}"
+        try:
+            await self._door.open_tcp(s.grpc_host, s.http_port, self._reuseport)
+        except OSError as e:
+            raise StartupError(f"cannot listen on {target} (HTTP): address in use or not "
+                               "available") from e
+        cleanup.callback(self._door.close)
+        return f"http{'s' if tls else ''}://{target}"
+
+    async def drain(self) -> None:
+        """No new connections; requests in flight finish (the data plane drains them)."""
+        if self._door is not None and self._runner is not None:
+            self._door.close()
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _answered(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The token where one is in force (not for health checks, as on gRPC), and every
+        error as the protocol's JSON error object with its HTTP status."""
+        if self._tokens and not request.path.startswith(_HEALTH) and not any(
+                hmac.compare_digest(request.headers.get("Authorization", "").encode(),
+                                    t.bearer()) for t in self._tokens):
+            return _error(401, "header 'Authorization': a valid 'Bearer <token>' is required")
+        try:
+            return await handler(request)
+        except web.HTTPException as e:  # no such route, a body over the limit
+            return _error(e.status, e.reason)
+        except Exception as e:
+            status, message = status_of(e, f"{request.method} {request.path[:200]}")
+            return _error(HTTP_STATUS.get(status, 500), message)
+
+    async def _live(self, request: web.Request) -> web.Response:
+        reply = await self._servicer.ServerLive(pb.ServerLiveRequest(), _Call(request))
+        return web.Response(status=200 if reply.live else 400)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        reply = await self._servicer.ServerReady(pb.ServerReadyRequest(), _Call(request))
+        return web.Response(status=200 if reply.ready else 400)
+
+    async def _server_metadata(self, request: web.Request) -> web.Response:
+        return _json(await self._servicer.ServerMetadata(pb.ServerMetadataRequest(),
+                                                         _Call(request)))
+
+    async def _model_metadata(self, request: web.Request) -> web.Response:
+        return _json(await self._servicer.ModelMetadata(pb.ModelMetadataRequest(
+            name=request.match_info["model"], version=_version(request)), _Call(request)))
+
+    async def _model_ready(self, request: web.Request) -> web.Response:
+        reply = await self._servicer.ModelReady(pb.ModelReadyRequest(
+            name=request.match_info["model"], version=_version(request)), _Call(request))
+        return web.Response(status=200 if reply.ready else 400)
+
+    async def _model_config(self, request: web.Request) -> web.Response:
+        reply = await self._servicer.ModelConfig(pb.ModelConfigRequest(
+            name=request.match_info["model"], version=_version(request)), _Call(request))
+        return web.json_response(codec.as_json(reply.config))
+
+    async def _statistics(self, request: web.Request) -> web.Response:
+        return _json(await self._servicer.ModelStatistics(pb.ModelStatisticsRequest(
+            name=request.match_info.get("model", ""), version=_version(request)),
+            _Call(request)))
+
+    async def _index(self, request: web.Request) -> web.Response:
+        body = codec.parse_json(await request.read(), "the request body")
+        reply = await self._servicer.RepositoryIndex(pb.RepositoryIndexRequest(
+            ready=body.get("ready") is True), _Call(request))
+        return web.json_response([codec.as_json(m) for m in reply.models])
+
+    async def _load(self, request: web.Request) -> web.Response:
+        body = codec.parse_json(await request.read(), "the request body")
+        message = pb.RepositoryModelLoadRequest(model_name=request.match_info["model"])
+        for key, value in body.get("parameters", {}).items():
+            message.parameters[key].string_param = str(value)
+        await self._servicer.RepositoryModelLoad(message, _Call(request))
+        return web.Response(status=200)
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        await self._servicer.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(
+            model_name=request.match_info["model"]), _Call(request))
+        return web.Response(status=200)
+
+    async def _infer(self, request: web.Request) -> web.Response:
+        message, binary = codec.infer_request(
+            await request.read(), request.headers.get(codec.HEADER_LENGTH),
+            request.match_info["model"], _version(request))
+        body, header_length = codec.infer_response(
+            await self._servicer.ModelInfer(message, _Call(request)), binary)
+        if header_length is None:
+            return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/octet-stream",
+                            headers={codec.HEADER_LENGTH: str(header_length)})
+
+
+def _version(request: web.Request) -> str:
+    return request.match_info.get("version", "").removeprefix("/versions/")
+
+
+def _json(message) -> web.Response:
+    return web.json_response(codec.as_json(message))
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _ssl(settings: Settings) -> ssl.SSLContext | None:
+    if not settings.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context

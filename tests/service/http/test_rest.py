@@ -1,0 +1,169 @@
+"""KServe V2 over HTTP/REST (--http-port): tritonclient.http and plain JSON (as curl sends it)
+against a real daemon, with one process and with two front-ends: health, metadata, config,
+statistics, the repository index, inference in JSON and in Triton's binary tensors,
+classification, errors as the protocol's JSON with their HTTP status, the token, the body bound,
+load and unload by the admin token's holders, and connection bounds."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import select
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from spark_jobs.daemon import DaemonProcess
+from tests.conftest import MODEL, MODELS, Daemon, example_repository, free_port
+
+ADMIN = "admin-t0ken"
+
+
+@pytest.fixture(scope="module", params=["1", "2"], ids=["workers1", "workers2"])
+def rest(request, tmp_path_factory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("rest")
+    d = Daemon(tmp, MODELS, "--workers", request.param, "--http-port", str(port := free_port()),
+               "--max-message-bytes", str(1 << 20), "--max-connections-per-peer", "16")
+    d.http, d.workers = f"127.0.0.1:{port}", int(request.param)
+    yield d
+    assert d.stop() == 0
+
+
+def _images(holdout, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return holdout[0][:n].astype(np.float32), holdout[1][:n]
+
+
+def _post(address: str, path: str, body: bytes, headers: dict | None = None
+          ) -> tuple[int, dict, bytes]:
+    connection = http.client.HTTPConnection(address, timeout=30)
+    try:
+        connection.request("POST", path, body, headers or {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def test_tritonclient_http_serves_metadata_and_inference(rest, holdout) -> None:
+    images, labels = _images(holdout, 8)
+    client = httpclient.InferenceServerClient(rest.http)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    assert not client.is_model_ready("no-such-model")
+    assert "classification" in client.get_server_metadata()["extensions"]
+    metadata = client.get_model_metadata(MODEL)
+    assert metadata["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}]
+    config = client.get_model_config(MODEL)
+    assert config["max_batch_size"] == 128 and config["input"][0]["dims"] == [1, 28, 28]
+    assert client.get_model_repository_index() == [
+        {"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+
+    tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)  # binary
+    binary = client.infer(MODEL, [tensor])
+    tensor.set_data_from_numpy(images, binary_data=False)  # JSON
+    as_json = client.infer(MODEL, [tensor], outputs=[
+        httpclient.InferRequestedOutput("logits", binary_data=False)])
+    for reply in (binary, as_json):
+        assert (reply.as_numpy("logits").argmax(1) == labels).mean() >= 0.75
+        assert reply.get_response()["parameters"]["device"]
+    np.testing.assert_allclose(binary.as_numpy("logits"), as_json.as_numpy("logits"),
+                               rtol=1e-4, atol=1e-4)  # each may run on another device
+    top = client.infer(MODEL, [tensor], outputs=[
+        httpclient.InferRequestedOutput("logits", class_count=2)]).as_numpy("logits")
+    assert top.shape == (8, 2)
+    assert [int(row[0].decode().split(":")[1]) for row in top] == \
+        list(binary.as_numpy("logits").argmax(1))
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert stats["name"] == MODEL and stats["inference_count"] >= 24
+
+
+def test_plain_json_as_curl_sends_it(rest, holdout) -> None:
+    images, labels = _images(holdout, 2)
+    body = json.dumps({"id": "r1", "inputs": [{
+        "name": "image", "shape": [2, 1, 28, 28], "datatype": "FP32",
+        "data": images.tolist()}]}).encode()  # nested lists, as the spec allows
+    status, headers, reply = _post(rest.http, f"/v2/models/{MODEL}/infer", body)
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    document = json.loads(reply)
+    assert document["id"] == "r1" and document["model_name"] == MODEL
+    (logits,) = document["outputs"]
+    assert logits["shape"] == [2, 10] and logits["datatype"] == "FP32"
+    assert list(np.array(logits["data"]).reshape(2, 10).argmax(1)) == list(labels)
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    (f"/v2/models/{MODEL}/infer", b"{not json", 400, "the request body: not a JSON document"),
+    (f"/v2/models/{MODEL}/infer", b"[" * 100_000, 400, "not a JSON document"),
+    (f"/v2/models/{MODEL}/infer", b'{"inputs": 3}', 400, "inputs: a JSON array expected"),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [{
+        "name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [1.0]}]}).encode(),
+     400, "input 'image': raw_input_contents holds 4 bytes, 3136 expected"),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [{
+        "name": "image", "shape": [1], "datatype": "FP32", "data": [1.0],
+        "parameters": {"shared_memory_region": "r"}}]}).encode(),
+     400, "shared memory is not offered over REST"),
+    ("/v2/models/no-such-model/infer", b'{"inputs": []}', 404, "no such model"),
+    ("/v2/nowhere", b"", 404, "Not Found"),
+])
+def test_errors_are_json_with_their_http_status(rest, path, body, status, message) -> None:
+    got, _, reply = _post(rest.http, path, body)
+    assert got == status, reply
+    assert message in json.loads(reply)["error"]
+
+
+def test_a_body_over_the_message_limit_is_refused(rest) -> None:
+    status, _, reply = _post(rest.http, f"/v2/models/{MODEL}/infer", b" " * (2 << 20))
+    assert status == 413, reply
+
+
+def test_a_peer_beyond_its_connections_gets_429_naming_the_flag(rest) -> None:
+    port = int(rest.http.rsplit(":", 1)[1])
+    with contextlib.ExitStack() as held:
+        # Past the limit at every front-end (the kernel spreads connections over them).
+        socks = [held.enter_context(socket.create_connection(("127.0.0.1", port)))
+                 for _ in range(16 * rest.workers + 16)]
+        time.sleep(0.5)
+        answers = [sock.recv(4096) if select.select([sock], [], [], 0)[0] else b""
+                   for sock in socks]
+    refusals = [a for a in answers if a]
+    assert refusals, "no connection refused"
+    assert all(a.startswith(b"HTTP/1.1 429") and b"--max-connections-per-peer" in a
+               for a in refusals)
+
+
+def test_the_token_guards_all_but_health_and_the_admin_token_loads(tmp_path, holdout) -> None:
+    (tmp_path / "token").write_text("t0ken\n")
+    (tmp_path / "admin").write_text(ADMIN + "\n")
+    port, sock = free_port(), tmp_path / "grpc.sock"
+    d = DaemonProcess(["--models", str(example_repository(tmp_path, "onnxruntime")),
+                       "--port", "0", "--socket", str(sock), "--metrics-port", "0",
+                       "--http-port", str(port), "--token-file", str(tmp_path / "token"),
+                       "--model-control-mode", "explicit", "--load-model", MODEL,
+                       "--admin-token-file", str(tmp_path / "admin")],
+                      f"unix:{sock}", tmp_path / "daemon.log")
+    d.wait_ready()
+    try:
+        address = f"127.0.0.1:{port}"
+        plain = httpclient.InferenceServerClient(address)
+        assert plain.is_server_live()  # health needs no token, as on gRPC
+        with pytest.raises(InferenceServerException) as refused:
+            plain.get_model_metadata(MODEL)
+        assert refused.value.status() == "401" and "Bearer <token>" in refused.value.message()
+        user = {"Authorization": "Bearer t0ken"}
+        assert plain.get_model_metadata(MODEL, headers=user)["name"] == MODEL
+        with pytest.raises(InferenceServerException) as refused:
+            plain.unload_model(MODEL, headers=user)  # the token is not the admin token
+        assert refused.value.status() == "403" and "admin token" in refused.value.message()
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        plain.unload_model(MODEL, headers=admin)
+        assert not plain.is_model_ready(MODEL, headers=user)
+        plain.load_model(MODEL, headers=admin)
+        assert plain.is_model_ready(MODEL, headers=user)
+    finally:
+        assert d.stop() == 0
