@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from bench.raw_h2 import RawH2
 from service.ops.local_daemon import free_port
@@ -129,20 +130,21 @@ def _fd_limit(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def socket_users(daemon: Daemon, images: np.ndarray, labels: np.ndarray) -> Iterator[list]:
-    """Four unix socket users, one request each at a time: True for each right answer."""
+def socket_users(socket_url: str, images: np.ndarray, labels: np.ndarray) -> Iterator[list]:
+    """Four users of the unix socket `socket_url`, one request each at a time, cycling through
+    `images`: True for each right answer, the error otherwise."""
     stop, answers = threading.Event(), []
 
     def user() -> None:
-        with grpcclient.InferenceServerClient(f"unix:{daemon.socket}") as client:
+        with grpcclient.InferenceServerClient(socket_url) as client:
             i = 0
             while not stop.is_set():
                 tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
-                tensor.set_data_from_numpy(images[i:i + 1])
+                tensor.set_data_from_numpy(images[i:i + 1].astype(np.float32))
                 try:
                     logits = client.infer(MODEL, [tensor], client_timeout=5).as_numpy("logits")
                     answers.append(bool(logits.argmax() == labels[i]))
-                except Exception as e:  # noqa: BLE001 - a failure is what is counted
+                except InferenceServerException as e:
                     answers.append(e)
                 i = (i + 1) % len(images)
 
@@ -155,6 +157,7 @@ def socket_users(daemon: Daemon, images: np.ndarray, labels: np.ndarray) -> Iter
         stop.set()
         for u in users:
             u.join(timeout=10)
+    assert not any(u.is_alive() for u in users)
 
 
 def run(seconds: float, workers: int) -> list[dict]:
@@ -169,7 +172,7 @@ def run(seconds: float, workers: int) -> list[dict]:
                 time.sleep(1.0)
                 base_rss, (base_fds, limit) = daemon.rss_mb(), daemon.descriptors()
                 peak_rss, peak_fds = base_rss, base_fds
-                with socket_users(daemon, images, labels) as answers:
+                with socket_users(f"unix:{daemon.socket}", images, labels) as answers:
                     attacker = subprocess.Popen(
                         [sys.executable, "-m", "bench.floods", "--attack", kind, "--port",
                          str(daemon.port), "--seconds", str(seconds)], cwd=ROOT,

@@ -7,8 +7,6 @@ floods come from a raw HTTP/2 client; each test takes a few seconds."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Iterator
 
@@ -21,6 +19,7 @@ from h2.settings import SettingCodes
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from bench import floods
 from bench.raw_h2 import RawH2
 from tests.conftest import MODEL, MODELS, Daemon, image_input
 
@@ -49,32 +48,9 @@ def limited(tmp_path_factory) -> Iterator[Daemon]:
     assert d.stop() == 0
 
 
-@contextlib.contextmanager
-def socket_users(daemon: Daemon, holdout) -> Iterator[list]:
-    """Four unix socket clients inferring one image after another meanwhile: True for each
-    right answer, the error otherwise."""
-    stop, answers = threading.Event(), []
-
-    def user() -> None:
-        with grpcclient.InferenceServerClient(daemon.socket_url) as client:
-            while not stop.is_set():
-                try:
-                    logits = client.infer(MODEL, image_input(holdout[0][:1]),
-                                          client_timeout=5).as_numpy("logits")
-                    answers.append(bool(logits.argmax() == holdout[1][0]))
-                except InferenceServerException as e:
-                    answers.append(e)
-
-    users = [threading.Thread(target=user, daemon=True) for _ in range(4)]
-    for u in users:
-        u.start()
-    try:
-        yield answers
-    finally:
-        stop.set()
-        for u in users:
-            u.join(timeout=10)
-    assert not any(u.is_alive() for u in users)
+def socket_users(daemon: Daemon, holdout):
+    """Four unix socket clients inferring meanwhile (bench/floods.py's)."""
+    return floods.socket_users(daemon.socket_url, holdout[0][:1], holdout[1][:1])
 
 
 def _all_right(answers: list) -> None:
