@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -99,7 +100,8 @@ class Door:
         self.listener, self.inner, self.bounds, self._peers = listener, inner, bounds, peers
         self.tls = tls
         self.http2 = http2  # gRPC's; else HTTP/1.1 (the REST front)
-        self._open: Counter[str] = Counter()
+        self._open: Counter[str] = Counter()  # by peer
+        self._total = 0
         self._server: asyncio.Server | None = None
 
     async def open_unix(self, path: Path) -> None:
@@ -118,14 +120,15 @@ class Door:
     def _admit(self, sock: socket.socket) -> tuple[Peer | None, str]:
         """Who `sock` is, or why it is refused."""
         peer = self._identify(sock)
-        if sum(self._open.values()) >= self.bounds.total:
-            return None, (f"{sum(self._open.values())} connections are open on the daemon's "
+        if self._total >= self.bounds.total:
+            return None, (f"{self._total} connections are open on the daemon's "
                           f"{self.listener} listener, its limit ({self.bounds.total_flag})")
         if self._open[peer.address] >= self.bounds.per_peer:
             return None, (f"{self._open[peer.address]} connections are open from "
                           f"{peer.address}, the limit per peer (--max-connections-per-peer); "
                           "close some or share one channel")
         self._open[peer.address] += 1
+        self._total += 1
         return peer, ""
 
     def _identify(self, sock: socket.socket) -> Peer:
@@ -136,6 +139,7 @@ class Door:
         return Peer("unix", f"uid {uid}", uid, tuple(sorted({gid, *_peer_groups(sock)})))
 
     def _closed(self, peer: Peer) -> None:
+        self._total -= 1
         self._open[peer.address] -= 1
         if not self._open[peer.address]:
             del self._open[peer.address]
@@ -147,8 +151,8 @@ def _peer_groups(sock: socket.socket) -> list[int]:
     while True:
         try:
             raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size)
-        except OSError as e:  # ERANGE: more groups than room
-            if e.errno != 34 or size > 4 * 65536:
+        except OSError as e:
+            if e.errno != errno.ERANGE or size > 4 * 65536:  # ERANGE: more groups than room
                 return []
             size *= 4
             continue
@@ -170,7 +174,11 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._client = transport
-        self._peer, refusal = self._door._admit(transport.get_extra_info("socket"))
+        try:
+            self._peer, refusal = self._door._admit(transport.get_extra_info("socket"))
+        except OSError:  # gone already (getpeername: not connected)
+            transport.close()
+            return
         if self._peer is None:
             log.warning("connection refused: %s", refusal)
             if self._door.tls:
