@@ -1,6 +1,6 @@
 """`make demo`: the daemon on this machine, the 1,000 held-out digits scored by the Spark job
 through it and what that cost (the job's energy summary), the daemon's own metrics, then one
-online request with tritonclient."""
+online request with tritonclient and one over REST in plain JSON (the top classes, by label)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 import mnist_digits
+from service.ops.local_daemon import free_port
 from service.settings import Settings
 from spark_jobs import energy
 from spark_jobs.cost import Cost
@@ -33,19 +34,24 @@ MODEL = "mnist_cnn"
 def main() -> None:
     settings = Settings.from_env()
     address = f"unix:{settings.unix_socket}"
-    daemon = None
+    daemon, http_port = None, settings.http_port
     if is_ready(address):
         print(f"using the daemon already serving at {address}")
     else:
         OUT.mkdir(exist_ok=True)
-        daemon = DaemonProcess(["--models", str(ROOT / "models")], address, OUT / "daemon.log")
+        http_port = http_port or free_port()
+        daemon = DaemonProcess(["--models", str(ROOT / "models"), "--http-port", str(http_port)],
+                               address, OUT / "daemon.log")
         daemon.wait_ready()
         print(f"started the daemon: gRPC {settings.grpc_host}:{settings.grpc_port} and "
-              f"{address}, metrics :{settings.metrics_port} (log: {daemon.log_path})")
+              f"{address}, REST :{http_port}, metrics :{settings.metrics_port} "
+              f"(log: {daemon.log_path})")
     try:
         score_with_spark(address)
         summarize_metrics(f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
         online_request(address)
+        if http_port:
+            rest_request(f"http://{settings.grpc_host}:{http_port}")
     finally:
         if daemon is not None:
             daemon.stop()
@@ -118,6 +124,21 @@ def online_request(address: str) -> None:
               f"(power source {cost.source}"
               f"{', an estimate' if cost.source == energy.ESTIMATE else ''}), "
               f"{cost.flops:,} FLOPs")
+
+
+
+def rest_request(url: str) -> None:
+    """The KServe V2 REST protocol as curl would speak it: JSON in, the top classes out."""
+    images, labels = mnist_digits.holdout_split()
+    body = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                                   "data": images[1].ravel().tolist()}],
+                       "outputs": [{"name": "logits", "parameters": {"classification": 3}}]})
+    request = urllib.request.Request(f"{url}/v2/models/{MODEL}/infer", body.encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        top = json.loads(reply.read())["outputs"][0]["data"]
+    print(f"\n== Online over REST: POST {url}/v2/models/{MODEL}/infer (JSON, classification 3)")
+    print(f"   true label {labels[1]}; top classes (value:index:label): {', '.join(top)}")
 
 
 if __name__ == "__main__":
