@@ -33,7 +33,7 @@ from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Tensors
+from service.core.types import Answer, Tensors, settle
 from service.errors import (
     DeadlineExceededError,
     HetserveError,
@@ -60,8 +60,9 @@ class BatchRunner(Protocol):
     async def run(self, inputs: Tensors, size: int) -> Answer:
         ...
 
-    def run_now(self, inputs: Tensors, size: int) -> Answer | None:
-        """The answer computed at once on this thread, or None when `run` must."""
+    def run_now(self, inputs: Tensors, size: int, lone: bool = False) -> Answer | None:
+        """The answer computed at once on this thread, or None when `run` must; `lone`: the
+        model's requests lately came one at a time (the last batch was a single request)."""
         ...
 
 
@@ -107,6 +108,7 @@ class DynamicBatcher:
         self._timer = PreciseTimer(self._loop, self._close_window)
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
         self._last_run_s = 0.0  # how long that batch ran
+        self._last_requests = 0  # how many requests it answered
         self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
         self._waits_paid = 1.0  # share of the latest waits that grew their batch
         self._waits_skipped = 0  # windows skipped since the last wait
@@ -166,10 +168,12 @@ class DynamicBatcher:
                 self._budget is not None and self._budget.holds(pending.level)):
             return False
         started = time.monotonic()
-        answer = self._runner.run_now(pending.inputs, pending.size)
+        answer = self._runner.run_now(pending.inputs, pending.size,
+                                      lone=self._last_requests <= 1)
         if answer is None:
             return False
         self._idle_since = ran = time.monotonic()
+        self._last_requests = 1
         self._answer([pending], answer, pending.size, started, started, ran)
         return True
 
@@ -192,7 +196,7 @@ class DynamicBatcher:
         self._timer.close()
         for queue in (*self._levels, self._delayed):
             while queue:
-                _settle(queue.popleft(), error=ModelUnavailableError(
+                settle(queue.popleft().future, error=ModelUnavailableError(
                     f"model {self.model!r} is unloading"))
 
     async def drain(self, grace_s: float) -> bool:
@@ -225,7 +229,7 @@ class DynamicBatcher:
     def _expire(self, pending: _Pending) -> None:
         if not pending.taken:
             self._on_expired()
-            _settle(pending, error=DeadlineExceededError(
+            settle(pending.future, error=DeadlineExceededError(
                 f"model {self.model!r}: the request's deadline passed after "
                 f"{self._loop.time() - pending.enqueued:.3f} s in the queue; it was not run"))
 
@@ -352,11 +356,11 @@ class DynamicBatcher:
             answer = await self._runner.run(inputs, total)
         except HetserveError as e:
             for pending in batch:
-                _settle(pending, error=e)
+                settle(pending.future, error=e)
             return
         except BaseException:  # a bug or the batcher closing: nobody may wait forever
             for pending in batch:
-                _settle(pending, error=ModelUnavailableError(
+                settle(pending.future, error=ModelUnavailableError(
                     f"model {self.model!r}: the batch was not run to the end"))
             raise
         finally:
@@ -367,30 +371,19 @@ class DynamicBatcher:
                 assembled: float, ran: float) -> None:
         """Answers a batch's requests with their rows of `answer`, and records the batch (times
         from time.monotonic(): taken from the queue, inputs assembled, run)."""
-        self._last_run_s = ran - started
+        self._last_run_s, self._last_requests = ran - started, len(batch)
         for pending in batch:
             self._observe_queue_s(started - pending.enqueued)
         self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
         if len(batch) == 1:  # nothing to split (and unbatched models have no batch axis)
-            _settle(batch[0], result=answer)
+            settle(batch[0].future, result=answer)
         else:
             offset = 0
             for pending in batch:
-                _settle(pending, result=Answer({name: array[offset:offset + pending.size]
-                                                for name, array in answer.outputs.items()},
-                                               answer.device, answer.cost.share(pending.size,
-                                                                                total)))
+                settle(pending.future, result=Answer(
+                    {name: array[offset:offset + pending.size]
+                     for name, array in answer.outputs.items()},
+                    answer.device, answer.cost.share(pending.size, total)))
                 offset += pending.size
         self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
                                  time.monotonic() - ran)
-
-
-def _settle(pending: _Pending, result: Answer | None = None,
-            error: Exception | None = None) -> None:
-    """Answers a request once; a late second answer (a cancelled client) is ignored."""
-    if pending.future.done():
-        return
-    if error is not None:
-        pending.future.set_exception(error)
-    else:
-        pending.future.set_result(result)

@@ -124,16 +124,12 @@ def _labels(folder: Path, config: model_config_pb2.ModelConfig) -> dict[str, tup
         path = folder / file_name(output.label_filename, config.name, field,
                                   "the model's folder")
         try:
-            with open(path, encoding="utf-8", opener=_no_follow) as file:
+            with open(path, encoding="utf-8") as file:
                 labels[output.name] = tuple(line.rstrip("\r\n") for line in file)
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"model {config.name!r}: {field} {output.label_filename!r}: "
                               f"{getattr(e, 'strerror', None) or e}") from e
     return labels
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def _policy_versions(policy: model_config_pb2.ModelVersionPolicy,

@@ -58,14 +58,14 @@ class Router:
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
 
-    def run_now(self, inputs: Tensors, size: int) -> Answer | None:
+    def run_now(self, inputs: Tensors, size: int, lone: bool = False) -> Answer | None:
         """The batch's answer, computed now on this thread, when the device that `run` would
         try first takes it so (DeviceWorker.run_now: idle and quick); None when it would not,
         or when it failed the batch (marked failed: `run` re-runs the batch on the next
         device)."""
         worker = self.candidates(size)[0]
         try:
-            return worker.run_now(inputs, self._outputs, size)
+            return worker.run_now(inputs, self._outputs, size, lone)
         except DeviceError as e:
             self._failed(worker, inputs, size, e)
             return None

@@ -80,3 +80,15 @@ class ModelControls(Protocol):
 
     async def unload(self, name: str) -> None:
         ...
+
+
+def settle(future: asyncio.Future, result: object = None,
+           error: BaseException | None = None) -> None:
+    """Answers a future once: a late second answer (its caller gone, a batcher closing) is
+    dropped."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -17,7 +17,7 @@ from accelerators.flops import FlopCounter
 from service import contract
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
-from service.core.types import Answer, Cost, Tensors
+from service.core.types import Answer, Cost, Tensors, settle
 from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
@@ -25,10 +25,12 @@ _SMOOTHING = 0.2  # weight of the newest batch in the per-sample time average
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
 # An idle device's batch runs on the event loop (run_now), sparing the hand-off to an instance
 # thread and back, when it is shorter than _INLINE_S (the loop is held no longer than the
-# hand-off's thread switches take), or when no other batch is in flight in this process and it
-# is shorter than _ALONE_S: then nothing waits for the loop meanwhile, and the hand-off (0.6 ms
-# on a 2-vCPU VM, bench/serving.py) is a large part of a small model's time on any machine,
-# whether its batch takes 0.2 ms or 2 ms there.
+# hand-off's thread switches take), or, for a model whose requests lately came one at a time
+# while no other batch is in flight in this process, when it is shorter than _ALONE_S: then
+# nothing waits for the loop meanwhile, and the hand-off (0.6 ms on a 2-vCPU VM,
+# bench/serving.py) is a large part of a small model's time on any machine, whether its batch
+# takes 0.2 ms or 2 ms there. Under load (batches of several requests) the loop stays free to
+# feed every device.
 _INLINE_S = 0.0005
 _ALONE_S = 0.02
 
@@ -121,15 +123,17 @@ class DeviceWorker:
             self.pending_samples -= size
             DeviceWorker.batches_in_flight -= 1
 
-    def run_now(self, inputs: Tensors, outputs: list[str], size: int) -> Answer | None:
+    def run_now(self, inputs: Tensors, outputs: list[str], size: int,
+                lone: bool = False) -> Answer | None:
         """The batch's answer, computed on the calling (event loop's) thread when the device is
-        healthy and idle and such a batch is short (_INLINE_S), or short enough while no other
-        batch is in flight (_ALONE_S); None otherwise, leaving the batch to `run`."""
+        healthy and idle and such a batch is short (_INLINE_S), or short enough for a `lone`
+        request while no other batch is in flight (_ALONE_S); None otherwise, leaving the batch
+        to `run`."""
         if not (self.healthy and not self.pending_samples and self.seconds_per_sample is not None):
             return None
         expected_s = self.seconds_per_sample * size
         if not (expected_s < _INLINE_S or (
-                expected_s < _ALONE_S and not DeviceWorker.batches_in_flight)):
+                lone and expected_s < _ALONE_S and not DeviceWorker.batches_in_flight)):
             return None
         try:
             return self._timed_run(inputs, outputs, size)
@@ -149,7 +153,7 @@ class DeviceWorker:
             except BaseException as e:  # handed to the batch's caller, as an executor does
                 result, error = None, e
             try:
-                loop.call_soon_threadsafe(_settle, done, result, error)
+                loop.call_soon_threadsafe(settle, done, result, error)
             except RuntimeError:  # the loop is closed: nobody waits for this batch
                 pass
 
@@ -215,13 +219,3 @@ class DeviceWorker:
             self._batches.put(None)
         for thread in self._threads:
             thread.join()
-
-
-def _settle(done: asyncio.Future, result: Answer | None,
-            error: BaseException | None) -> None:
-    if done.done():  # the batch's caller is gone (the batcher closing)
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)

@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 from service import contract
 from service.core.model import ModelSpec
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
+from service.core.statistics import Duration, ModelStatistics
 from service.core.types import Answer, Tensors
 from service.errors import InvalidInputError, shown
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
@@ -212,3 +213,21 @@ def request_options(request: service_pb2.ModelInferRequest,
         return DEFAULT_OPTIONS
     priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
     return RequestOptions(priority=priority or 0, timeout_us=timeout or 0, deadline=deadline)
+
+
+def statistics(name: str, version: int, stats: ModelStatistics) -> service_pb2.ModelStatistics:
+    """A model's counts as the ModelStatistics RPC (and REST's stats) reports them."""
+    def duration(d: Duration) -> service_pb2.StatisticDuration:
+        return service_pb2.StatisticDuration(count=d.count, ns=d.ns)
+    return service_pb2.ModelStatistics(
+        name=name, version=str(version), last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count, execution_count=stats.execution_count,
+        inference_stats=service_pb2.InferStatistics(
+            success=duration(stats.success), fail=duration(stats.fail),
+            queue=duration(stats.queue), compute_input=duration(stats.compute_input),
+            compute_infer=duration(stats.compute_infer),
+            compute_output=duration(stats.compute_output)),
+        batch_stats=[service_pb2.InferBatchStatistics(
+            batch_size=size, compute_input=duration(b.compute_input),
+            compute_infer=duration(b.compute_infer), compute_output=duration(b.compute_output))
+            for size, b in sorted(stats.batches.items())])

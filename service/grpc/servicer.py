@@ -119,7 +119,7 @@ class InferenceServicer:
 
     async def ModelStatistics(self, request, context):
         return pb.ModelStatisticsResponse(model_stats=[
-            m.stats.proto(m.spec.name, m.spec.version)
+            codec.statistics(m.spec.name, m.spec.version, m.stats)
             for m in self._plane.statistics(request.name, request.version)])
 
     async def SystemSharedMemoryRegister(self, request, context):

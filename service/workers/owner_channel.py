@@ -22,6 +22,7 @@ from service.core.dataplane import DataPlane
 from service.core.queue_policy import RequestOptions
 from service.core.types import Answer
 from service.errors import status_of
+from service.grpc import codec
 from service.workers import messages as msg
 from service.workers.arena import Arena
 
@@ -201,7 +202,7 @@ class OwnerSide:
     def _statistics(self, m: msg.Stats) -> None:
         try:
             reply = pb.ModelStatisticsResponse(model_stats=[
-                model.stats.proto(model.spec.name, model.spec.version)
+                codec.statistics(model.spec.name, model.spec.version, model.stats)
                 for model in self._plane.statistics(m.name, m.version)])
         except Exception as e:
             self.fail(m.id, e)

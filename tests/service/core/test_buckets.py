@@ -70,6 +70,7 @@ def _repository(root: Path) -> Path:
     bad = root / "bad_buckets"
     (bad / "1").mkdir(parents=True)
     (bad / "1" / "model.onnx").symlink_to(MODELS / MODEL / "1" / "model.onnx")
+    (bad / "labels.txt").symlink_to(MODELS / MODEL / "labels.txt")
     (bad / "config.pbtxt").write_text(
         (root / MODEL / "config.pbtxt").read_text().replace(MODEL, "bad_buckets")
         .replace("preferred_batch_size: [1, 2, 4]", "preferred_batch_size: [4, 16]"))

@@ -38,6 +38,7 @@ def test_bad_gpu_settings_fail_only_their_model(tmp_path, holdout) -> None:
     config = (MODELS / MODEL / "config.pbtxt").read_text()
     for name, (extra, _) in cases.items():
         shutil.copytree(MODELS / MODEL / "1", models / name / "1")
+        shutil.copy(MODELS / MODEL / "labels.txt", models / name)
         (models / name / "config.pbtxt").write_text(
             config.replace(f'name: "{MODEL}"', f'name: "{name}"').replace(
                 "instance_group [ { kind: KIND_CPU count: 2 } ]\n", "") + extra + "\n")

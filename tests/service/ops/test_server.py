@@ -44,6 +44,7 @@ def test_a_broken_model_does_not_take_the_others_down(tmp_path) -> None:
     shutil.copytree(MODELS / MODEL, models / MODEL)
     (models / "broken" / "1").mkdir(parents=True)
     (models / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    shutil.copy(MODELS / MODEL / "labels.txt", models / "broken")
     (models / "broken" / "config.pbtxt").write_text(
         (MODELS / MODEL / "config.pbtxt").read_text().replace(MODEL, "broken"))
     d = Daemon(tmp_path, models)
