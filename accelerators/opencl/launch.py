@@ -3,7 +3,9 @@ work-group sizes and argument codes, shared by the lowering, the planner and the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -149,8 +151,9 @@ def ints(*values: int) -> list[np.int32]:
     return [np.int32(v) for v in values]
 
 
-def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
-    """(code, a, b) of the activation fused into `node`, or of `node` itself."""
+def activation_args(node: Node, values: Mapping[str, np.ndarray | Dyn]) -> list:
+    """(code, a, b) of the activation fused into `node`, or of `node` itself; `values`: the
+    lowering's tensors, among them a Clip's bounds."""
     act = node if node.op in ACT else node.attrs.get("activation")
     if act is None:
         return [np.int32(0), np.float32(0), np.float32(0)]
@@ -162,7 +165,9 @@ def activation_args(node: Node, consts: dict[str, np.ndarray]) -> list:
     elif act.op == "HardSigmoid":
         a, b = act.attrs.get("alpha", 0.2), act.attrs.get("beta", 0.5)
     elif act.op == "Clip":
-        bounds = [consts[i] if i else None for i in act.inputs[1:3]] + [None, None]
+        # Constants where the Clip is fused (graph.py fuses no other).
+        bounds = [cast(np.ndarray, values[i]) if i else None for i in act.inputs[1:3]] + [
+            None, None]
         a = float(bounds[0]) if bounds[0] is not None else act.attrs.get("min", -3.4e38)
         b = float(bounds[1]) if bounds[1] is not None else act.attrs.get("max", 3.4e38)
     return [np.int32(ACT[act.op]), np.float32(a), np.float32(b)]
