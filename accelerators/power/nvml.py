@@ -3,7 +3,7 @@ loaded, Volta and newer) where the GPU has one, else board power (mW) integrated
 
 from __future__ import annotations
 
-from accelerators.power.source import PowerSource, Sample, SourceError
+from accelerators.power.source import Integral, PowerSource, Sample, SourceError
 
 
 def _nvml():
@@ -34,8 +34,7 @@ class NvmlSource(PowerSource):
             self.counter = True
         except nvml.NVMLError:  # NOT_SUPPORTED before Volta
             self._start_mj, self.counter = 0, False
-        self._energy_j = 0.0
-        self._last: tuple[float, float] | None = None  # (time, watts) for integration
+        self._integral = Integral()  # where it has no counter
 
     def sample(self, now: float, utilization: float) -> Sample:
         nvml = self._nvml
@@ -43,14 +42,10 @@ class NvmlSource(PowerSource):
             power = nvml.nvmlDeviceGetPowerUsage(self._handle) / 1e3
             if self.counter:
                 total = nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-                self._energy_j = (total - self._start_mj) / 1e3
-            elif self._last is not None:
-                then, before = self._last
-                self._energy_j += (before + power) / 2 * max(0.0, now - then)
+                return Sample((total - self._start_mj) / 1e3, power)
         except nvml.NVMLError as e:
             raise SourceError(f"nvml: GPU {self.index}: {e}") from None
-        self._last = (now, power)
-        return Sample(self._energy_j, power)
+        return Sample(self._integral.add(now, power), power)
 
     def describe(self) -> str:
         how = "energy counter" if self.counter else "power integrated"

@@ -56,23 +56,34 @@ class EnergyCounterSource(PowerSource):
         return Sample(self._energy_j, self._power_w)
 
 
+class Integral:
+    """Energy from power readings alone: the trapezoids between successive samples."""
+
+    def __init__(self) -> None:
+        self.energy_j = 0.0
+        self._last: tuple[float, float] | None = None  # (time, watts)
+
+    def add(self, now: float, power_w: float) -> float:
+        """The energy so far, with the reading `power_w` at monotonic time `now`."""
+        if self._last is not None:
+            then, before = self._last
+            self.energy_j += (before + power_w) / 2 * max(0.0, now - then)
+        self._last = (now, power_w)
+        return self.energy_j
+
+
 class PowerGaugeSource(PowerSource):
     """A sensor that only reports watts: energy is integrated between samples."""
 
     def __init__(self) -> None:
-        self._energy_j = 0.0
-        self._last: tuple[float, float] | None = None  # (time, watts)
+        self._integral = Integral()
 
     @abc.abstractmethod
     def read_power_w(self) -> float: ...
 
     def sample(self, now: float, utilization: float) -> Sample:
         power = self.read_power_w()
-        if self._last is not None:
-            then, before = self._last
-            self._energy_j += (before + power) / 2 * max(0.0, now - then)
-        self._last = (now, power)
-        return Sample(self._energy_j, power)
+        return Sample(self._integral.add(now, power), power)
 
 
 def read_int(path: Path) -> int:
