@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from service import contract
 from spark_jobs.client import Inference, ModelInterface
-from spark_jobs.images import decode_image
+from spark_jobs.images import decode_image_rows, tensor_row_error
 from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
@@ -58,8 +58,7 @@ def decode_tensors(batch: pa.RecordBatch, model: ModelInterface
         n = held[i]
         what = "no tensor" if np.isnan(n) else f"{int(n)} values" if not binary else \
             f"{int(n) // dtype.itemsize} values" if n % dtype.itemsize == 0 else f"{int(n)} bytes"
-        errors[int(i)] = (f"row id {batch.column('id')[i].as_py()!r}: tensor holds {what}, "
-                          f"{size} expected for {model.input_name} {list(model.input_dims)}")
+        errors[int(i)] = tensor_row_error(batch.column("id")[i].as_py(), what, model)
     column = column if good.all() else column.filter(pa.array(good))
     return _view(column, dtype, model.input_dims), good, errors
 
@@ -69,14 +68,8 @@ def decode_images(batch: pa.RecordBatch, model: ModelInterface
     """decode_tensors for the columns of Spark's `image` source (api.image_columns)."""
     samples = np.zeros((batch.num_rows, *model.input_dims),
                        contract.numpy_dtype(model.input_datatype))
-    errors = {}
-    rows = zip(*(batch.column(c).to_pylist()
-                 for c in ("id", "height", "width", "nChannels", "data")))
-    for i, (origin, h, w, c, data) in enumerate(rows):
-        try:
-            samples[i] = decode_image(data, h, w, c, model)
-        except ValueError as e:
-            errors[i] = f"image {origin}: {e}"
+    errors = decode_image_rows(zip(*(batch.column(c).to_pylist() for c in (
+        "id", "height", "width", "nChannels", "data"))), samples, model)
     good = np.ones(batch.num_rows, bool)
     good[list(errors)] = False
     return samples[good], good, errors

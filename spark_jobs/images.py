@@ -10,6 +10,8 @@ its height and width."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from PIL import Image
 
@@ -55,3 +57,22 @@ def decode_image(data: bytes, height: int, width: int, channels: int,
         x = x[::-1]
     x = (x - _per_channel(model, "image_mean", 0.0, c)) / _per_channel(model, "image_std", 1.0, c)
     return x.astype(contract.numpy_dtype(model.input_datatype))
+
+
+def decode_image_rows(rows: Iterable[tuple], samples: np.ndarray,
+                      model: ModelInterface) -> dict[int, str]:
+    """Decodes Spark `image` rows (origin, height, width, nChannels, data) into `samples`, row i
+    into samples[i]; a message per row that does not decode (its slot left as it was)."""
+    errors = {}
+    for i, (origin, height, width, channels, data) in enumerate(rows):
+        try:
+            samples[i] = decode_image(data, height, width, channels, model)
+        except ValueError as e:
+            errors[i] = f"image {origin}: {e}"
+    return errors
+
+
+def tensor_row_error(row_id: object, held: str, model: ModelInterface) -> str:
+    """What a `tensor` row of the wrong size is told: `held` says what it holds."""
+    return (f"row id {row_id!r}: tensor holds {held}, {int(np.prod(model.input_dims))} "
+            f"expected for {model.input_name} {list(model.input_dims)}")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from service import contract
-from spark_jobs.images import decode_image
+from spark_jobs.images import decode_image_rows, tensor_row_error
 from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 
@@ -29,21 +29,15 @@ def decode(frame: pd.DataFrame, options: ScoreOptions) -> tuple[np.ndarray, dict
     samples = np.zeros((len(frame), *model.input_dims), dtype)
     errors: dict[int, str] = {}
     if options.images:
-        rows = zip(frame["id"], frame["height"], frame["width"], frame["nChannels"],
-                   frame["data"])
-        for i, (origin, h, w, c, data) in enumerate(rows):
-            try:
-                samples[i] = decode_image(data, h, w, c, model)
-            except ValueError as e:
-                errors[i] = f"image {origin}: {e}"
-        return samples, errors
+        return samples, decode_image_rows(zip(
+            frame["id"], frame["height"], frame["width"], frame["nChannels"], frame["data"]),
+            samples, model)
     size = int(np.prod(model.input_dims))
     for i, (row_id, value) in enumerate(zip(frame["id"], frame["tensor"])):
         row = None if value is None else _tensor(value, dtype)
         if row is None or row.size != size:
-            held = "no tensor" if row is None else f"{row.size} values"
-            errors[i] = (f"row id {row_id!r}: tensor holds {held}, {size} expected for "
-                         f"{model.input_name} {list(model.input_dims)}")
+            errors[i] = tensor_row_error(row_id, "no tensor" if row is None
+                                         else f"{row.size} values", model)
         else:
             samples[i] = row.reshape(model.input_dims)
     return samples, errors
