@@ -1,4 +1,4 @@
-"""The small interface every execution engine implements (ONNX Runtime now, OpenCL next)."""
+"""The small interface every execution engine implements (ONNX Runtime, OpenCL)."""
 
 from __future__ import annotations
 

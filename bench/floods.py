@@ -1,5 +1,5 @@
 """Floods against the daemon from one unprivileged TCP client, while four unix socket users
-infer (issue 37's targets): streams opened and reset at full speed, 40,000 idle ModelStreamInfer
+infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer
 streams, 20,000 idle connections. For each: the share of the socket users' requests answered
 right (target >= 99%), the daemon's resident memory growth (target <= 200 MB) and open
 descriptors against its limit (target <= 80%), and both again once the flood's connections have

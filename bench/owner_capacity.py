@@ -8,7 +8,7 @@ Each load point keeps a number of requests in flight, split among the front-ends
 sends a new request whenever one is answered, so its frames carry what it sent in one
 event-loop iteration, as a real front-end's do. With one request in flight the owner answers
 one request per wake-up (its cost per round trip); with many it stays busy and its req/s is
-what it can feed a node (issue 25's target: 15k requests/s, 60 µs of CPU per request).
+what it can feed a node (target: 15k requests/s, 60 µs of CPU per request).
 
     .venv/bin/python bench/owner_capacity.py [--seconds 3] [--frontends 2] \
         [--in-flight 1 4 16 64 256]

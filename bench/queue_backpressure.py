@@ -1,4 +1,4 @@
-"""The Spark client against a daemon whose queue its tasks overfill (issue 14): as on a GPU
+"""The Spark client against a daemon whose queue its tasks overfill: as on a GPU
 node, where 16 tasks x 2 Arrow batches x 2 requests x 128 samples ask for 8,192 queued samples
 against the default --max-queue-size of 4,096. Every refused request waits and comes back
 (spark_jobs/client.py); what counts is how much of the device's throughput survives that.

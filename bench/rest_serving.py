@@ -1,4 +1,4 @@
-"""A lone REST request (issue 38's target): the daemon's concurrency-1 p50 over HTTP/REST
+"""A lone REST request: the daemon's concurrency-1 p50 over HTTP/REST
 (`--http-port`, the example model on ONNX Runtime) against a bare aiohttp echo server answering
 the same binary-tensor request with a fixed reply (the ceiling), and the model itself in this
 process at batch 1. Target: daemon p50 <= echo's + the model's + 0.5 ms. The targets alternate,

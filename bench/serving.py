@@ -2,8 +2,8 @@
 Poisson rate sweep, and streaming, against
   echo      a bare grpc.aio server with the same protocol and stubs (the ceiling),
   daemon    `hetserve serve` on the example model (dynamic batching on) on ONNX Runtime,
-  waitidle  the same with the window kept while every instance is idle (the rule before
-            `queue_delay_when_idle`'s default),
+  waitidle  the same with the window kept while every instance is idle
+            (`queue_delay_when_idle: true`),
   unbatched the same daemon and model with dynamic_batching removed,
   nocompute the daemon with an engine that computes nothing (bench/null_engine.py): the serving
             core's own cost, as when the model runs on an accelerator instead of these cores,

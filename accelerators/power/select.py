@@ -28,7 +28,8 @@ from accelerators.power.xrt import XrtSource
 
 log = logging.getLogger(__name__)
 
-# Placeholders for the estimate, to be replaced by the figures of the real parts.
+# Typical boards' idle and busy watts (a GPU, an FPGA card): the estimate where no sensor reads
+# and --power-model says nothing; marked `model` wherever shown, never taken for a reading.
 DEFAULT_MODEL_WATTS = "gpu=30:250,fpga=20:75"
 # Per logical CPU, plus the package's uncore: current server parts draw 4-9 W per core at full
 # load (TDP / cores: EPYC 9354 8.8, Xeon 8480+ 6.3, EPYC 9654 3.8), i.e. ~3 W per SMT thread.

@@ -1,5 +1,5 @@
 """The messages between a front-end process and the device owner: one type per kind, encoded as
-MessagePack arrays by msgspec (a tenth of the cost of the JSON dictionaries they replace:
+MessagePack arrays by msgspec (a tenth of the cost of JSON dictionaries:
 bench/channel_messages.py). Each frame of the channel (service/workers/owner_channel.py) holds
 one message and a payload of bytes where the kind says so. Nothing is unpickled.
 

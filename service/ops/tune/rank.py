@@ -48,7 +48,3 @@ def ranked(measurements: list[Measurement], objective: str,
     sign = -1 if objective == "throughput" else 1
     good.sort(key=lambda mp: sign * figure(mp[1], objective))
     return good + [(m, p) for m, p in scored if p is None]
-
-
-def at_least_as_good(a: float, b: float, objective: str) -> bool:
-    return not better(b, a, objective)

@@ -1,4 +1,4 @@
-"""A caller reaches only the memory it could reach itself (issue 37): a unix-socket caller is the
+"""A caller reaches only the memory it could reach itself: a unix-socket caller is the
 uid the kernel names, and may register only an object its uid or groups could open, for the
 access the region is used for; token holders over TCP get shared memory only with the rights an
 operator gives them. A region's byte count is checked against the tensor before a byte is read.
