@@ -5,7 +5,7 @@ processes (so the client is not the bottleneck), next to the same engine in this
 bucket size, in one run. Per load point: req/s, p50/p99, the daemon's mean batch, mean compute
 per batch next to the in-process time of the bucket that holds the mean batch with its padding
 (the per-batch overhead on the device), padding rows; the ratio to in-process at batch 32 is the
-throughput target (docs/gpu.md). First,
+throughput target (ResNet-50 at concurrency 64 >= 0.8x; docs/BENCHMARKS.md, GPU nodes). First,
 the MNIST hold-out accuracy of each precision the engine offers on that device (FP32, TF32 on
 GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
