@@ -27,7 +27,7 @@ from accelerators.engines import DeviceSpec, create_engine
 from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository
-from service.ops.local_daemon import LocalDaemon, local_daemon
+from service.local_daemon import LocalDaemon, local_daemon
 from service.ops.top import Snapshot, fetch
 from spark_jobs.client import ModelInterface, infer
 

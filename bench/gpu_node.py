@@ -33,10 +33,9 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from accelerators import safe_files  # noqa: E402
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
+from service.local_daemon import DaemonProcess, free_port  # noqa: E402
 from service.ops.load_client import ClientPool  # noqa: E402
-from service.ops.local_daemon import free_port  # noqa: E402
 from service.ops.top import fetch  # noqa: E402
-from spark_jobs.daemon import DaemonProcess  # noqa: E402
 
 MAX_BATCH = 64
 SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),

@@ -15,7 +15,7 @@ from bench import ROOT
 from bench.loadgen_run import ScenarioSettings, run_scenario
 from bench.loadgen_sut import SampleLibrary
 from bench.models import MNIST, build, write_repository
-from service.ops.local_daemon import local_daemon
+from service.local_daemon import local_daemon
 from service.ops.progress import progress_bar
 
 

@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 from accelerators import safe_files
+from service.local_daemon import free_port, serve_command
 from service.ops import load_client, perf_analyzer
 from service.ops.load_client import ClientPool
-from service.ops.local_daemon import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
@@ -84,7 +84,7 @@ def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
                                                     devices="onnxruntime"),
               "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0"),
               "nocompute2": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
-    args = [sys.executable, "-m", "service", "serve", "--models", str(models),
+    args = [*serve_command("--models", str(models)),
             "--port", str(port), "--socket", "", "--metrics-port", "0",
             "--intra-op-threads", str(threads), "--log-level", "WARNING"]
     if kind.startswith("nocompute"):

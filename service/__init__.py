@@ -5,5 +5,7 @@
     grpc/     the KServe V2 / Triton transport: servicer, codecs, shared memory, auth
     core/     transport-neutral: repository, registry, batching, routing, device workers
 
-beside errors.py, settings.py and contract.py (what clients must agree on), which every room
-may import."""
+beside errors.py, settings.py and contract.py (what clients must agree on), unix_socket.py
+(the socket's folder and lock rules), parent_death.py, and the client side, client_socket.py and
+local_daemon.py (finding, checking, starting a node's daemon: all spark_jobs may use besides
+contract and errors), which every room may import."""

@@ -17,9 +17,9 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators import safe_files
 from service import contract
+from service.local_daemon import DaemonStartError, LocalDaemon, local_daemon
 from service.ops import perf_analyzer
 from service.ops.load_client import START_AFTER_S, ClientPool, infer_request
-from service.ops.local_daemon import DaemonStartError, LocalDaemon, local_daemon
 from service.ops.tune import energy
 from service.ops.tune.space import Candidate
 
