@@ -32,7 +32,7 @@ from bench.models import MNIST, NAMES, build
 from bench.report import write_report
 from bench.scenarios import run_loadgen
 from bench.summary import print_summary
-from service.ops.progress import progress_bar
+from service.clients.progress import progress_bar
 
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
 SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",

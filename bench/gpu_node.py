@@ -33,9 +33,9 @@ from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from accelerators import safe_files  # noqa: E402
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
 from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
+from service.clients.load_client import ClientPool  # noqa: E402
+from service.clients.top import fetch  # noqa: E402
 from service.local_daemon import DaemonProcess, free_port  # noqa: E402
-from service.ops.load_client import ClientPool  # noqa: E402
-from service.ops.top import fetch  # noqa: E402
 
 MAX_BATCH = 64
 SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
@@ -68,7 +68,7 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
 # --- the client processes ---------------------------------------------------------------------
 
 def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
-    """Batch-1 closed loops from `clients` processes (service/ops/load_client.py)."""
+    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py)."""
     inp, dims, _, _ = SHAPES[model]
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])

@@ -10,9 +10,9 @@ Poisson rate sweep, and streaming, against
   nocompute2 the same with --workers 2 (two front-end processes and the device owner),
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo. The
-client is --clients processes (service/ops/load_client.py: each its own event loop and channel; a
-load point's concurrency, rate or stream window is split among them and their raw latencies
-merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
+client is --clients processes (service/clients/load_client.py: each its own event loop and
+channel; a load point's concurrency, rate or stream window is split among them and their raw
+latencies merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
 latency, each load point reports the server's CPU time per answered request (from /proc: the
 server process and its children; its main process alone, the device owner with --workers), the
 server cores it kept busy and the req/s per server core, and the client's CPU per request; the
@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 from accelerators import safe_files
+from service.clients import load_client, perf_analyzer
+from service.clients.load_client import ClientPool
 from service.local_daemon import free_port, serve_command
-from service.ops import load_client, perf_analyzer
-from service.ops.load_client import ClientPool
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"

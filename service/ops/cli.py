@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from service.ops.tune.command import add_arguments as add_tune_arguments
+from service.clients.tune.command import add_arguments as add_tune_arguments
 from service.settings import ENV_PREFIX, Settings
 
 # serve's flags and the settings fields they set; each flag's help is the field's doc.
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fpga":
         return _fpga_build(args)
     if args.command == "tune":
-        from service.ops.tune.command import run as tune
+        from service.clients.tune.command import run as tune
         return tune(args, sys.argv[1:] if argv is None else argv)
     if args.command == "health":
-        from service.ops.probe import check, default_address
+        from service.clients.probe import check, default_address
         return check(args.address or default_address(Settings.from_env()), args.service,
                      args.timeout)
     return _serve(args)
@@ -179,7 +179,7 @@ def _devices(as_json: bool, models: str | None) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from service.ops.top import run
+    from service.clients.top import run
 
     if args.interval <= 0:
         print(f"hetserve top: --interval {args.interval} must be positive", file=sys.stderr)
