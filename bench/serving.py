@@ -12,14 +12,14 @@ and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batc
 Every target is driven by the same client in the same run; figures are ratios to echo. The
 client is --clients processes (service/clients/load_client.py: each its own event loop and
 channel; a load point's concurrency, rate or stream window is split among them and their raw
-latencies merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
-latency, each load point reports the server's CPU time per answered request (from /proc: the
-server process and its children; its main process alone, the device owner with --workers), the
-server cores it kept busy and the req/s per server core, and the client's CPU per request; the
-table ends with the bound that the model's own CPU time puts on the daemon, and at concurrency
-1 what each target adds to echo's latency and the model's own time. Where Triton's perf_analyzer
-is installed (on PATH or PERF_ANALYZER), it drives every target at the same concurrencies too (a
-C++ client); otherwise a note says so.
+latencies merged), so that on a large node the Python client is not the bottleneck. Besides
+req/s and latency, each load point reports the server's CPU time per answered request (from
+/proc: the server process and its children; its main process alone, the device owner with
+--workers), the server cores it kept busy and the req/s per server core, and the client's CPU
+per request; the table ends with the bound that the model's own CPU time puts on the daemon, and
+at concurrency 1 what each target adds to echo's latency and the model's own time. Where
+Triton's perf_analyzer is installed (on PATH or PERF_ANALYZER), it drives every target at the
+same concurrencies too (a C++ client); otherwise a note says so.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--clients N] [--json out.json]
 """
