@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from accelerators.engine import Device
-from accelerators.engines import DeviceSpec, create_engine
+from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository

@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators import safe_files  # noqa: E402
+from accelerators.engine_options import EngineOptions  # noqa: E402
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
-from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
 from service.clients.load_client import ClientPool  # noqa: E402
 from service.clients.top import fetch  # noqa: E402
 from service.local_daemon import DaemonProcess, free_port  # noqa: E402
@@ -129,8 +129,8 @@ def accuracy() -> dict[str, float]:
     images, labels = mnist_digits.holdout_split()
     path = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
     out = {}
-    for name, options in (("fp32", OrtOptions(tf32=False)), ("tf32", OrtOptions(tf32=True)),
-                          ("fp16", OrtOptions(fp16=True))):
+    for name, options in (("fp32", EngineOptions(tf32=False)), ("tf32", EngineOptions(tf32=True)),
+                          ("fp16", EngineOptions(fp16=True))):
         engine = OnnxRuntimeEngine(path, use_gpu=True, options=options)
         if name == "tf32" and engine.device.kind != "gpu":
             continue  # TF32 is the CUDA provider's

@@ -47,7 +47,7 @@ from service.local_daemon import DaemonProcess  # noqa: E402
 from spark_jobs import staging  # noqa: E402
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
 from spark_jobs.client import ModelInterface  # noqa: E402
-from spark_jobs.scoring import output_schema  # noqa: E402
+from spark_jobs.common_scoring import output_schema  # noqa: E402
 
 MODEL = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
 TOP_K = 5  # score.py's default

@@ -200,7 +200,7 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
-def _spread(address: str) -> list[str]:
+def _worker_addresses(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
     front-end processes (service/contract.worker_sockets), else the address alone. A region
     registered at one of them is known to all (docs/serving.md)."""
@@ -225,7 +225,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
-    targets = _spread(address)
+    targets = _worker_addresses(address)
     region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
     def one(start: int) -> grpcclient.InferResult:

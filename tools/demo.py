@@ -22,8 +22,8 @@ import mnist_digits
 from service.local_daemon import DaemonProcess, free_port, is_ready
 from service.settings import Settings
 from spark_jobs import energy
+from spark_jobs.common_scoring import softmax
 from spark_jobs.cost import Cost
-from spark_jobs.scoring import softmax
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-output"

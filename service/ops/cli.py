@@ -192,7 +192,7 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _fpga_build(args: argparse.Namespace) -> int:
-    from accelerators.onnxruntime_options import OrtOptions
+    from accelerators.engine_options import EngineOptions
     from accelerators.opencl.fpga_build import build
     from service.core.repository import ModelRepository
 
@@ -201,7 +201,7 @@ def _fpga_build(args: argparse.Namespace) -> int:
         if model.is_dir():
             entry = ModelRepository(model.parent).load(model.name)
             model = entry.versions[max(entry.versions)]
-            if precision is None and OrtOptions.from_config(entry.config).fp16:
+            if precision is None and EngineOptions.from_config(entry.config).fp16:
                 precision = "fp16"
         result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined,
                        args.force)
@@ -222,7 +222,7 @@ def _fpga_build(args: argparse.Namespace) -> int:
 
 def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
     """device spec -> model -> "yes" or the reason it cannot run there (latest version)."""
-    from accelerators.engines import can_run, device_specs
+    from accelerators.engine_factory import can_run, device_specs
     from service.core.model import ModelSpec
     from service.core.repository import ModelRepository
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.engines import DeviceSpec
+from accelerators.engine_factory import DeviceSpec
 from service.clients.tune import rank, space
 from service.clients.tune.measure import LoadSettings, Measurement, Workspace, measure
 from service.clients.tune.space import Candidate
