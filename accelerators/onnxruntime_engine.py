@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from accelerators.engine import Device, TensorSignature, device_name
+from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.onnxruntime_binding import BoundSession
-from accelerators.onnxruntime_options import OptionError, OrtOptions
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ def providers() -> list[str]:
 
 class OnnxRuntimeEngine:
     def __init__(self, model_path: Path, intra_op_threads: int = 0, use_gpu: bool = True,
-                 device_id: int = 0, options: OrtOptions | None = None) -> None:
+                 device_id: int = 0, options: EngineOptions | None = None) -> None:
         ort = self._ort = _import_ort()
-        options = options or OrtOptions()
+        options = options or EngineOptions()
         self._options = ort.SessionOptions()
         self._options.intra_op_num_threads = intra_op_threads
         # Idle pool threads would spin for work, taking CPU from gRPC on small machines.

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from accelerators.engine import Device
-from accelerators.engines import DeviceSpec, create_engine
+from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.power.select import DEFAULT_MODEL_WATTS, SourcePicker
 from accelerators.power.source import PowerSource
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository
-from service.ops.local_daemon import LocalDaemon, local_daemon
-from service.ops.top import Snapshot, fetch
+from service.clients.top import Snapshot, fetch
+from service.local_daemon import LocalDaemon, local_daemon
 from spark_jobs.client import ModelInterface, infer
 
 BATCHES = (1, 8, 32, 64, 256)

@@ -32,7 +32,7 @@ from bench.models import MNIST, NAMES, build
 from bench.report import write_report
 from bench.scenarios import run_loadgen
 from bench.summary import print_summary
-from service.ops.progress import progress_bar
+from service.clients.progress import progress_bar
 
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
 SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",
@@ -50,7 +50,7 @@ def _positive(kind: type):
 
 
 def _device_spec(text: str):
-    from accelerators.engines import DeviceSpec
+    from accelerators.engine_factory import DeviceSpec
 
     try:
         return DeviceSpec.parse(text)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _table(args: argparse.Namespace, console: Console) -> list[dict]:
     from accelerators.devices import inventory
-    from accelerators.engines import device_specs
+    from accelerators.engine_factory import device_specs
 
     specs = args.devices or device_specs(inventory())
     settings = TableSettings(tuple(args.batches), args.seconds, args.max_batch_s,

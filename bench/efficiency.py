@@ -29,9 +29,8 @@ from accelerators.engine import Device  # noqa: E402
 from accelerators.flops import count_flops  # noqa: E402
 from accelerators.power.meter import DeviceMeter  # noqa: E402
 from accelerators.power.model import ModelEstimate  # noqa: E402
-from service.ops.local_daemon import free_port  # noqa: E402
-from service.ops.top import fetch  # noqa: E402
-from spark_jobs.daemon import DaemonProcess  # noqa: E402
+from service.clients.top import fetch  # noqa: E402
+from service.local_daemon import DaemonProcess, free_port  # noqa: E402
 
 MODEL = "mnist_cnn"
 ONNX = ROOT / "models" / MODEL / "1" / "model.onnx"

@@ -34,8 +34,8 @@ from serving import MODEL, ROOT, model_repository, process_tree_cpu_s  # noqa: E
 
 from accelerators import safe_files  # noqa: E402
 from service import contract  # noqa: E402
-from service.ops.local_daemon import LocalDaemon, local_daemon  # noqa: E402
-from service.ops.top import fetch  # noqa: E402
+from service.clients.top import fetch  # noqa: E402
+from service.local_daemon import LocalDaemon, local_daemon  # noqa: E402
 
 IMAGE = np.zeros((1, 1, 28, 28), np.float32)
 BUDGET_DEVICES = {"gpu0": (0.002, "10:100"), "fpga0": (0.008, "5:25")}

@@ -29,8 +29,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bench.raw_h2 import RawH2
-from service.ops.local_daemon import free_port
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"

@@ -31,12 +31,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from accelerators import safe_files  # noqa: E402
+from accelerators.engine_options import EngineOptions  # noqa: E402
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
-from accelerators.onnxruntime_options import OrtOptions  # noqa: E402
-from service.ops.load_client import ClientPool  # noqa: E402
-from service.ops.local_daemon import free_port  # noqa: E402
-from service.ops.top import fetch  # noqa: E402
-from spark_jobs.daemon import DaemonProcess  # noqa: E402
+from service.clients.load_client import ClientPool  # noqa: E402
+from service.clients.top import fetch  # noqa: E402
+from service.local_daemon import DaemonProcess, free_port  # noqa: E402
 
 MAX_BATCH = 64
 SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
@@ -69,7 +68,7 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
 # --- the client processes ---------------------------------------------------------------------
 
 def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
-    """Batch-1 closed loops from `clients` processes (service/ops/load_client.py)."""
+    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py)."""
     inp, dims, _, _ = SHAPES[model]
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])
@@ -130,8 +129,8 @@ def accuracy() -> dict[str, float]:
     images, labels = mnist_digits.holdout_split()
     path = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
     out = {}
-    for name, options in (("fp32", OrtOptions(tf32=False)), ("tf32", OrtOptions(tf32=True)),
-                          ("fp16", OrtOptions(fp16=True))):
+    for name, options in (("fp32", EngineOptions(tf32=False)), ("tf32", EngineOptions(tf32=True)),
+                          ("fp16", EngineOptions(fp16=True))):
         engine = OnnxRuntimeEngine(path, use_gpu=True, options=options)
         if name == "tf32" and engine.device.kind != "gpu":
             continue  # TF32 is the CUDA provider's

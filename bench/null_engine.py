@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from accelerators.engine import Device
-from accelerators.engines import DeviceSpec, register_engine
+from accelerators.engine_factory import DeviceSpec, register_engine
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
 

@@ -9,8 +9,8 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 from bench.models import TITLES
-from service.ops.figures import pareto, plt
-from service.ops.figures import save as _save
+from service.clients.figures import pareto, plt
+from service.clients.figures import save as _save
 
 _PLAIN = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:.2g}")
 

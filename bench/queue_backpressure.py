@@ -28,8 +28,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from serving import MODEL, model_repository  # noqa: E402
 
-from service.ops.local_daemon import local_daemon  # noqa: E402
-from service.ops.top import fetch  # noqa: E402
+from service.clients.top import fetch  # noqa: E402
+from service.local_daemon import local_daemon  # noqa: E402
 from spark_jobs import staging  # noqa: E402
 from spark_jobs.client import ModelInterface, infer  # noqa: E402
 

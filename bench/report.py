@@ -12,7 +12,7 @@ from pathlib import Path
 from accelerators import safe_files
 from bench import plots
 from bench.models import TITLES
-from service.ops.watts import watts_label
+from service.clients.watts import watts_label
 
 
 def _num(value: float | None, digits: int = 0) -> str:

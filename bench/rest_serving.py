@@ -25,7 +25,7 @@ import onnxruntime as ort
 import tritonclient.http as httpclient
 from aiohttp import web
 
-from service.ops.local_daemon import free_port
+from service.local_daemon import free_port, serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
@@ -63,7 +63,7 @@ def server(kind: str, tmp: Path) -> Iterator[str]:
             config = models / MODEL / "config.pbtxt"
             config.write_text(config.read_text().replace('"opencl:fpga0, onnxruntime"',
                                                          '"onnxruntime"'))
-        command = [sys.executable, "-m", "service", "serve", "--models", str(models),
+        command = [*serve_command("--models", str(models)),
                    "--port", str(free_port()), "--socket", "", "--metrics-port", "0",
                    "--http-port", str(port)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,

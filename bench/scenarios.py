@@ -15,8 +15,8 @@ from bench import ROOT
 from bench.loadgen_run import ScenarioSettings, run_scenario
 from bench.loadgen_sut import SampleLibrary
 from bench.models import MNIST, build, write_repository
-from service.ops.local_daemon import local_daemon
-from service.ops.progress import progress_bar
+from service.clients.progress import progress_bar
+from service.local_daemon import local_daemon
 
 
 def library(model: str, samples: int, folder: Path) -> SampleLibrary:

@@ -10,16 +10,16 @@ Poisson rate sweep, and streaming, against
   nocompute2 the same with --workers 2 (two front-end processes and the device owner),
 and, for scale, the model itself in this process (ONNX Runtime, batch 1 and batch 16).
 Every target is driven by the same client in the same run; figures are ratios to echo. The
-client is --clients processes (service/ops/load_client.py: each its own event loop and channel; a
-load point's concurrency, rate or stream window is split among them and their raw latencies
-merged), so that on a large node the Python client is not the bottleneck. Besides req/s and
-latency, each load point reports the server's CPU time per answered request (from /proc: the
-server process and its children; its main process alone, the device owner with --workers), the
-server cores it kept busy and the req/s per server core, and the client's CPU per request; the
-table ends with the bound that the model's own CPU time puts on the daemon, and at concurrency
-1 what each target adds to echo's latency and the model's own time. Where Triton's perf_analyzer
-is installed (on PATH or PERF_ANALYZER), it drives every target at the same concurrencies too (a
-C++ client); otherwise a note says so.
+client is --clients processes (service/clients/load_client.py: each its own event loop and
+channel; a load point's concurrency, rate or stream window is split among them and their raw
+latencies merged), so that on a large node the Python client is not the bottleneck. Besides
+req/s and latency, each load point reports the server's CPU time per answered request (from
+/proc: the server process and its children; its main process alone, the device owner with
+--workers), the server cores it kept busy and the req/s per server core, and the client's CPU
+per request; the table ends with the bound that the model's own CPU time puts on the daemon, and
+at concurrency 1 what each target adds to echo's latency and the model's own time. Where
+Triton's perf_analyzer is installed (on PATH or PERF_ANALYZER), it drives every target at the
+same concurrencies too (a C++ client); otherwise a note says so.
 
     .venv/bin/python bench/serving.py [--seconds 3] [--clients N] [--json out.json]
 """
@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 from accelerators import safe_files
-from service.ops import load_client, perf_analyzer
-from service.ops.load_client import ClientPool
-from service.ops.local_daemon import free_port
+from service.clients import load_client, perf_analyzer
+from service.clients.load_client import ClientPool
+from service.local_daemon import free_port, serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
@@ -84,7 +84,7 @@ def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
                                                     devices="onnxruntime"),
               "nocompute": lambda: model_repository(tmp / kind, devices="null:cpu0"),
               "nocompute2": lambda: model_repository(tmp / kind, devices="null:cpu0")}[kind]()
-    args = [sys.executable, "-m", "service", "serve", "--models", str(models),
+    args = [*serve_command("--models", str(models)),
             "--port", str(port), "--socket", "", "--metrics-port", "0",
             "--intra-op-threads", str(threads), "--log-level", "WARNING"]
     if kind.startswith("nocompute"):

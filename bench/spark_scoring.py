@@ -43,11 +43,11 @@ from pyspark.ml.functions import predict_batch_udf  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 import mnist_digits  # noqa: E402
+from service.local_daemon import DaemonProcess  # noqa: E402
 from spark_jobs import staging  # noqa: E402
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
 from spark_jobs.client import ModelInterface  # noqa: E402
-from spark_jobs.daemon import DaemonProcess  # noqa: E402
-from spark_jobs.scoring import output_schema  # noqa: E402
+from spark_jobs.common_scoring import output_schema  # noqa: E402
 
 MODEL = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
 TOP_K = 5  # score.py's default

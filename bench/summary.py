@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.models import TITLES
-from service.ops.watts import watts_label
+from service.clients.watts import watts_label
 
 
 def print_summary(results: dict, console: Console) -> None:

@@ -147,7 +147,7 @@ class Settings:
     engine_modules: str = field(
         default="",
         metadata={"doc": "comma-separated Python modules to import at start-up that register "
-                         "extra engines (accelerators.engines.register_engine)"})
+                         "extra engines (accelerators.engine_factory.register_engine)"})
     log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
     power_sources: str = field(
         default="", metadata={"doc": "power source per device or kind, e.g. "

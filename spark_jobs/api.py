@@ -36,9 +36,9 @@ from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, St
 
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
+from spark_jobs.common_scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
 from spark_jobs.pandas_scoring import score_frames
-from spark_jobs.scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
 
 log = logging.getLogger(__name__)
 __all__ = ["PREDICT_RETURN_TYPE", "Credentials", "image_columns", "make_predict_fn",

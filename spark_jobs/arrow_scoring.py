@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from service import contract
 from spark_jobs.client import Inference, ModelInterface
+from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 from spark_jobs.images import decode_image_rows, tensor_row_error
-from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)

@@ -20,9 +20,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service import contract
+from service import contract, local_daemon
 from service.errors import shown
-from service.grpc import client_socket
 from spark_jobs import staging
 from spark_jobs.cost import Cost
 
@@ -50,8 +49,8 @@ class Credentials:
     def connect(self, address: str) -> tuple[grpcclient.InferenceServerClient, dict | None]:
         """A client for `address` and the headers its calls carry. Set credentials mean TLS
         (system CAs where no root certificate is given): a token never travels in plaintext.
-        A unix socket must be the expected user's daemon's (client_socket.check)."""
-        client_socket.check(address)
+        A unix socket must be the expected user's daemon's (local_daemon.check)."""
+        local_daemon.check(address)
         if not self.applies_to(address):
             return grpcclient.InferenceServerClient(address), None
         client = grpcclient.InferenceServerClient(address, ssl=True,
@@ -201,7 +200,7 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
-def _spread(address: str) -> list[str]:
+def _worker_addresses(address: str) -> list[str]:
     """The addresses a call spreads its requests over: every socket of a daemon with several
     front-end processes (service/contract.worker_sockets), else the address alone. A region
     registered at one of them is known to all (docs/serving.md)."""
@@ -226,7 +225,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
-    targets = _spread(address)
+    targets = _worker_addresses(address)
     region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
     def one(start: int) -> grpcclient.InferResult:

@@ -4,7 +4,7 @@ A job uses the daemon its address names (systemd unit, Kubernetes DaemonSet). Wh
 answers and the job was given a model repository, executors on a host elect one of them to
 start it: under a lock file, the first to notice starts one daemon under a small supervisor
 only if no daemon holds the socket (a daemon holds its socket's lock for its whole life, from
-start-up to the end of its drain: see service/grpc/unix_socket.py), waits until it is ready and
+start-up to the end of its drain: see service/unix_socket.py), waits until it is ready and
 records the job as its owner; every other executor waits on the lock and then finds it ready.
 A daemon that runs but does not answer in time is waited for, never replaced. At the end the job
 stops the daemons it owns and no other; a supervisor also stops its daemon when the Spark
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -30,10 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelerators import safe_files
+from service import local_daemon
 from service.contract import default_socket
-from service.grpc import client_socket, unix_socket
-from service.ops.local_daemon import is_ready, stop, wait_ready
-from service.workers.parent_death import end_with
+from service.local_daemon import DaemonProcess, is_ready, wait_ready
 
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
@@ -66,39 +64,12 @@ def _serve_args(address: str) -> list[str]:
     return ["--socket", str(_node_socket(address)), "--port", port]
 
 
-class DaemonProcess:
-    """A `hetserve serve` child process; `stop()` ends it with SIGTERM and waits."""
-
-    def __init__(self, args: list[str], address: str, log_path: Path) -> None:
-        self.address = address
-        self.log_path = log_path
-        log_fd = safe_files.open_log(log_path, flag=None)
-        try:
-            self._process = subprocess.Popen([sys.executable, "-m", "service", "serve", *args],
-                                             stdout=log_fd, stderr=subprocess.STDOUT)
-        finally:
-            os.close(log_fd)
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        wait_ready(self.address, self._process, self.log_path, timeout_s)
-
-    def poll(self) -> int | None:
-        return self._process.poll()
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        return stop(self._process, timeout_s)
-
-
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[int]:
-    """The socket folder `folder`, checked as the daemon's (client_socket.open_folder) and made
+    """The socket folder `folder`, checked as the daemon's (local_daemon.open_folder) and made
     where it is missing, with this host's election lock held in it; its descriptor, through
     which the job's files there are opened, never through a link."""
-    folder_fd = client_socket.open_folder(folder, create=True)
+    folder_fd = local_daemon.open_folder(folder, create=True)
     try:
         lock = safe_files.open_at(folder_fd, "daemon.lock", os.O_RDWR | os.O_CREAT)
         try:
@@ -152,12 +123,12 @@ class NodeDaemon:
         with _locked(socket.parent) as folder_fd:
             while not is_ready(address):  # a peer may have started one meanwhile
                 # One that holds the socket is starting, loading, busy or draining: wait.
-                if not unix_socket.is_held(socket):
+                if not local_daemon.is_held(socket):
                     self._start(address, socket, folder_fd, timeout_s)
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the hetserve daemon at {address} (pid "
-                                       f"{unix_socket.holder(socket)}) runs but has not been "
+                                       f"{local_daemon.holder(socket)}) runs but has not been "
                                        f"ready for {timeout_s:.0f} s")
                 time.sleep(0.2)
         return address
@@ -177,7 +148,7 @@ class NodeDaemon:
         # Readers see the old record or the new one, never half.
         safe_files.write_at(folder_fd, _OWNER, json.dumps(
             {"owner": self.owner, "supervisor": supervisor.pid,
-             "daemon": int(unix_socket.holder(socket))}), 0o600)
+             "daemon": int(local_daemon.holder(socket))}), 0o600)
         log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
                  address, self.owner, supervisor.pid)
 
@@ -195,7 +166,7 @@ class NodeDaemon:
             os.kill(owner["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             # The lock frees as the daemon's serving ends; the job ends once the process has.
-            while ((unix_socket.is_held(socket) or _running(owner["daemon"]))
+            while ((local_daemon.is_held(socket) or _running(owner["daemon"]))
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             os.unlink(_OWNER, dir_fd=folder_fd)
@@ -216,7 +187,7 @@ def read_owner(owner_file: Path) -> dict | None:
     runs (a record whose supervisor has gone is stale); `owner_file` is daemon.owner in the
     daemon's socket folder."""
     try:
-        folder_fd = client_socket.open_folder(owner_file.parent)
+        folder_fd = local_daemon.open_folder(owner_file.parent)
     except FileNotFoundError:
         return None
     try:
@@ -236,8 +207,7 @@ def _read_owner(folder_fd: int) -> dict | None:
 
 def supervise(watch_pid: int, serve_args: list[str]) -> int:
     """Runs one daemon until it exits, SIGTERM arrives, or `watch_pid` has gone."""
-    daemon = subprocess.Popen([sys.executable, "-m", "service", "serve", *serve_args],
-                              preexec_fn=functools.partial(end_with, os.getpid()))
+    daemon = DaemonProcess(serve_args, "", None, end_with_parent=True)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     while daemon.poll() is None and not stopping:
@@ -246,13 +216,7 @@ def supervise(watch_pid: int, serve_args: list[str]) -> int:
         except ProcessLookupError:
             break
         time.sleep(0.5)
-    if daemon.poll() is None:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-    return daemon.wait()
+    return daemon.stop(30)
 
 
 if __name__ == "__main__":

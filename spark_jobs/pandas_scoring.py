@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from service import contract
+from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 from spark_jobs.images import decode_image_rows, tensor_row_error
-from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions, raw_values, top_k
 
 
 def _tensor(value: object, dtype: np.dtype) -> np.ndarray:

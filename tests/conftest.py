@@ -12,8 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 import mnist_digits
-from service.ops.local_daemon import free_port
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -1,6 +1,7 @@
-"""The architecture as the tree shows it: service's rooms import only downwards (ops -> workers
--> http -> grpc -> core -> the shared modules), and no package of the project imports in a
-cycle, not even through a function-level or TYPE_CHECKING import."""
+"""The architecture as the tree shows it: service's rooms import only downwards (ops -> clients
+-> workers -> http -> grpc -> core -> the shared modules), no package of the project imports in
+a cycle, not even through a function-level or TYPE_CHECKING import; spark_jobs takes from service
+only what a client needs, and accelerators nothing."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from tests.conftest import ROOT
 PACKAGES = ("service", "accelerators", "spark_jobs", "kernels")
 # service's rooms, lowest first; a module may import its own room's and lower ones'.
 RANKS = {"service.errors": 0, "service.settings": 0, "service.contract": 0,
+         "service.unix_socket": 0, "service.client_socket": 0, "service.parent_death": 0,
+         "service.local_daemon": 0,
          "service.core": 1, "service.grpc": 2, "service.http": 3, "service.workers": 4,
-         "service.ops": 5}
+         "service.clients": 5, "service.ops": 6}
 
 
 def _modules() -> dict[str, Path]:
@@ -53,6 +56,12 @@ def _graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
+# What a client of the daemon may take from service: its rules, its errors, and the one module
+# that finds, checks, starts and stops a node's daemon (and the package itself, which `from service
+# import contract` names: its __init__ imports nothing).
+CLIENT_SIDE = {"service", "service.contract", "service.errors", "service.local_daemon"}
+
+
 def _rank(module: str) -> int | None:
     for prefix, rank in RANKS.items():
         if module == prefix or module.startswith(prefix + "."):
@@ -83,3 +92,15 @@ def test_no_module_imports_in_a_cycle() -> None:
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+def test_spark_jobs_takes_only_the_client_side_of_service() -> None:
+    reached = [f"{a} imports {b}" for a, targets in _graph().items() for b in targets
+               if a.startswith("spark_jobs") and b.startswith("service") and b not in CLIENT_SIDE]
+    assert not reached, reached
+
+
+def test_accelerators_import_nothing_from_service() -> None:
+    reached = [f"{a} imports {b}" for a, targets in _graph().items() for b in targets
+               if a.startswith("accelerators") and (b == "service" or b.startswith("service."))]
+    assert not reached, reached

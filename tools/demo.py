@@ -19,12 +19,11 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 import mnist_digits
-from service.ops.local_daemon import free_port
+from service.local_daemon import DaemonProcess, free_port, is_ready
 from service.settings import Settings
 from spark_jobs import energy
+from spark_jobs.common_scoring import softmax
 from spark_jobs.cost import Cost
-from spark_jobs.daemon import DaemonProcess, is_ready
-from spark_jobs.scoring import softmax
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-output"

@@ -59,7 +59,7 @@ class Metrics:
             ["model", "device"], registry=r)
         self.device_healthy = Gauge(
             "hetserve_device_healthy",
-            "1 while a device worker takes batches, 0 while it backs off",
+            "1 while a device runner takes batches, 0 while it backs off",
             ["model", "device", "kind", "engine"], registry=r)
         self.padding = Counter(
             "hetserve_padding_samples",

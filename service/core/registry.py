@@ -23,13 +23,14 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators.devices import gpu_count, gpu_memory_used
 from accelerators.engine import Engine, PlansPerShape
-from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
+from accelerators.engine_factory import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
+from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.flops import FlopCounter
-from accelerators.onnxruntime_options import OptionError, OrtOptions
 from service import contract
 from service.core import buckets as batch_buckets
 from service.core.batch_buffers import BatchBuffers
 from service.core.batcher import DynamicBatcher
+from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
@@ -39,7 +40,6 @@ from service.core.repository import ModelRepository, RepositoryEntry, check_mode
 from service.core.router import POLICIES, Router
 from service.core.statistics import ModelStatistics
 from service.core.warmup import WarmupBatch, warmup_batches
-from service.core.worker import DeviceWorker
 from service.errors import ConfigError, ModelNotFoundError
 from service.settings import Settings
 
@@ -163,7 +163,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         bucket_mode = batch_buckets.check_mode(name, _parameter(spec, "batch_buckets", "auto"))
         warmup = warmup_batches(spec, buckets, path.parent.parent)
         try:
-            ort_options = OrtOptions.from_config(spec.config)
+            ort_options = EngineOptions.from_config(spec.config)
         except OptionError as e:
             raise ConfigError(f"model {name!r}: {e}") from e
         devices = _parameter(spec, "devices", DEFAULT_DEVICES)
@@ -172,7 +172,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options, shapes)
         flops = await asyncio.to_thread(FlopCounter, path, spec.served_dims())
 
-        def worker(instances: list[Engine]) -> DeviceWorker:
+        def worker(instances: list[Engine]) -> DeviceRunner:
             bucketed = buckets if buckets and batch_buckets.enabled(
                 bucket_mode, instances[0].device.kind) else None
             if ort_options.cuda_graphs and not bucketed and instances[0].device.kind == "gpu":
@@ -184,7 +184,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                         engine.fix_batch_sizes(bucketed.sizes)
                     except OptionError as e:
                         raise ConfigError(f"model {name!r}: {e}") from e
-            return DeviceWorker(name, instances, self._metrics, flops, bucketed)
+            return DeviceRunner(name, instances, self._metrics, flops, bucketed)
 
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
         workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
@@ -218,9 +218,9 @@ class ModelRegistry(ModelTable[LoadedModel]):
         return LoadedModel(spec, config, router, batcher, stats, entry.stamps[version],
                            next(self._generations))
 
-    async def _warm_up(self, spec: ModelSpec, workers: list[DeviceWorker],
+    async def _warm_up(self, spec: ModelSpec, workers: list[DeviceRunner],
                        batches: list[WarmupBatch], outputs: list[str],
-                       ) -> tuple[list[DeviceWorker], float]:
+                       ) -> tuple[list[DeviceRunner], float]:
         """Runs the warm-up on every worker's instances at once. A device that fails it is
         dropped, with one log line naming it and the cause, and the others serve; only when
         every device fails does the model fail. The devices that passed, and the seconds (also
@@ -244,7 +244,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                              version=str(spec.version)).set(seconds)
         return [w for w in workers if w not in failed], seconds
 
-    def _engines(self, spec: ModelSpec, path: Path, text: str, ort_options: OrtOptions,
+    def _engines(self, spec: ModelSpec, path: Path, text: str, ort_options: EngineOptions,
                  shapes: int | None) -> list[list[Engine]]:
         """The engine instances of every device of the model's `devices` parameter that can run
         it; each device that cannot is logged with its reason."""
@@ -271,7 +271,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         return engines
 
     def _instances(self, spec: ModelSpec, device: DeviceSpec, path: Path,
-                   ort_options: OrtOptions, shapes: int | None) -> list[Engine]:
+                   ort_options: EngineOptions, shapes: int | None) -> list[Engine]:
         """instance_group's count of engines on one device. Unless --intra-op-threads says
         otherwise, several instances split the cores between them rather than each taking all."""
         def threads(count: int) -> int:
@@ -330,7 +330,7 @@ def _every_gpu(spec: ModelSpec, devices: list[DeviceSpec]) -> list[DeviceSpec]:
     return out
 
 
-def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceWorker],
+def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceRunner],
                     before: dict[str, int]) -> None:
     """The growth of each used GPU's memory over the model's load (engines and warm-up)."""
     after = gpu_memory_used()

@@ -1,4 +1,4 @@
-"""Routes a model's batches to its device workers by policy, and fails over.
+"""Routes a model's batches to its device runners by policy, and fails over.
 
 Policies (the model's `policy` parameter):
 - prefer: the configured order; spill to the next device when the preferred one cannot finish
@@ -17,10 +17,10 @@ import asyncio
 import logging
 import time
 
+from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.power_budget import PowerBudget
 from service.core.types import Answer, Tensors
-from service.core.worker import DeviceWorker
 from service.errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ _PROBE_EVERY_S = 0.25
 
 
 class Router:
-    def __init__(self, model: str, workers: list[DeviceWorker], policy: str,
+    def __init__(self, model: str, workers: list[DeviceRunner], policy: str,
                  latency_budget_s: float, outputs: list[str], metrics: Metrics,
                  power_budget: PowerBudget | None = None) -> None:
         self.model = model
@@ -60,7 +60,7 @@ class Router:
 
     def run_now(self, inputs: Tensors, size: int, lone: bool = False) -> Answer | None:
         """The batch's answer, computed now on this thread, when the device that `run` would
-        try first takes it so (DeviceWorker.run_now: idle and quick); None when it would not,
+        try first takes it so (DeviceRunner.run_now: idle and quick); None when it would not,
         or when it failed the batch (marked failed: `run` re-runs the batch on the next
         device)."""
         worker = self.candidates(size)[0]
@@ -70,12 +70,12 @@ class Router:
             self._failed(worker, inputs, size, e)
             return None
 
-    def candidates(self, size: int) -> list[DeviceWorker]:
+    def candidates(self, size: int) -> list[DeviceRunner]:
         """Healthy devices in policy order, then the unhealthy ones as a last resort."""
         healthy = [w for w in self.workers if w.healthy]
         budget = self.latency_budget_s
 
-        def fits(w: DeviceWorker) -> bool:
+        def fits(w: DeviceRunner) -> bool:
             return w.expected_completion_s(size) <= budget
 
         policy = "efficiency" if self._power_budget and self._power_budget.by_energy \
@@ -95,7 +95,7 @@ class Router:
                               key=lambda w: (not w.priced, w.expected_completion_s(size)))
         return ordered + [w for w in self.workers if not w.healthy]
 
-    def _failed(self, worker: DeviceWorker, inputs: Tensors, size: int,
+    def _failed(self, worker: DeviceRunner, inputs: Tensors, size: int,
                 error: Exception) -> None:
         worker.mark_failed()
         self._failovers[worker.device.name].inc()

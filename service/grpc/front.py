@@ -14,9 +14,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from service import unix_socket
 from service.core.dataplane import DataPlane
 from service.errors import StartupError
-from service.grpc import handlers, unix_socket
+from service.grpc import handlers
 from service.grpc.auth import TokenInterceptor
 from service.grpc.credentials import ExposureError, TlsFiles, TokenFile, admin_token
 from service.grpc.door import Bounds, Door, Peers, private_folder

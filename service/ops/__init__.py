@@ -1,3 +1,3 @@
 """Running the daemon: the `hetserve` command, the server that assembles transport, workers and
-core, `hetserve top`, `hetserve tune` with the load client and local daemons it shares with the
-benchmarks, systemd notification and health probes. May import every other room."""
+core, and systemd notification. May import every other room (the `hetserve` command reaches
+tune, top and the probe in service.clients)."""

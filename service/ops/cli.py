@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from service.ops.tune.command import add_arguments as add_tune_arguments
+from service.clients.tune.command import add_arguments as add_tune_arguments
 from service.settings import ENV_PREFIX, Settings
 
 # serve's flags and the settings fields they set; each flag's help is the field's doc.
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fpga":
         return _fpga_build(args)
     if args.command == "tune":
-        from service.ops.tune.command import run as tune
+        from service.clients.tune.command import run as tune
         return tune(args, sys.argv[1:] if argv is None else argv)
     if args.command == "health":
-        from service.ops.probe import check, default_address
+        from service.clients.probe import check, default_address
         return check(args.address or default_address(Settings.from_env()), args.service,
                      args.timeout)
     return _serve(args)
@@ -179,7 +179,7 @@ def _devices(as_json: bool, models: str | None) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from service.ops.top import run
+    from service.clients.top import run
 
     if args.interval <= 0:
         print(f"hetserve top: --interval {args.interval} must be positive", file=sys.stderr)
@@ -192,7 +192,7 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _fpga_build(args: argparse.Namespace) -> int:
-    from accelerators.onnxruntime_options import OrtOptions
+    from accelerators.engine_options import EngineOptions
     from accelerators.opencl.fpga_build import build
     from service.core.repository import ModelRepository
 
@@ -201,7 +201,7 @@ def _fpga_build(args: argparse.Namespace) -> int:
         if model.is_dir():
             entry = ModelRepository(model.parent).load(model.name)
             model = entry.versions[max(entry.versions)]
-            if precision is None and OrtOptions.from_config(entry.config).fp16:
+            if precision is None and EngineOptions.from_config(entry.config).fp16:
                 precision = "fp16"
         result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined,
                        args.force)
@@ -222,7 +222,7 @@ def _fpga_build(args: argparse.Namespace) -> int:
 
 def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:
     """device spec -> model -> "yes" or the reason it cannot run there (latest version)."""
-    from accelerators.engines import can_run, device_specs
+    from accelerators.engine_factory import can_run, device_specs
     from service.core.model import ModelSpec
     from service.core.repository import ModelRepository
 

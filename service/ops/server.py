@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from accelerators.power.meter import SAMPLE_S, PowerMonitor
+from service import unix_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
@@ -22,7 +23,6 @@ from service.core.model_control import check_settings as check_model_control
 from service.core.power_budget import BUDGET_SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
 from service.errors import StartupError
-from service.grpc import unix_socket
 from service.grpc.auth import check_exposure
 from service.grpc.credentials import ExposureError, TokenFile, admin_token
 from service.grpc.door import Peers

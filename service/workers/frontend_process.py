@@ -30,11 +30,11 @@ from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.http.front import HttpFront
+from service.parent_death import end_with
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
 from service.workers.owner_client import Catalog, OwnerClient
-from service.workers.parent_death import end_with
 
 log = logging.getLogger(__name__)
 

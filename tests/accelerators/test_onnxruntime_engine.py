@@ -11,9 +11,9 @@ from tritonclient.grpc import model_config_pb2
 
 import mnist_digits
 from accelerators.devices import gpu_count
-from accelerators.engines import DeviceSpec, create_engine
+from accelerators.engine_factory import DeviceSpec, create_engine
+from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
-from accelerators.onnxruntime_options import OptionError, OrtOptions
 from tests.conftest import MODEL, MODELS
 
 PATH = MODELS / MODEL / "1" / "model.onnx"
@@ -23,8 +23,8 @@ needs_gpu = pytest.mark.skipif(
     reason="needs an NVIDIA GPU and onnxruntime-gpu (docs/gpu.md)")
 
 
-def _options(text: str) -> OrtOptions:
-    return OrtOptions.from_config(text_format.Parse(text, model_config_pb2.ModelConfig()))
+def _options(text: str) -> EngineOptions:
+    return EngineOptions.from_config(text_format.Parse(text, model_config_pb2.ModelConfig()))
 
 
 def _param(key: str, value: str) -> str:
@@ -56,7 +56,7 @@ def test_provider_options_are_read_as_triton_writes_them() -> None:
     assert options.providers(CUDA, 3, use_gpu=False) == ["CPUExecutionProvider"]
     graphs = _options("optimization { cuda { graphs: true } }")
     assert graphs.providers(CUDA, 0, use_gpu=True)[0][1]["enable_cuda_graph"] == "1"
-    assert OrtOptions().tolerance(on_gpu=True) > OrtOptions().tolerance(on_gpu=False)
+    assert EngineOptions().tolerance(on_gpu=True) > EngineOptions().tolerance(on_gpu=False)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -89,7 +89,7 @@ def test_fp16_keeps_fp32_on_the_wire_and_the_accuracy() -> None:
     images, labels = mnist_digits.holdout_split()
     images = images.astype(np.float32)
     fp32 = OnnxRuntimeEngine(PATH, 1, use_gpu=False)
-    fp16 = OnnxRuntimeEngine(PATH, 1, use_gpu=False, options=OrtOptions(fp16=True))
+    fp16 = OnnxRuntimeEngine(PATH, 1, use_gpu=False, options=EngineOptions(fp16=True))
     assert fp16.inputs == fp32.inputs and fp16.outputs == fp32.outputs
     full = fp32.run({"image": images}, ["logits"])["logits"]
     half = fp16.run({"image": images}, ["logits"])["logits"]

@@ -12,7 +12,7 @@ import pyopencl as cl
 import pytest
 from onnx import helper, numpy_helper
 
-from accelerators.engines import DeviceSpec, create_engine
+from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError

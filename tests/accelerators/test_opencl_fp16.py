@@ -5,7 +5,7 @@ OpenCL), inputs and outputs FP32. Compared with onnxruntime's FP32 results:
   input, the weights and the output are each rounded to half (unit roundoff 2^-11 = 4.9e-4) and
   sums are float, so a result errs by a few units of roundoff of the largest values; 10 units
   leave margin for the longest dot products here (K = 2500);
-- the MNIST example, whose logits pass through five rounded tensors: within onnxruntime_options'
+- the MNIST example, whose logits pass through five rounded tensors: within engine_options'
   fp16 tolerance (5e-2, what the ONNX Runtime engine's fp16 tests allow), the same accuracy on
   the held-out digits within one point.
 The half-arithmetic path (-DHALF_COMPUTE, chosen where the device announces cl_khr_fp16) runs
@@ -23,8 +23,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from accelerators.engines import DeviceSpec, create_engine
-from accelerators.onnxruntime_options import TOLERANCE, OrtOptions
+from accelerators.engine_factory import DeviceSpec, create_engine
+from accelerators.engine_options import TOLERANCE, EngineOptions
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.launch import Build
@@ -160,8 +160,8 @@ def test_mnist_keeps_its_accuracy(opencl_device, program_cache, holdout, local_t
 
 def test_the_precision_option_of_a_model_config_selects_half_storage(opencl_device) -> None:
     spec = DeviceSpec("opencl", opencl_device)
-    assert create_engine(spec, MNIST, ort_options=OrtOptions(fp16=True)).build.half
-    assert not create_engine(spec, MNIST, ort_options=OrtOptions()).build.half
+    assert create_engine(spec, MNIST, ort_options=EngineOptions(fp16=True)).build.half
+    assert not create_engine(spec, MNIST, ort_options=EngineOptions()).build.half
 
 
 def test_fp16_is_refused_where_the_kernels_have_no_half_storage(opencl_device,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from accelerators.opencl.program_cache import CACHE_DIR_ENV, FPGA_BINARIES_ENV
-from service.ops import cli, local_daemon
+from service import local_daemon
+from service.ops import cli
 from service.settings import ENV_PREFIX, Settings
 
 # Read by the OpenCL engine itself, not by Settings.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.ops import local_daemon
+from service import local_daemon
 from service.ops.systemd import notify
 from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from service.local_daemon import is_ready
 from spark_jobs.api import job_session
-from spark_jobs.daemon import is_ready, resolve_address
+from spark_jobs.daemon import resolve_address
 from spark_jobs.resources import task_profile, task_resources
 from spark_jobs.score import parse_args, score, write
 

@@ -13,9 +13,9 @@ from pyspark import Accumulator
 
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import ModelInterface
+from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions
 from spark_jobs.daemon import NodeDaemon
 from spark_jobs.energy import TallyParam
-from spark_jobs.scoring import ENERGY_COLUMN, ScoreOptions
 from tests.service.conftest import reply_devices
 
 

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pandas as pd
 
+from service.local_daemon import is_ready
 from spark_jobs.api import stop_started_daemons
-from spark_jobs.daemon import NodeDaemon, is_ready, read_owner
+from spark_jobs.daemon import NodeDaemon, read_owner
 from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS
 from tests.spark_jobs.processes import serving, wait

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from accelerators.safe_files import UnsafeFolderError
+from service.client_socket import UntrustedDaemonError
 from service.contract import default_socket
-from service.grpc.client_socket import UntrustedDaemonError
 from service.ops.cli import main
 from spark_jobs.client import ModelInterface
 from spark_jobs.daemon import NodeDaemon, resolve_address

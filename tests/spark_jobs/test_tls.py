@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess
 from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS, free_port, self_signed
 from tests.service.conftest import reply_devices

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.engines import parse_devices
+from accelerators.engine_factory import parse_devices
 from service.core import registry
 from service.core.model import ModelSpec
 from service.errors import ConfigError

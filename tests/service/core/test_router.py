@@ -1,4 +1,4 @@
-"""Routing policies over real device workers (the faulty test engine as fpga0, ONNX Runtime as
+"""Routing policies over real device runners (the faulty test engine as fpga0, ONNX Runtime as
 cpu0); measured speeds are set by hand where a policy's choice depends on them."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from accelerators.engines import DeviceSpec
+from accelerators.engine_factory import DeviceSpec
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from accelerators.power.meter import PowerMonitor
 from accelerators.power.model import ModelEstimate
+from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.router import Router
-from service.core.worker import DeviceWorker
 from tests.conftest import MODEL, MODELS
 from tests.service.faulty_engine import CONTROL_ENV, FaultyEngine
 
@@ -23,8 +23,8 @@ def workers(tmp_path, monkeypatch):
     monkeypatch.setenv(CONTROL_ENV, str(tmp_path / "control.json"))
     path = MODELS / MODEL / "1" / "model.onnx"
     metrics = Metrics(PowerMonitor(model_watts="fpga=5:25,cpu=10:65"))  # no sensor here
-    made = [DeviceWorker(MODEL, [FaultyEngine(DeviceSpec("faulty", "fpga0"), path, 1)], metrics),
-            DeviceWorker(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics)]
+    made = [DeviceRunner(MODEL, [FaultyEngine(DeviceSpec("faulty", "fpga0"), path, 1)], metrics),
+            DeviceRunner(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics)]
     yield made
     for w in made:
         w.close()
@@ -34,7 +34,7 @@ def _router(workers, policy: str, budget_s: float = 0.1) -> Router:
     return Router(MODEL, workers, policy, budget_s, ["logits"], Metrics())
 
 
-def _measured(worker: DeviceWorker, seconds_per_sample: float, pending: int = 0) -> None:
+def _measured(worker: DeviceRunner, seconds_per_sample: float, pending: int = 0) -> None:
     worker.seconds_per_sample = seconds_per_sample
     worker.pending_samples = pending
 

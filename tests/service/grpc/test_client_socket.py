@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.grpc.client_socket import (
+from service.client_socket import (
     DAEMON_USER_ENV,
     UntrustedDaemonError,
     check,

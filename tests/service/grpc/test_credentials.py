@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess
 from tests.conftest import MODELS, ROOT, free_port, self_signed
 
 

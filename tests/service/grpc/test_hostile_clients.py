@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from service.errors import DeadlineExceededError, LimitError, ModelNotFoundError
 from service.grpc import handlers
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
 from tests.service.conftest import scrape
 

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.grpc.auth import check_exposure
 from service.grpc.credentials import ExposureError
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, ROOT, free_port, image_input, self_signed
 
 TOKEN = "s3cret-token"

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from spark_jobs.daemon import DaemonProcess
+from service.local_daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, Daemon, example_repository, free_port
 
 ADMIN = "admin-t0ken"

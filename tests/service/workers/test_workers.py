@@ -24,9 +24,9 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service.local_daemon import DaemonProcess
 from service.ops.server import default_workers
 from spark_jobs import client as spark_client
-from spark_jobs.daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input, self_signed
 from tests.service.conftest import scrape, total
 

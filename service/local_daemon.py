@@ -1,7 +1,11 @@
-"""A `hetserve serve` child process on free loopback ports and a socket in a given folder, for
-`hetserve tune` and the benchmarks; stopped (SIGTERM, then SIGKILL) when its block ends, also on
-errors and Ctrl-C, and sent SIGTERM by the kernel if its parent dies without stopping it. Its
-readiness check, wait and stop serve every daemon a process starts (spark_jobs/daemon.py)."""
+"""The client's side of a node's daemon: the one way to start `hetserve serve` (DaemonProcess,
+and local_daemon on free ports for `hetserve tune` and the benchmarks), to tell whether one
+serves (is_ready, wait_ready), to stop one (SIGTERM, then SIGKILL), and the checks a client
+makes before it trusts a unix socket (service.client_socket) or a socket's lock
+(service.unix_socket). spark_jobs imports from service only this module, contract and errors.
+
+A local_daemon is stopped when its block ends, also on errors and Ctrl-C, and sent SIGTERM by the
+kernel if its parent dies without stopping it."""
 
 from __future__ import annotations
 
@@ -19,8 +23,14 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from accelerators import safe_files
-from service.grpc import client_socket
-from service.workers.parent_death import end_with
+from service import client_socket
+from service.client_socket import UntrustedDaemonError, check, open_folder
+from service.parent_death import end_with
+from service.unix_socket import holder, is_held
+
+__all__ = ["DaemonProcess", "DaemonStartError", "LocalDaemon", "UntrustedDaemonError", "check",
+           "free_port", "holder", "is_held", "is_ready", "local_daemon", "open_folder",
+           "serve_command", "stop", "wait_ready"]
 
 _LOG_TAIL_CHARS = 4000
 
@@ -52,22 +62,57 @@ def local_daemon(models: Path, folder: Path, *extra: str,
     folder.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
     address, log_path = f"127.0.0.1:{port}", folder / "daemon.log"
-    log_fd = safe_files.open_log(log_path, flag=None)
+    process = DaemonProcess(["--models", str(models), "--port", str(port), "--socket",
+                             str(folder / "grpc.sock"), "--metrics-port", str(metrics_port),
+                             *extra], address, log_path, end_with_parent=True)
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--models", str(models),
-             "--port", str(port), "--socket", str(folder / "grpc.sock"),
-             "--metrics-port", str(metrics_port), *extra],
-            stdout=log_fd, stderr=subprocess.STDOUT,
-            preexec_fn=functools.partial(end_with, os.getpid()))
-    finally:
-        os.close(log_fd)
-    try:
-        wait_ready(address, process, log_path, timeout_s)
+        process.wait_ready(timeout_s)
         yield LocalDaemon(f"unix:{folder / 'grpc.sock'}", address,
                           f"http://127.0.0.1:{metrics_port}/metrics", log_path, process.pid)
     finally:
-        stop(process)
+        process.stop()
+
+
+def serve_command(*args: str) -> list[str]:
+    """The command line of a `hetserve serve` child of this Python, with `args` as its flags."""
+    return [sys.executable, "-m", "service", "serve", *args]
+
+
+class DaemonProcess:
+    """A `hetserve serve` child process with `args` as its flags, answering at `address`; its
+    output goes to `log_path` (None: this process's own). With `end_with_parent` the kernel sends
+    it SIGTERM when this process dies. `stop()` ends it with SIGTERM and waits."""
+
+    def __init__(self, args: list[str], address: str, log_path: Path | None,
+                 end_with_parent: bool = False) -> None:
+        self.address = address
+        self.log_path = log_path
+        preexec = functools.partial(end_with, os.getpid()) if end_with_parent else None
+        if log_path is None:
+            self._process = subprocess.Popen(serve_command(*args), preexec_fn=preexec)
+            return
+        log_fd = safe_files.open_log(log_path, flag=None)
+        try:
+            self._process = subprocess.Popen(serve_command(*args), stdout=log_fd,
+                                             stderr=subprocess.STDOUT, preexec_fn=preexec)
+        finally:
+            os.close(log_fd)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Until it serves; the process must have been given a log (DaemonStartError ends with
+        it)."""
+        assert self.log_path is not None
+        wait_ready(self.address, self._process, self.log_path, timeout_s)
+
+    def poll(self) -> int | None:
+        return self._process.poll()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        return stop(self._process, timeout_s)
 
 
 def is_ready(address: str, timeout_s: float = 2.0, live: bool = False) -> bool:

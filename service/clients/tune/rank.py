@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # this module stays light: the command line reads OBJECTIVES from it
-    from service.ops.tune.measure import LoadPoint, Measurement
+    from service.clients.tune.measure import LoadPoint, Measurement
 
 OBJECTIVES = ("throughput", "latency", "energy")
 UNITS = {"throughput": "req/s", "latency": "ms p99", "energy": "J per image"}

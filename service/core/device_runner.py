@@ -1,8 +1,8 @@
-"""A device worker: runs one model's batches on one device, on one or more engine instances
+"""A device runner: runs one model's batches on one device, on one or more engine instances
 (config.pbtxt's instance_group count), each in its own thread (engines release the GIL), or a
 short batch on an idle device on the calling event loop's thread (run_now); meters them, and
 keeps what the router needs: expected completion time, joules per inference, and health with
-backoff. A worker with buckets hands its engines bucket shapes only (service.core.buckets), and
+backoff. A runner with buckets hands its engines bucket shapes only (service.core.buckets), and
 warms every instance on every warm-up batch before the model is READY."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _INLINE_S = 0.0005
 _ALONE_S = 0.02
 
 
-class DeviceWorker:
+class DeviceRunner:
     batches_in_flight = 0  # in this process, across every model and device (on the loop)
 
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
@@ -80,7 +80,7 @@ class DeviceWorker:
         self.meter.add_model(model, self.device.engine)
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
         self._healthy_gauge.set(1)
-        self.pending_samples = 0  # queued or running on this worker
+        self.pending_samples = 0  # queued or running on this runner
         self.seconds_per_sample: float | None = None
         self.healthy = True
         self.retry_at = 0.0  # time.monotonic() when an unhealthy device may be probed
@@ -113,7 +113,7 @@ class DeviceWorker:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self.pending_samples += size
-        DeviceWorker.batches_in_flight += 1
+        DeviceRunner.batches_in_flight += 1
         try:
             self._batches.put((loop, done, inputs, outputs, size))
             return await done
@@ -121,7 +121,7 @@ class DeviceWorker:
             raise self._failure(size, e) from e
         finally:
             self.pending_samples -= size
-            DeviceWorker.batches_in_flight -= 1
+            DeviceRunner.batches_in_flight -= 1
 
     def run_now(self, inputs: Tensors, outputs: list[str], size: int,
                 lone: bool = False) -> Answer | None:
@@ -133,7 +133,7 @@ class DeviceWorker:
             return None
         expected_s = self.seconds_per_sample * size
         if not (expected_s < _INLINE_S or (
-                lone and expected_s < _ALONE_S and not DeviceWorker.batches_in_flight)):
+                lone and expected_s < _ALONE_S and not DeviceRunner.batches_in_flight)):
             return None
         try:
             return self._timed_run(inputs, outputs, size)

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from service.ops.load_client import ClientPool, infer_request, merge, shares, summary
+from service.clients.load_client import ClientPool, infer_request, merge, shares, summary
 from tests.conftest import ROOT, free_port
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.engines import DeviceSpec
-from service.ops.tune import rank, space
-from service.ops.tune.measure import LoadSettings, Measurement, Workspace, measure
-from service.ops.tune.space import Candidate
+from accelerators.engine_factory import DeviceSpec
+from service.clients.tune import rank, space
+from service.clients.tune.measure import LoadSettings, Measurement, Workspace, measure
+from service.clients.tune.space import Candidate
 
 _POINT_OVERHEAD_S = 0.3  # per load point beyond its seconds: the client's start, the merge
 

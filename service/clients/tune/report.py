@@ -11,10 +11,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from service.ops.tune import rank
-from service.ops.tune.measure import LoadPoint, Measurement
-from service.ops.tune.sweep import SweepResult
-from service.ops.watts import source_label
+from service.clients.tune import rank
+from service.clients.tune.measure import LoadPoint, Measurement
+from service.clients.tune.sweep import SweepResult
+from service.clients.watts import source_label
 
 COLUMNS = ("#", "candidate", "stage", "conc.", "req/s", "p50 ms", "p99 ms", "watts (source)",
            "GFLOP/s per W", "J per image", "note")

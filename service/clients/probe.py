@@ -8,7 +8,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.grpc import client_socket
+from service import client_socket
 from service.settings import Settings
 
 

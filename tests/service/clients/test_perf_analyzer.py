@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.ops.perf_analyzer import parse_report
+from service.clients.perf_analyzer import parse_report
 
 
 def test_perf_analyzer_report_is_read_in_milliseconds() -> None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from accelerators.power.meter import SAMPLE_S
-from service.ops.top import Snapshot, fetch
+from service.clients.top import Snapshot, fetch
 
 _POLL_S = 0.02
 JOULES = "hetserve_device_energy_joules_total"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from accelerators.devices import inventory
-from accelerators.engines import DeviceSpec, can_run, device_specs
+from accelerators.engine_factory import DeviceSpec, can_run, device_specs
 
 
 def candidates(model_path: Path, requested: list[str] | None) -> list[DeviceSpec]:

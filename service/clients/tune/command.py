@@ -16,7 +16,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from service.ops.tune.rank import OBJECTIVES
+from service.clients.tune.rank import OBJECTIVES
 
 DEFAULT_CONCURRENCIES = (1, 8, 16, 32, 64)
 _MIN_SECONDS = 1.0
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
 
     from accelerators.safe_files import UnsafeFolderError
-    from service.ops.tune import session
-    from service.ops.tune.session import BadInputError
+    from service.clients.tune import session
+    from service.clients.tune.session import BadInputError
 
     # a file or pipe gets the table's full width; a terminal its own
     console = Console(width=None if sys.stdout.isatty() else 220)
@@ -104,11 +104,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _check(args: argparse.Namespace, argv: list[str]):
     """The session's plan from the arguments; BadInputError says what is wrong."""
+    from service.clients import perf_analyzer
+    from service.clients.tune import devices
+    from service.clients.tune.session import BadInputError, Plan
     from service.core.repository import ModelRepository
     from service.errors import ConfigError
-    from service.ops import perf_analyzer
-    from service.ops.tune import devices
-    from service.ops.tune.session import BadInputError, Plan
     from service.settings import Settings
 
     if args.p99_ms is not None and args.p99_ms <= 0:
@@ -162,7 +162,7 @@ def _shipped_config(model_dir: Path, force: bool) -> str:
     """The model's config.pbtxt, read without following a link, once tune may write beside it
     (before any sweep, so that a refusal costs nothing)."""
     from accelerators import safe_files
-    from service.ops.tune.session import BadInputError
+    from service.clients.tune.session import BadInputError
 
     try:
         with safe_files.folder(model_dir, force) as fd:
@@ -176,7 +176,7 @@ def _shipped_config(model_dir: Path, force: bool) -> str:
 def _check_report(folder: Path, force: bool) -> None:
     """That the report may go to `folder` (made there now, before the sweep)."""
     from accelerators import safe_files
-    from service.ops.tune.session import BadInputError
+    from service.clients.tune.session import BadInputError
 
     try:
         safe_files.make_folder(folder, force)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.engines import DEFAULT_DEVICES, DeviceSpec, parse_devices
+from accelerators.engine_factory import DEFAULT_DEVICES, DeviceSpec, parse_devices
 
 _Group = model_config_pb2.ModelInstanceGroup
 # Queue delays tried (µs): no window, and windows up to a few ms; only those well under a p99

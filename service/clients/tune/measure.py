@@ -17,11 +17,11 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators import safe_files
 from service import contract
-from service.ops import perf_analyzer
-from service.ops.load_client import START_AFTER_S, ClientPool, infer_request
-from service.ops.local_daemon import DaemonStartError, LocalDaemon, local_daemon
-from service.ops.tune import energy
-from service.ops.tune.space import Candidate
+from service.clients import perf_analyzer
+from service.clients.load_client import START_AFTER_S, ClientPool, infer_request
+from service.clients.tune import energy
+from service.clients.tune.space import Candidate
+from service.local_daemon import DaemonStartError, LocalDaemon, local_daemon
 
 _WARM_S = 0.3  # load before the energy window opens: the first batches pay for warm-up
 _GIVE_UP_FACTOR = 2  # a p99 this far over the bound ends a candidate's concurrency ramp

@@ -5,10 +5,10 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from accelerators.engines import DeviceSpec
+from accelerators.engine_factory import DeviceSpec
+from service.clients.tune import space
+from service.clients.tune.space import Candidate
 from service.core.model import ModelSpec
-from service.ops.tune import space
-from service.ops.tune.space import Candidate
 from tests.conftest import MODEL, MODELS
 
 

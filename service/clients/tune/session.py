@@ -10,11 +10,11 @@ from rich.console import Console
 from tritonclient.grpc import model_config_pb2
 
 from accelerators import safe_files
-from accelerators.engines import DeviceSpec
-from service.ops.progress import progress_bar
-from service.ops.tune import rank, report, space
-from service.ops.tune.measure import LoadSettings, Measurement, Workspace, request_inputs
-from service.ops.tune.sweep import (
+from accelerators.engine_factory import DeviceSpec
+from service.clients.progress import progress_bar
+from service.clients.tune import rank, report, space
+from service.clients.tune.measure import LoadSettings, Measurement, Workspace, request_inputs
+from service.clients.tune.sweep import (
     ShippedConfigError,
     SweepResult,
     SweepSettings,
@@ -131,7 +131,7 @@ def _write_config(plan: Plan, chosen: Measurement, header: str) -> Path:
 def _figure(plan: Plan, result: SweepResult,
             chosen: Measurement | None) -> tuple[Path | None, str]:
     try:
-        from service.ops.tune import front
+        from service.clients.tune import pareto
     except ImportError:
         return None, ("no PNG: matplotlib is not installed (pip install 'hetserve[tune]' "
                       "adds it)")
@@ -143,6 +143,6 @@ def _figure(plan: Plan, result: SweepResult,
         return None, "no PNG: no load point has watts (each needs two power samples)"
     title = f"{plan.model}: every load point measured (objective {plan.objective})"
     hollow = f"p99 over {plan.p99_ms:g} ms or errors" if plan.p99_ms else "errors"
-    return front.draw(series, result.shipped.candidate.label(),
+    return pareto.draw(series, result.shipped.candidate.label(),
                       chosen.candidate.label() if chosen else None, sources, title, hollow,
                       plan.report_dir / "front.png", plan.force), ""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from service.ops.figures import pareto
-from service.ops.tune import rank
-from service.ops.tune.measure import LoadPoint, Measurement
-from service.ops.tune.space import Candidate
+from service.clients.figures import pareto
+from service.clients.tune import rank
+from service.clients.tune.measure import LoadPoint, Measurement
+from service.clients.tune.space import Candidate
 
 
 def _point(concurrency: int, rps: float, p99_ms: float, watts: float | None = 20.0,

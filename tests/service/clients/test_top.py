@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from service.ops.top import Snapshot, quantile, render
+from service.clients.top import Snapshot, quantile, render
 from tests.conftest import ROOT, Daemon
 from tests.deploy.conftest import Load
 from tests.service.conftest import node_devices

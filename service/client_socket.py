@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 
 from accelerators import safe_files
-from service.grpc.unix_socket import folder_problem
+from service.unix_socket import folder_problem
 
 DAEMON_USER_ENV = "HETSERVE_DAEMON_USER"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from accelerators.devices import gpu_count
 from accelerators.engine import Engine, device_name, parse_device_name
+from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
-from accelerators.onnxruntime_options import OrtOptions
 
 ENGINES = ("onnxruntime", "opencl")
 DEFAULT_DEVICES = "onnxruntime"
@@ -54,7 +54,7 @@ def parse_devices(text: str) -> list[DeviceSpec]:
 
 
 def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
-                  ort_options: OrtOptions | None = None,
+                  ort_options: EngineOptions | None = None,
                   served: dict[str, tuple[int, ...]] | None = None,
                   max_shapes: int | None = None) -> Engine:
     """`ort_options`: the model's settings from its config; the OpenCL engine takes its

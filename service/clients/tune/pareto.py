@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.ops.figures import pareto, plt, save
-from service.ops.watts import source_label
+from service.clients.figures import pareto, plt, save
+from service.clients.watts import source_label
 
 
 def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winner: str | None,

@@ -14,11 +14,11 @@ import pytest
 from rich.console import Console
 
 from accelerators.safe_files import UnsafeFolderError
+from service.clients.tune import report, session
+from service.clients.tune.measure import Measurement
+from service.clients.tune.space import Candidate
+from service.clients.tune.sweep import SweepResult
 from service.ops.cli import main
-from service.ops.tune import report, session
-from service.ops.tune.measure import Measurement
-from service.ops.tune.space import Candidate
-from service.ops.tune.sweep import SweepResult
 from tests.conftest import MODEL, MODELS
 
 NOBODY = 65534

@@ -39,7 +39,7 @@ class OptionError(ValueError):
 
 
 @dataclass(frozen=True)
-class OrtOptions:
+class EngineOptions:
     cuda: dict[str, str] = field(default_factory=dict)  # CUDA provider options
     tf32: bool = True
     fp16: bool = False
@@ -48,7 +48,7 @@ class OrtOptions:
     cuda_graphs: bool = False
 
     @classmethod
-    def from_config(cls, config: model_config_pb2.ModelConfig) -> OrtOptions:
+    def from_config(cls, config: model_config_pb2.ModelConfig) -> EngineOptions:
         params = {k: v.string_value.strip() for k, v in config.parameters.items()}
         cuda = {}
         for key, value in params.items():

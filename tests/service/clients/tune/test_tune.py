@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from service.ops import perf_analyzer
+from service.clients import perf_analyzer
+from service.clients.tune import rank
 from service.ops.cli import main
-from service.ops.tune import rank
 from tests.conftest import MODEL, MODELS, Daemon
 from tests.service.faulty_engine import CONTROL_ENV
 
