@@ -25,7 +25,7 @@ def decode(frame: pd.DataFrame, options: ScoreOptions) -> tuple[np.ndarray, dict
     """The rows as one (N, *dims) array, and a message per malformed row (by position);
     a malformed row's slot holds zeros."""
     model = options.model
-    dtype = contract.numpy_dtype(model.input_datatype)
+    dtype = contract.served_dtype(model.input_datatype)
     samples = np.zeros((len(frame), *model.input_dims), dtype)
     errors: dict[int, str] = {}
     if options.images:

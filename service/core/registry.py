@@ -195,7 +195,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                         self._power_budget)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
         slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
-        buffers = BatchBuffers({t.name: (t.dims, contract.numpy_dtype(t.datatype))
+        buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
         batcher = DynamicBatcher(
