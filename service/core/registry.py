@@ -180,6 +180,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                   "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
             for engine in instances if bucketed else ():
                 if isinstance(engine, PlansPerShape):
+                    assert bucketed is not None  # no engines to fix otherwise
                     try:
                         engine.fix_batch_sizes(bucketed.sizes)
                     except OptionError as e:
