@@ -10,6 +10,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 # The OpenCL kernel tests under Oclgrind with its memory-access and data-race checks, on a reduced
@@ -59,4 +60,4 @@ train: system-deps
 	$(PY) tools/train_mnist.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info spark-warehouse demo-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info spark-warehouse demo-output

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from accelerators import icd
+
+if TYPE_CHECKING:
+    import pyopencl as cl
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ def classify(platform_name: str, device_name: str, type_bits: int) -> str:
     return "other"
 
 
-def opencl_handles() -> list[tuple[object, OpenCLDevice]]:
+def opencl_handles() -> list[tuple[cl.Device, OpenCLDevice]]:
     """Every device of every platform with its pyopencl handle; no ICD loader or no platform
     means none. The runtimes pip installed here (accelerators.icd) come after the system's, so
     that adding them renumbers no device."""
@@ -125,12 +129,12 @@ def onnxruntime_providers() -> list[dict[str, str]]:
     return [{"provider": p, "kind": kinds.get(p, "other")} for p in names]
 
 
-def inventory() -> dict[str, list[dict]]:
+def inventory() -> dict[str, Any]:
     return {"opencl": [asdict(d) for d in opencl_devices()],
             "onnxruntime": onnxruntime_providers()}
 
 
-def format_table(found: dict[str, list[dict]]) -> str:
+def format_table(found: dict[str, Any]) -> str:
     lines = [f"{'KIND':<6} {'ENGINE':<12} {'DEVICE':<40} PLATFORM / DETAILS"]
     for d in found["opencl"]:
         detail = (f"{d['platform']}; driver {d['driver_version']}; {d['compute_units']} CUs; "

@@ -71,7 +71,8 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
         fp16 = ort_options is not None and ort_options.fp16
         return OpenCLEngine(model_path, spec.device, precision="fp16" if fp16 else "fp32",
                             served=served, max_shapes=max_shapes or DEFAULT_SHAPES)
-    index = parse_device_name(spec.device)[1] if spec.kind else 0
+    parsed = parse_device_name(spec.device)
+    index = parsed[1] if parsed else 0
     if spec.kind == "gpu" and index >= (count := gpu_count()):
         raise ValueError(f"device {str(spec)!r} is not available: this node has {count} GPUs"
                          + (f" (gpu0 to gpu{count - 1})" if count else ""))
@@ -85,7 +86,8 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
 
 def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
     """One spec per device of an inventory (accelerators.devices.inventory)."""
-    specs, seen = [], {}
+    specs: list[DeviceSpec] = []
+    seen: dict[str, int] = {}
     for d in found["opencl"]:
         index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
         specs.append(DeviceSpec("opencl", device_name(d["kind"], index)))

@@ -4,6 +4,8 @@ need); each run copies every input in once and every output out once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -24,7 +26,8 @@ class BoundSession:
         self._session = session
         self._binding = session.io_binding()
         self._on_cpu = device[0] == "cpu"  # CPU buffers are shared with numpy: copy outputs
-        self._inputs, self._outputs = {}, {}
+        self._inputs: dict[str, Any] = {}  # name -> onnxruntime.OrtValue
+        self._outputs: dict[str, Any] = {}
         for args, values, bind in ((session.get_inputs(), self._inputs,
                                     self._binding.bind_ortvalue_input),
                                    (session.get_outputs(), self._outputs,

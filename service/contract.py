@@ -81,6 +81,14 @@ def numpy_dtype(wire: str) -> np.dtype | None:
     return _NUMPY_BY_WIRE.get(wire)
 
 
+def served_dtype(wire: str) -> np.dtype:
+    """numpy_dtype of a datatype a model's input may have (ModelSpec.from_config checks them)."""
+    dtype = _NUMPY_BY_WIRE.get(wire)
+    if dtype is None:
+        raise ValueError(f"datatype {wire!r} is not served; expected one of {wire_names()}")
+    return dtype
+
+
 def wire_dtype(dtype: np.dtype) -> str:
     return _WIRE_BY_NUMPY[np.dtype(dtype)]
 

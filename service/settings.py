@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from accelerators.power.select import DEFAULT_MODEL_WATTS
 from service.contract import default_socket
@@ -169,15 +171,15 @@ class Settings:
                                        "parameters (docs/observability.md)"})
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None,
+    def from_env(cls, environ: Mapping[str, str] | None = None, /,
                  **overrides: str | None) -> Settings:
         """Defaults, then `HETSERVE_<FIELD>` variables, then explicit overrides (command-line
         flags); both are strings, parsed alike. An empty socket path disables the socket."""
         environ = os.environ if environ is None else environ
         raw = {f.name: environ.get(ENV_PREFIX + f.name.upper()) for f in dataclasses.fields(cls)}
         raw.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**{f.name: _parse(f, raw[f.name])
-                      for f in dataclasses.fields(cls) if raw[f.name] is not None})
+        return cls(**{f.name: _parse(f, value)
+                      for f in dataclasses.fields(cls) if (value := raw[f.name]) is not None})
 
     def to_env(self) -> dict[str, str]:
         """The `HETSERVE_<FIELD>` variables that from_env reads back as these settings (how
@@ -190,7 +192,7 @@ class Settings:
         return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
 
 
-def _parse(f: dataclasses.Field, raw: str) -> object:
+def _parse(f: dataclasses.Field, raw: str) -> Any:  # a value of f's type
     kind = str(f.type)
     if kind == "int":
         try:

@@ -28,6 +28,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,9 @@ from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
 from spark_jobs.common_scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
 from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
 from spark_jobs.pandas_scoring import score_frames
+
+if TYPE_CHECKING:
+    from pyspark.resource import ResourceProfile
 
 log = logging.getLogger(__name__)
 __all__ = ["PREDICT_RETURN_TYPE", "Credentials", "image_columns", "make_predict_fn",
@@ -80,7 +84,8 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
     a job started also stops by itself when its executor's JVM ends."""
     daemon = node_daemon(spark, address)
     stopped = 0
-    if not spark.sparkContext.master.startswith("local"):  # else the driver's is the only host
+    master = spark.sparkContext.master or ""
+    if not master.startswith("local"):  # else the driver's is the only host
         tasks = 2 * spark.sparkContext.defaultParallelism
         stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
             .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
@@ -136,7 +141,7 @@ def image_columns(frame: DataFrame) -> DataFrame:
 
 
 def score_dataframe(spark: SparkSession, frame: DataFrame, model: str, *,
-                    profile: object | None = None, pandas: bool = False,
+                    profile: ResourceProfile | None = None, pandas: bool = False,
                     **options) -> DataFrame:
     """`frame` scored with mapInArrow (mapInPandas with `pandas`); `profile`, a pyspark
     ResourceProfile, asks for an accelerator per task (stage-level scheduling, Spark 4);
@@ -144,7 +149,7 @@ def score_dataframe(spark: SparkSession, frame: DataFrame, model: str, *,
     return score_with(frame, score_options(spark, model, **options), profile, pandas)
 
 
-def score_with(frame: DataFrame, options: ScoreOptions, profile: object | None = None,
+def score_with(frame: DataFrame, options: ScoreOptions, profile: ResourceProfile | None = None,
                pandas: bool = False) -> DataFrame:
     """score_dataframe with the options made once (a stream's micro-batches share them)."""
     if options.images and "image" in frame.columns:

@@ -43,7 +43,7 @@ def _view(column: pa.Array, dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarra
 def decode_tensors(batch: pa.RecordBatch, model: ModelInterface
                    ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """The good rows' samples, which rows are good, and a message per malformed row."""
-    dtype = contract.numpy_dtype(model.input_datatype)
+    dtype = contract.served_dtype(model.input_datatype)
     size = int(np.prod(model.input_dims))
     column = batch.column("tensor")
     if not any(t(column.type) for t in _BINARY + _LISTS):
@@ -67,7 +67,7 @@ def decode_images(batch: pa.RecordBatch, model: ModelInterface
                   ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """decode_tensors for the columns of Spark's `image` source (api.image_columns)."""
     samples = np.zeros((batch.num_rows, *model.input_dims),
-                       contract.numpy_dtype(model.input_datatype))
+                       contract.served_dtype(model.input_datatype))
     errors = decode_image_rows(zip(*(batch.column(c).to_pylist() for c in (
         "id", "height", "width", "nChannels", "data"))), samples, model)
     good = np.ones(batch.num_rows, bool)

@@ -135,6 +135,7 @@ class NodeDaemon:
 
     def _start(self, address: str, socket: Path, folder_fd: int, timeout_s: float) -> None:
         """Starts this node's daemon; the caller holds the election lock in its folder."""
+        assert self.model_repository is not None  # ensure() starts none without one
         serve = ["--models", self.model_repository, "--metrics-port", "0", *_serve_args(address)]
         log_fd = safe_files.open_at(folder_fd, _LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:

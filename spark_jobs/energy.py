@@ -44,7 +44,8 @@ class TallyParam(AccumulatorParam):
 
     def addInPlace(self, value1: Tally, value2: Tally) -> Tally:
         for key, figures in value2.items():
-            value1[key] = tuple(a + b for a, b in zip(value1.get(key, (0, 0.0, 0.0)), figures))
+            rows, joules, flops = value1.get(key, (0, 0.0, 0.0))
+            value1[key] = (rows + figures[0], joules + figures[1], flops + figures[2])
         return value1
 
 
@@ -73,7 +74,7 @@ def _grouped(value: Tally, name: Callable[[tuple[str, str]], str]) -> dict[str, 
     groups: dict[str, tuple[int, float, float, bool]] = {}
     for key, figures in sorted(value.items()):
         had = groups.get(name(key), (0, 0.0, 0.0, False))
-        groups[name(key)] = (*(a + b for a, b in zip(had, figures)),
+        groups[name(key)] = (had[0] + figures[0], had[1] + figures[1], had[2] + figures[2],
                              had[3] or key[1] == ESTIMATE)
     return {group: _figures(*sums) for group, sums in groups.items()}
 

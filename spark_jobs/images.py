@@ -56,7 +56,7 @@ def decode_image(data: bytes, height: int, width: int, channels: int,
     if c == 3 and model.image.get("image_channel_order", "rgb").lower() == "bgr":
         x = x[::-1]
     x = (x - _per_channel(model, "image_mean", 0.0, c)) / _per_channel(model, "image_std", 1.0, c)
-    return x.astype(contract.numpy_dtype(model.input_datatype))
+    return x.astype(contract.served_dtype(model.input_datatype))
 
 
 def decode_image_rows(rows: Iterable[tuple], samples: np.ndarray,

@@ -12,7 +12,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 
 def _path(spark: SparkSession, path: str):  # -> (Hadoop FileSystem, Path), JVM objects
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    jvm = spark._jvm
+    assert jvm is not None  # a classic session's (Spark Connect has no JVM here)
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     return hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()), hadoop_path
 
 

@@ -5,7 +5,7 @@ own so that Arrow-path workers never import pandas (0.6 s of each Python worker'
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ def decode(frame: pd.DataFrame, options: ScoreOptions) -> tuple[np.ndarray, dict
     """The rows as one (N, *dims) array, and a message per malformed row (by position);
     a malformed row's slot holds zeros."""
     model = options.model
-    dtype = contract.numpy_dtype(model.input_datatype)
+    dtype = contract.served_dtype(model.input_datatype)
     samples = np.zeros((len(frame), *model.input_dims), dtype)
     errors: dict[int, str] = {}
     if options.images:
@@ -70,7 +70,7 @@ def score_frame(frame: pd.DataFrame, options: ScoreOptions, address: str) -> pd.
            if options.keep_errors else {})})
 
 
-def _spread(values: list, good: np.ndarray) -> list:
+def _spread(values: Iterable, good: np.ndarray) -> list:
     """Values for the good rows, in order, with None in the malformed rows' places."""
     it = iter(values)
     return [next(it) if g else None for g in good]

@@ -17,8 +17,12 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from accelerators.devices import opencl_devices
+
+if TYPE_CHECKING:
+    from pyspark.resource import ResourceProfile
 
 log = logging.getLogger(__name__)
 KINDS = ("fpga", "gpu")
@@ -51,7 +55,7 @@ def discover(kind: str) -> dict[str, object]:
     return {"name": kind, "addresses": [str(i) for i in range(count)]}
 
 
-def task_profile(spec: str, new_executors: bool = True):  # -> ResourceProfile
+def task_profile(spec: str, new_executors: bool = True) -> ResourceProfile:
     """A ResourceProfile from "NAME=AMOUNT" (e.g. "fpga=1"): each task holds AMOUNT devices of
     the kind; with `new_executors` (dynamic allocation on) it also asks for executors holding
     them, where without it Spark (3.4+) only accepts task requests on the executors it has."""

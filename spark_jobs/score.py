@@ -21,6 +21,7 @@ import argparse
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
@@ -74,7 +75,7 @@ def add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
                              "daemon's TCP port, over TLS (the system's CAs without --tls-ca)")
 
 
-def scoring_options(args: argparse.Namespace) -> dict[str, object]:
+def scoring_options(args: argparse.Namespace) -> dict[str, Any]:
     """score_dataframe's keyword arguments from add_scoring_arguments' options."""
     return {"address": args.daemon, "batch_size": args.batch_size, "inflight": args.inflight,
             "model_repository": None if args.no_start_daemon
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         scored = score(spark, args, spent)
         log.info("scoring %s through the node-local daemons", args.input)
         summary = write(spark, scored, args, spent)
+        assert summary is not None  # written with a meter
         elapsed = time.perf_counter() - start
         rows = spark.read.parquet(args.output).count()
         log.info("scored %d rows in %.2f s (%.0f rows/s) into %s", rows, elapsed,

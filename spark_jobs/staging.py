@@ -110,6 +110,7 @@ def staged(connection: tuple[grpcclient.InferenceServerClient, dict | None], add
         return
     client, headers = connection
     memory = regions.take(samples.nbytes)
+    assert memory.buf is not None  # None only once closed
     keep = False
     try:
         np.frombuffer(memory.buf, np.uint8, samples.nbytes)[:] = samples.reshape(-1).view(np.uint8)

@@ -59,6 +59,7 @@ def write_batch(batch: DataFrame, batch_id: int, options: ScoreOptions, sink: st
     scored = score_with(batch, dataclasses.replace(options, energy=spent))
     summary = energy.write_parquet(batch.sparkSession, scored,
                                    f"{sink.rstrip('/')}/batch_id={batch_id}", spent)
+    assert summary is not None  # written with a meter
     for line in energy.describe(summary):
         log.info("micro-batch %d %s", batch_id, line)
 

@@ -178,7 +178,11 @@ class OpenCLEngine:
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         batch = next(iter(inputs.values())).shape[0]
         # Looked up once: a new shape evicts another's plans before anything is enqueued.
-        shape = self._fixed or self._shapes.get(inputs)
+        if self._fixed is not None:
+            shape = self._fixed
+        else:
+            assert self._shapes is not None  # variable shapes: one or the other is set
+            shape = self._shapes.get(inputs)
         step = self.step(batch)
         if batch <= step:
             return self.plan(batch, shape=shape).run(inputs, outputs)

@@ -70,7 +70,8 @@ class Executor:
         return self.buffers.peak_bytes
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        results = {name: np.empty(self._outputs[name][1], self._dtype) for name in outputs}
+        results: dict[str, np.ndarray] = {name: np.empty(self._outputs[name][1], self._dtype)
+                                          for name in outputs}
         held = self.enqueue(inputs, results)
         self._queue.finish()
         del held
@@ -84,7 +85,7 @@ class Executor:
         q = self._queue
         held = []
         for name, buf in self._inputs.items():
-            array = np.ascontiguousarray(inputs[name], self._dtype)
+            array: np.ndarray = np.ascontiguousarray(inputs[name], self._dtype)
             held.append(array)
             cl.enqueue_copy(q, buf, array, is_blocking=False)
         self._events = []

@@ -10,6 +10,7 @@ the Transposes (and an Unsqueeze) that bring its letters into MatMul's order."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def _gelu_tail(graph: Graph, core: Node, x: str) -> list[Node] | None:
             return None
         return [add, mul, half]
     half = graph.producer(other or "")
-    if half is None or _scaled_by(graph, half, 0.5) != x or len(graph.consumers(other)) != 1:
+    if half is None or _scaled_by(graph, half, 0.5) != x or len(graph.consumers(other or "")) != 1:
         return None
     return [add, half, mul]
 
@@ -83,12 +84,12 @@ def _tanh_argument(graph: Graph, tanh: Node) -> tuple[str, list[Node]] | None:
     """x and the nodes of sqrt(2 / pi) * (x + 0.044715 * x^3) read by `tanh`."""
     outer = graph.producer(tanh.inputs[0])
     inner = graph.producer(_scaled_by(graph, outer, math.sqrt(2 / math.pi)) or "")
-    if inner is None or inner.op != "Add":
+    if outer is None or inner is None or inner.op != "Add":
         return None
     for x, cube_term in (inner.inputs, inner.inputs[::-1]):
         scaled = graph.producer(cube_term)
         cube = graph.producer(_scaled_by(graph, scaled, 0.044715) or "")
-        if cube is None:
+        if scaled is None or cube is None:
             continue
         nodes = [outer, inner, scaled, cube]
         if cube.op == "Pow" and cube.inputs[0] == x and _scalar(graph, cube.inputs[1], 3.0):
@@ -101,10 +102,11 @@ def _tanh_argument(graph: Graph, tanh: Node) -> tuple[str, list[Node]] | None:
 
 def _fuse_gelu(graph: Graph) -> None:
     for core in [n for n in graph.nodes if n.op in ("Erf", "Tanh")]:
+        found: tuple[str, list[Node]] | None
         if core.op == "Erf":
             scaled = graph.producer(core.inputs[0])
             x = _scaled_by(graph, scaled, 1 / math.sqrt(2))
-            found = (x, [scaled]) if x is not None else None
+            found = (x, [scaled]) if x is not None and scaled is not None else None
         else:
             found = _tanh_argument(graph, core)
         if found is None:
@@ -147,7 +149,7 @@ def _fuse_layer_norm(graph: Graph) -> None:
         var = graph.producer(_other(add_eps, eps_name) or "")
         square = graph.producer(var.inputs[0]) if var is not None else None
         axes = _reduce_axes(graph, mean)
-        if eps is None or eps.size != 1 or square is None or axes is None \
+        if eps is None or eps.size != 1 or var is None or square is None or axes is None \
                 or _reduce_axes(graph, var) != axes or not (
                     square.op == "Pow" and square.inputs[0] == d
                     and _scalar(graph, square.inputs[1], 2.0)
@@ -161,7 +163,7 @@ def _fuse_layer_norm(graph: Graph) -> None:
         for op in ("Mul", "Add"):  # the affine part, where its operand is a constant
             after = graph.sole_consumer(last)
             k = _other(after, last.outputs[0]) if after is not None and after.op == op else None
-            if k not in graph.consts:
+            if after is None or k is None or k not in graph.consts:
                 break
             inputs.append(k)
             inner.append(last)
@@ -233,7 +235,7 @@ def _einsum_as_matmul(graph: Graph) -> None:
                 or sorted(out) != sorted(batch + rows + column):
             continue
 
-        def insert(op: str, source: str, attrs: dict, extra: list[str] = ()) -> str:
+        def insert(op: str, source: str, attrs: dict, extra: Sequence[str] = ()) -> str:
             """A node reading `source` placed just before the Einsum; its output's name."""
             name = f"{node.name}:{op.lower()}{len(graph.nodes)}"
             graph.nodes.insert(graph.nodes.index(node), Node(op, name, [source, *extra], [name],

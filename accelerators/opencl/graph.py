@@ -171,7 +171,9 @@ def _fold_affine_into_conv(graph: Graph) -> None:
                 or node.op == "Div" and not np.all(k):
             continue  # not per channel of axis 1, or a division by zero
         k = np.broadcast_to(k.reshape(-1), (w.shape[1],))
-        a, d = {"Add": (1.0, k), "Sub": (1.0, -k), "Mul": (k, 0.0), "Div": (1 / k, 0.0)}[node.op]
+        scale_shift: dict[str, tuple[np.ndarray | float, np.ndarray | float]] = {
+            "Add": (1.0, k), "Sub": (1.0, -k), "Mul": (k, 0.0), "Div": (1 / k, 0.0)}
+        a, d = scale_shift[node.op]
         b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
             else np.zeros(w.shape[0])
         wname, bname = f"{conv.name}:{node.name}:weight", f"{conv.name}:{node.name}:bias"

@@ -69,6 +69,8 @@ def view_shape(node: Node, shape: tuple[int, ...], args: list, opset: int) -> tu
             return tuple(d for d in shape if d != 1)
         drop = {int(ax) % len(shape) for ax in axes}
         return tuple(d for i, d in enumerate(shape) if i not in drop)
+    if axes is None:
+        raise UnsupportedModelError(f"node {node.name!r}: Unsqueeze without axes")
     rank = len(shape) + len(axes)
     insert = {int(ax) % rank for ax in axes}
     dims = iter(shape)

@@ -77,7 +77,7 @@ class ProgramCache:
             program = self._load(dev, binary)
         else:
             program = self._built(dev, options)
-        present = set(filter(None, program.get_info(cl.program_info.KERNEL_NAMES).split(";")))
+        present = set(filter(None, str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")))
         missing = sorted(required - present)
         if missing:
             raise MissingKernelsError(

@@ -149,7 +149,9 @@ def _pair_into_fake_quant(graph: Graph) -> None:
         if any(p[0] is None for p in params) or not all(
                 _same(a, b) for a, b in zip(params[0][:2], params[1][:2])):
             continue
-        grid = _scalar_grid(q, params[0][0], params[0][1])
+        scale = params[0][0]
+        assert scale is not None  # checked above
+        grid = _scalar_grid(q, scale, params[0][1])
         graph.nodes.remove(dq)
         q.op, q.inputs, q.outputs = "FakeQuant", [q.inputs[0]], [dq.outputs[0]]
         q.attrs = {"grid": grid}

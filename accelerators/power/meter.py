@@ -50,7 +50,8 @@ class DeviceMeter:
         self._up = False
         self._error = ""
         self._last: float | None = None
-        self._fit = (0.0,) * 5  # decayed sums of 1, u, u², p, u·p over the sampled intervals
+        # Decayed sums of 1, u, u², p, u·p over the sampled intervals.
+        self._fit: tuple[float, ...] = (0.0,) * 5
         self._charge_w = self._busy_w()  # joules per second of a batch's run
 
     def add_model(self, model: str, engine: str = "") -> None:

@@ -40,7 +40,8 @@ def cpu_model_watts(cpus: int | None = None) -> tuple[float, float]:
     """(idle, busy) watts of the CPU estimate for `cpus` logical CPUs (this process's by
     default): 2 CPUs 12:26 W, 32 CPUs (16 cores with SMT) 42:116 W."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return tuple(fixed + per_cpu * cpus for fixed, per_cpu in CPU_WATTS.values())
+    (idle_fixed, idle_per_cpu), (busy_fixed, busy_per_cpu) = CPU_WATTS["idle"], CPU_WATTS["busy"]
+    return idle_fixed + idle_per_cpu * cpus, busy_fixed + busy_per_cpu * cpus
 
 SENSORS: dict[str, Callable[[str], PowerSource]] = {
     "rapl": lambda arg: RaplSource(),

@@ -14,7 +14,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import grpc
 import numpy as np
@@ -184,6 +184,7 @@ class ClientPool:
         """A load point: `kind` closed (load: concurrency), poisson (load: requests per second)
         or stream (load: requests in flight)."""
         start_at = time.monotonic() + START_AFTER_S
+        loads: Sequence[float]
         if kind == "poisson":
             loads = [load / len(self)] * len(self)  # Poisson streams add up to one
         else:

@@ -149,7 +149,7 @@ class DynamicBatcher:
             return pending.future
         if expires is not None:
             pending.timer = self._loop.call_at(expires, self._expire, pending)
-        pending.future.add_done_callback(lambda _, p=pending: self._leave(p))
+        pending.future.add_done_callback(lambda _: self._leave(pending))
         self._levels[level].append(pending)
         self._queued[level] += size
         if self._takeable() >= self._wanted:
@@ -202,12 +202,12 @@ class DynamicBatcher:
     async def drain(self, grace_s: float) -> bool:
         """Until every queued request has left the queue (answered, or in a batch, which close()
         lets finish): for a version that takes no new requests. False if `grace_s` ran out."""
-        self._emptied = asyncio.Event()
+        self._emptied = event = asyncio.Event()
 
         async def emptied() -> None:
             while self.queued():
-                self._emptied.clear()
-                await self._emptied.wait()
+                event.clear()
+                await event.wait()
         try:
             await asyncio.wait_for(emptied(), grace_s)
         except TimeoutError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
@@ -97,7 +98,7 @@ class DataPlane:
             return False
         return True
 
-    def statistics(self, name: str, version: str) -> list[ServedModel]:
+    def statistics(self, name: str, version: str) -> Sequence[ServedModel]:
         """Every served model version when `name` is empty, else the one asked for."""
         return self.models.loaded() if not name else [self.models.get(name, version)]
 

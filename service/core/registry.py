@@ -180,6 +180,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                   "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
             for engine in instances if bucketed else ():
                 if isinstance(engine, PlansPerShape):
+                    assert bucketed is not None  # no engines to fix otherwise
                     try:
                         engine.fix_batch_sizes(bucketed.sizes)
                     except OptionError as e:
@@ -195,7 +196,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                         self._power_budget)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
         slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
-        buffers = BatchBuffers({t.name: (t.dims, contract.numpy_dtype(t.datatype))
+        buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
         batcher = DynamicBatcher(

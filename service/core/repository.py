@@ -86,7 +86,7 @@ def stamp(folder: Path) -> tuple[tuple, dict[int, tuple]]:
     each by relative path, size and modification time, config.pbtxt also by its content (an
     edit within the clock's resolution keeps size and time). A version whose part and the shared
     part are unchanged need not be loaded again."""
-    shared: list[tuple] = []
+    shared: list[tuple | str] = []  # files, and config.pbtxt's digest
     versions: dict[int, list[tuple]] = {}
     for top, _, files in os.walk(folder):
         relative = Path(top).relative_to(folder)

@@ -114,6 +114,7 @@ class Router:
             for worker in self.workers:
                 if worker.healthy or time.monotonic() < worker.retry_at:
                     continue
+                assert self._probe_inputs is not None  # set before the prober starts
                 try:
                     await worker.run(self._probe_inputs, self._outputs, 1)
                 except DeviceError as e:

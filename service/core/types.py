@@ -53,11 +53,23 @@ class Batcher(Protocol):
 
 
 class ServedModel(Protocol):
-    spec: ModelSpec
-    config: model_config_pb2.ModelConfig  # the effective configuration
-    batcher: Batcher
-    stats: ModelStatistics
-    generation: int  # which load of the model this is (a reload makes a new one)
+    # Read-only here, so that a registry's own model types (with their own batchers) fit.
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def config(self) -> model_config_pb2.ModelConfig:  # the effective configuration
+        ...
+
+    @property
+    def batcher(self) -> Batcher: ...
+
+    @property
+    def stats(self) -> ModelStatistics: ...
+
+    @property
+    def generation(self) -> int:  # which load of the model this is (a reload makes a new one)
+        ...
 
 
 class ServedModels(Protocol):

@@ -35,7 +35,7 @@ def warmup_batches(spec: ModelSpec, buckets: Buckets | None, folder: Path) -> li
     batched = spec.max_batch_size > 0
     return [WarmupBatch(f"bucket {size}", {
         t.name: np.zeros(((size,) if batched else ()) + tuple(max(d, 1) for d in t.dims),
-                         contract.numpy_dtype(t.datatype)) for t in spec.inputs}, size, 2)
+                         contract.served_dtype(t.datatype)) for t in spec.inputs}, size, 2)
         for size in sizes]
 
 
@@ -64,7 +64,7 @@ def _configured(spec: ModelSpec, index: int, warmup: model_config_pb2.ModelWarmu
             raise ConfigError(f"{where}: inputs[{name!r}].dims {list(dims)}; expected "
                               f"{list(spec_t.dims)} (per sample, without the batch axis)")
         shape = ((size,) if batched else ()) + dims
-        dtype = contract.numpy_dtype(datatype)
+        dtype = contract.served_dtype(datatype)
         source = given.WhichOneof("input_data_type")
         if source == "input_data_file":
             file = file_name(given.input_data_file, spec.name,

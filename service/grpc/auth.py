@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import ipaddress
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -63,6 +64,7 @@ def _guarded(handler: grpc.RpcMethodHandler,
     """The same handler, checking the caller first; replies pass through."""
     kind, behavior = next((kind, getattr(handler, kind)) for kind in (
         "unary_unary", "stream_unary", "unary_stream", "stream_stream") if getattr(handler, kind))
+    checked: Callable[..., Any]  # one of two kinds of coroutine function
     if inspect.isasyncgenfunction(behavior):  # replies yielded
         async def checked(request, context):
             if not allowed(context):

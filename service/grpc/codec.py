@@ -139,7 +139,7 @@ def encode_response(request: service_pb2.ModelInferRequest, spec: ModelSpec, ans
             response.outputs.add(name=name, datatype=contract.wire_dtype(array.dtype),
                                  shape=array.shape)
         place = _shared_memory(parameters, "output", name) if parameters else None
-        if place is None:
+        if place is None or parameters is None:
             response.raw_output_contents.append(
                 bytes_tensor(array) if count else array.tobytes())  # C order, whatever its layout
             continue

@@ -43,7 +43,7 @@ class _Watched:
         self._seen = self._signature()
 
     def _signature(self) -> tuple:
-        signature = []
+        signature: list[tuple[int, int, int, int] | None] = []
         for path in self._paths:
             try:
                 s = os.stat(path)

@@ -121,6 +121,7 @@ async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:
     if not settings.tls_cert:
         return None
+    assert settings.tls_key is not None  # serve() checked: both or neither
     try:  # the pair is re-read when its files change
         return TlsFiles(settings.tls_cert, settings.tls_key).credentials()
     except ExposureError as e:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
 
 from service.errors import InvalidInputError, Status, status_of
@@ -46,7 +47,7 @@ def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandle
         response_serializer=serialize)
 
 
-def _parsed(behaviour: Callable, request_class: type, name: str) -> Callable:
+def _parsed(behaviour: Callable, request_class: type[Message], name: str) -> Callable:
     async def handle(data: bytes, context: grpc.aio.ServicerContext):
         try:
             request = parse_message(request_class, data)

@@ -7,7 +7,9 @@ names the flag that sets the limit."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -88,6 +90,7 @@ class RpcLimit(grpc.aio.ServerInterceptor):
         kind, behaviour = next((kind, getattr(handler, kind)) for kind in (
             "unary_unary", "stream_unary", "unary_stream", "stream_stream")
             if getattr(handler, kind))
+        counted: Callable[..., Any]  # one of two kinds of coroutine function
         if inspect.isasyncgenfunction(behaviour):  # replies yielded
             async def counted(request, context):
                 await self._enter(context)

@@ -12,7 +12,7 @@ from importlib.metadata import version as package_version
 
 import grpc
 from prometheus_client import Counter, Histogram
-from tritonclient.grpc import service_pb2
+from tritonclient.grpc import service_pb2 as pb
 
 from service.core.control_callers import check_caller
 from service.core.dataplane import DataPlane, select
@@ -25,8 +25,6 @@ from service.grpc.credentials import admin_token, holds
 from service.grpc.door import Peers
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
-
-pb = service_pb2
 
 
 @dataclass(slots=True)

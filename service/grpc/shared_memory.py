@@ -262,7 +262,9 @@ class SharedMemoryRegions:
             raise InvalidInputError(f"{field}: shared memory region {name!r} no longer holds "
                                     f"offset {offset} + {array.nbytes} bytes (its object shrank "
                                     "after it was registered)")
-        os.pwrite(region.fd, np.ascontiguousarray(array).reshape(-1).view(np.uint8), at)
+        # numpy declares the buffer protocol from Python 3.12 on
+        os.pwrite(region.fd, np.ascontiguousarray(  # type: ignore[arg-type]
+            array).reshape(-1).view(np.uint8), at)
 
     def close(self) -> None:
         self.drop(list(self._regions))

@@ -37,6 +37,7 @@ def parse_json(data: bytes | memoryview, what: str) -> dict:
 def infer_request(body: bytes, header_length: str | None, model: str,
                   version: str) -> tuple[pb.ModelInferRequest, set[str] | None]:
     """The request, and the outputs to send as binary (None: every output)."""
+    header: bytes | memoryview
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -52,7 +53,8 @@ def infer_request(body: bytes, header_length: str | None, model: str,
     request = pb.ModelInferRequest(model_name=model, model_version=version,
                                    id=_text(document.get("id", ""), "id"))
     parameters = _object(document.get("parameters", {}), "parameters")
-    binary_outputs = None if parameters.get("binary_data_output") is True else set()
+    binary_outputs: set[str] | None = (None if parameters.get("binary_data_output") is True
+                                       else set())
     _set_parameters(request.parameters, parameters, "parameters")
     at = 0
     for i, tensor in enumerate(_list(document.get("inputs"), "inputs")):
@@ -168,7 +170,7 @@ def as_json(message: Message) -> dict[str, Any]:
     """A protocol message as KServe V2's REST API shows it: the .proto's field names, every
     field with no presence at its value, 64-bit integers as numbers (protobuf's JSON mapping
     writes them as strings, which clients such as perf_analyzer do not read as numbers)."""
-    document = {}
+    document: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
         if field.message_type and field.message_type.GetOptions().map_entry:

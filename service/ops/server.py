@@ -172,6 +172,7 @@ def _own_socket(settings: Settings, cleanup: contextlib.AsyncExitStack) -> None:
     socket file left by a daemon that died without removing it; another daemon's live socket is
     never touched."""
     path = settings.unix_socket
+    assert path is not None  # serve() calls this only with a socket
     try:
         unix_socket.prepare_folder(path, unix_socket.group_id(settings.socket_group))
     except unix_socket.FolderError as e:

@@ -145,6 +145,7 @@ class Frontends:
         delay = _RESTART_S[0]
         while True:
             listened = False
+            code: int | str  # the exit code, or why there is none
             try:
                 code, listened = await self._run(index)
             except Exception as e:  # could not be started (/dev/shm full, no fork): try again
@@ -213,6 +214,7 @@ class Frontends:
         reserved (or released) here first, then every other front-end does the same, and one
         started later learns the regions registered, so that a region is the daemon's,
         whichever front-end a connection reaches."""
+        passed: msg.Registered | msg.Released
         if isinstance(request, msg.Register):
             try:
                 self._names.reserve(request.name, request.caller)

@@ -16,12 +16,13 @@ InputPlace = tuple[str, str, tuple[int, ...], int, int]
 OutputPlace = tuple[str, str, tuple[int, ...], int]
 
 
+# Each kind repeats frozen=True: msgspec inherits it from here, mypy does not.
 class _Message(msgspec.Struct, tag=True, array_like=True, frozen=True):
     pass
 
 
 # front-end -> owner
-class Infer(_Message):
+class Infer(_Message, frozen=True):
     """A request, validated by the front-end: its inputs lie in the front-end's arena."""
 
     id: int
@@ -35,23 +36,23 @@ class Infer(_Message):
     deadline: float | None  # time.monotonic() (one clock for the node's processes)
 
 
-class Cancel(_Message):
+class Cancel(_Message, frozen=True):
     """The client of request `id` has gone: withdraw it (it is still answered)."""
 
     id: int
 
 
-class Stats(_Message):
+class Stats(_Message, frozen=True):
     id: int
     name: str
     version: str
 
 
-class Listening(_Message):
+class Listening(_Message, frozen=True):
     """The front-end's gRPC server has started."""
 
 
-class Register(_Message):
+class Register(_Message, frozen=True):
     """A client registers a shared memory region at this front-end: the owner reserves its name
     for every front-end, or answers why not."""
 
@@ -65,7 +66,7 @@ class Register(_Message):
     gids: tuple[int, ...]
 
 
-class Unregister(_Message):
+class Unregister(_Message, frozen=True):
     """A client releases its region `name` (all of its regions for an empty name)."""
 
     id: int
@@ -73,7 +74,7 @@ class Unregister(_Message):
     caller: str
 
 
-class Load(_Message):
+class Load(_Message, frozen=True):
     """RepositoryModelLoad, from a caller the front-end let: the owner answers Done once every
     front-end has been sent the catalog it made, or Failed."""
 
@@ -82,7 +83,7 @@ class Load(_Message):
     parameters: list[str]  # the names of the request's parameters
 
 
-class Unload(_Message):
+class Unload(_Message, frozen=True):
     """RepositoryModelUnload, answered as Load is."""
 
     id: int
@@ -90,11 +91,11 @@ class Unload(_Message):
 
 
 # owner -> front-end
-class Loading(_Message):
+class Loading(_Message, frozen=True):
     """The owner's first word while it loads models."""
 
 
-class Catalog(_Message):
+class Catalog(_Message, frozen=True):
     """The served models, sent again whenever they change; the payload holds their ModelConfig
     messages, of `sizes` bytes."""
 
@@ -105,7 +106,7 @@ class Catalog(_Message):
     failures: dict[str, str]  # model name -> why it is not served
 
 
-class Reply(_Message):
+class Reply(_Message, frozen=True):
     """A request's outputs, in the payload in the order listed, and its cost (Cost's fields)."""
 
     id: int
@@ -117,26 +118,26 @@ class Reply(_Message):
     flops_partial: bool
 
 
-class Failed(_Message):
+class Failed(_Message, frozen=True):
     id: int
     status: str  # a service.errors.Status name
     message: str
 
 
-class Statistics(_Message):
+class Statistics(_Message, frozen=True):
     """The payload is a ModelStatisticsResponse."""
 
     id: int
 
 
-class Done(_Message):
+class Done(_Message, frozen=True):
     """Register or Unregister `id` is done at every other front-end; Load or Unload `id` is done,
     and every front-end has been sent the new catalog."""
 
     id: int
 
 
-class Registered(_Message):
+class Registered(_Message, frozen=True):
     """A region registered at another front-end."""
 
     name: str
@@ -148,7 +149,7 @@ class Registered(_Message):
     gids: tuple[int, ...]
 
 
-class Released(_Message):
+class Released(_Message, frozen=True):
     """Regions unregistered at another front-end."""
 
     names: list[str]

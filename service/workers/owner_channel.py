@@ -12,7 +12,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -40,8 +40,10 @@ class Channel(asyncio.Protocol, Generic[M]):
     frame that does not decode closes the channel: the other process is ours, so it is a bug
     there, and it is started again (service/workers/frontends.py)."""
 
-    def __init__(self, kind: type[M], on_message: Callable[[M, memoryview], None]) -> None:
-        self._decode = msgspec.msgpack.Decoder(tuple[list[kind], list[int]]).decode
+    def __init__(self, kind: object, on_message: Callable[[M, memoryview], None]) -> None:
+        """`kind`: M, a message type or a union of them, as msgspec decodes it."""
+        # A type built at run time for msgspec, which mypy would read as an annotation.
+        self._decode = msgspec.msgpack.Decoder(tuple[list[kind], list[int]]).decode  # type: ignore[valid-type]
         self._on_message = on_message
         self._received = bytearray()
         self._messages: list[msgspec.Struct] = []  # to send, with their payloads
@@ -51,14 +53,14 @@ class Channel(asyncio.Protocol, Generic[M]):
         self.in_frame = 0  # messages in the frame being handed to on_message
 
     @classmethod
-    async def open(cls, sock: socket.socket, kind: type[M],
+    async def open(cls, sock: socket.socket, kind: object,
                    on_message: Callable[[M, memoryview], None]) -> Channel[M]:
         _, channel = await asyncio.get_running_loop().create_unix_connection(
             lambda: cls(kind, on_message), sock=sock)
         return channel
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a unix connection's
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set()
@@ -99,6 +101,7 @@ class Channel(asyncio.Protocol, Generic[M]):
 
     def _flush(self) -> None:
         if not self.closed.is_set():
+            assert self._transport is not None  # send() queues nothing before it is
             sizes = [len(p) for p in self._payloads]
             header = _encode((self._messages, sizes))
             self._transport.write(b"".join(
@@ -134,7 +137,7 @@ class OwnerSide:
         self._on_request = on_request
         self._answers: dict[int, asyncio.Future[Answer]] = {}
         self.listening = asyncio.Event()  # the front-end's gRPC server has started
-        self.channel: Channel[msg.ToOwner] | None = None
+        self.channel: Channel[msg.ToOwner]  # by open()
 
     def send(self, message: msgspec.Struct, payload: bytes = b"") -> None:
         self.channel.send(message, payload)
@@ -197,7 +200,9 @@ class OwnerSide:
             cost = result.cost
             self.send(msg.Reply(request_id, result.device, places, cost.joules, cost.source,
                                 cost.flops, cost.flops_partial),
-                      b"".join(memoryview(a).cast("B") for a in arrays))  # the one copy of them
+                      # the one copy of them; numpy declares the buffer protocol from 3.12 on
+                      b"".join(memoryview(a).cast("B")  # type: ignore[arg-type]
+                               for a in arrays))
 
     def _statistics(self, m: msg.Stats) -> None:
         try:

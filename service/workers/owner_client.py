@@ -34,7 +34,7 @@ class OwnerClient:
         self._ids = itertools.count()
         # request id -> its future, and its arena block (None for a request without inputs)
         self._pending: dict[int, tuple[asyncio.Future, tuple[int, int] | None]] = {}
-        self._channel: Channel[msg.ToFrontend] | None = None
+        self._channel: Channel[msg.ToFrontend]  # by open()
         self.first = asyncio.get_running_loop().create_future()  # the owner's first word
 
     async def open(self, sock: socket.socket) -> None:
@@ -105,7 +105,9 @@ class OwnerClient:
                     "smaller; send smaller requests, or serve with --workers 1"))
         places, view, at = [], self._arena.view(block), 0
         for tensor, array in inputs.items():
-            view[at:at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            # numpy declares the buffer protocol from Python 3.12 on
+            view[at:at + array.nbytes] = np.ascontiguousarray(  # type: ignore[call-overload]
+                array).reshape(-1).view(np.uint8)
             places.append((tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes))
             at += array.nbytes
         request_id, future = self._request(lambda i: msg.Infer(

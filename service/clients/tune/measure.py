@@ -165,6 +165,7 @@ def _load_point(daemon: LocalDaemon, model: str, concurrency: int, settings: Loa
     if pool:
         load = runner.submit(pool.run, "daemon", "closed", concurrency, settings.seconds)
     else:
+        assert settings.perf_analyzer  # without a pool, perf_analyzer runs the load (_load)
         load = runner.submit(perf_analyzer.run, settings.perf_analyzer, model,
                              daemon.tcp_address, concurrency, settings.seconds)
     begins = start + (START_AFTER_S if pool else 0.0)  # when the callers start

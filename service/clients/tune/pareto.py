@@ -5,6 +5,7 @@ p99 bound or had errors are hollow and left out of the front: they are not a cho
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from service.clients.figures import pareto, plt, save
 from service.clients.watts import source_label
@@ -17,6 +18,7 @@ def draw(series: dict[str, list[tuple[float, float, bool]]], shipped: str, winne
     fig, ax = plt.subplots(figsize=(8, 5))
     choices = [(x, y) for points in series.values() for x, y, ok in points if ok]
     for label, points in series.items():
+        style: dict[str, Any]  # matplotlib's keyword arguments
         style = ({"marker": "*", "s": 160, "color": "C3", "label": f"written: {label}"}
                  if label == winner else
                  {"marker": "s", "s": 60, "color": "C0", "label": f"shipped: {label}"}

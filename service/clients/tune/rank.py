@@ -31,13 +31,20 @@ def qualifies(point: LoadPoint, p99_ms: float | None) -> bool:
 
 def best_point(measurement: Measurement, objective: str,
                p99_ms: float | None) -> LoadPoint | None:
-    best = None
+    best, best_value = None, None
     for point in measurement.points:
         value = figure(point, objective)
         if qualifies(point, p99_ms) and value is not None and (
-                best is None or better(value, figure(best, objective), objective)):
-            best = point
+                best_value is None or better(value, best_value, objective)):
+            best, best_value = point, value
     return best
+
+
+def best_figure(point: LoadPoint, objective: str) -> float:
+    """figure() of a point that best_point chose, which has one."""
+    value = figure(point, objective)
+    assert value is not None, "best_point chooses only points with a figure"
+    return value
 
 
 def ranked(measurements: list[Measurement], objective: str,
@@ -46,5 +53,5 @@ def ranked(measurements: list[Measurement], objective: str,
     scored = [(m, best_point(m, objective, p99_ms)) for m in measurements]
     good = [(m, p) for m, p in scored if p is not None]
     sign = -1 if objective == "throughput" else 1
-    good.sort(key=lambda mp: sign * figure(mp[1], objective))
+    good.sort(key=lambda mp: sign * best_figure(mp[1], objective))
     return good + [(m, p) for m, p in scored if p is None]

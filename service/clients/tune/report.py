@@ -101,18 +101,20 @@ def print_table(result: SweepResult, info: RunInfo, console: Console) -> None:
 def compare(result: SweepResult, written: Measurement, objective: str,
             p99_ms: float | None) -> Comparison:
     best = rank.best_point(written, objective, p99_ms)
+    assert best is not None, "the written config is sweep.winner's, which qualifies"
     shipped = rank.best_point(result.shipped, objective, p99_ms)
     if result.confirmation and written is not result.shipped:
-        again = [rank.best_point(m, objective, p99_ms) for m in result.confirmation]
-        if again[0] is not None:
-            return Comparison(again[0], again[1], "measured again one after the other at the "
-                                                  "end of the sweep, each at its best "
-                                                  "concurrency")
+        again_written, again_shipped = (rank.best_point(m, objective, p99_ms)
+                                        for m in result.confirmation)
+        if again_written is not None:
+            return Comparison(again_written, again_shipped, "measured again one after the other "
+                                                            "at the end of the sweep, each at "
+                                                            "its best concurrency")
     if written is result.shipped:
         how = ("the shipped config won the sweep" if not result.confirmation else
                "the sweep's winner did not beat the shipped config when both were measured "
                "again, so the shipped config is kept")
-        return Comparison(shipped, shipped, how)
+        return Comparison(best, best, how)  # written is result.shipped: best is shipped's
     return Comparison(best, shipped, f"in the sweep ({result.note})")
 
 
@@ -120,7 +122,7 @@ def comparison_text(comparison: Comparison, objective: str) -> str:
     ratio = comparison.ratio(objective)
     unit = rank.UNITS[objective]
     ours = rank.figure(comparison.written, objective)
-    theirs = comparison.shipped and rank.figure(comparison.shipped, objective)
+    theirs = rank.figure(comparison.shipped, objective) if comparison.shipped else None
     return (f"{_num(ours, 4 if objective == 'energy' else 1)} {unit} against the shipped "
             f"config's {_num(theirs, 4 if objective == 'energy' else 1)}: "
             f"{_num(ratio, 2)}x ({comparison.how})")

@@ -116,8 +116,8 @@ def _beats(a: Measurement, b: Measurement, objective: str, p99_ms: float | None)
     pa, pb = rank.best_point(a, objective, p99_ms), rank.best_point(b, objective, p99_ms)
     if pa is None:
         return False
-    return pb is None or rank.better(rank.figure(pa, objective), rank.figure(pb, objective),
-                                     objective)
+    return pb is None or rank.better(rank.best_figure(pa, objective),
+                                     rank.best_figure(pb, objective), objective)
 
 
 def _confirm(best: Measurement, result: SweepResult, clock: _Clock, objective: str,
@@ -142,7 +142,7 @@ def _confirm(best: Measurement, result: SweepResult, clock: _Clock, objective: s
 
 def winner(result: SweepResult, objective: str, p99_ms: float | None) -> Measurement | None:
     """The sweep's best candidate, unless the confirmation found it worse than the shipped
-    config (then the shipped config); None when no candidate qualifies."""
+    config (then the shipped config, where it qualifies); None when no candidate qualifies."""
     ranking = rank.ranked(result.measurements, objective, p99_ms)
     if not ranking or ranking[0][1] is None:
         return None
@@ -151,7 +151,9 @@ def winner(result: SweepResult, objective: str, p99_ms: float | None) -> Measure
         again_best, again_shipped = (rank.best_point(m, objective, p99_ms)
                                      for m in result.confirmation)
         if again_best is None or (again_shipped is not None and rank.better(
-                rank.figure(again_shipped, objective), rank.figure(again_best, objective),
-                objective)):
-            return result.shipped
+                rank.best_figure(again_shipped, objective),
+                rank.best_figure(again_best, objective), objective)):
+            # The shipped config, unless it has no qualifying point to compare and report.
+            shipped_qualifies = rank.best_point(result.shipped, objective, p99_ms) is not None
+            return result.shipped if shipped_qualifies else None
     return best
