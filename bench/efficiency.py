@@ -7,13 +7,12 @@ inference from the daemon's own counters, and the FLOP counter checked against i
 per sample. Then the request-path cost of metering (one FLOP counter increment and one busy-time
 report per batch) as a fraction of a batch's compute time.
 
-    .venv/bin/python bench/efficiency.py [--seconds 5] [--batches 1,8,64]
+    .venv/bin/python -m bench.efficiency [--seconds 5] [--batches 1,8,64]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,15 +21,14 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+from accelerators.engine import Device
+from accelerators.flops import count_flops
+from accelerators.power.meter import DeviceMeter
+from accelerators.power.model import ModelEstimate
+from service.clients.top import fetch
+from service.local_daemon import DaemonProcess, free_port
 
-from accelerators.engine import Device  # noqa: E402
-from accelerators.flops import count_flops  # noqa: E402
-from accelerators.power.meter import DeviceMeter  # noqa: E402
-from accelerators.power.model import ModelEstimate  # noqa: E402
-from service.clients.top import fetch  # noqa: E402
-from service.local_daemon import DaemonProcess, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "mnist_cnn"
 ONNX = ROOT / "models" / MODEL / "1" / "model.onnx"
@@ -89,7 +87,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batches", default="1,8,64")
     args = parser.parse_args()
-    import mnist_digits
+    from tools import mnist_digits
     digits = mnist_digits.holdout_split()[0]
     per_sample = count_flops(ONNX).total
     port, metrics_port = free_port(), free_port()

@@ -11,7 +11,7 @@
    devices' energy counters over the run) against the budget, and throughput against the
    frugal device's alone (no budget).
 
-    .venv/bin/python bench/energy.py [--seconds 5] [--rounds 3] [--budget-seconds 30]
+    .venv/bin/python -m bench.energy [--seconds 5] [--rounds 3] [--budget-seconds 30]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +27,11 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc.aio as aioclient
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).parent)]
-
-from serving import MODEL, ROOT, model_repository, process_tree_cpu_s  # noqa: E402
-
-from accelerators import safe_files  # noqa: E402
-from service import contract  # noqa: E402
-from service.clients.top import fetch  # noqa: E402
-from service.local_daemon import LocalDaemon, local_daemon  # noqa: E402
+from accelerators import safe_files
+from bench.serving import MODEL, model_repository, process_tree_cpu_s
+from service import contract
+from service.clients.top import fetch
+from service.local_daemon import LocalDaemon, local_daemon
 
 IMAGE = np.zeros((1, 1, 28, 28), np.float32)
 BUDGET_DEVICES = {"gpu0": (0.002, "10:100"), "fpga0": (0.008, "5:25")}
@@ -46,7 +42,7 @@ def _daemon(tmp: Path, name: str, models: Path, *flags: str
             ) -> contextlib.AbstractContextManager[LocalDaemon]:
     """One process (--workers 1) on the null engine."""
     return local_daemon(models, tmp / f"{name}-daemon", "--workers", "1", "--engine-modules",
-                        "null_engine", "--log-level", "WARNING", *flags)
+                        "bench.null_engine", "--log-level", "WARNING", *flags)
 
 
 async def _load(url: str, seconds: float, concurrency: int, priority: int = 0
@@ -133,7 +129,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-seconds", type=float, default=30.0)
     args = parser.parse_args()
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(ROOT)])
     with tempfile.TemporaryDirectory() as folder:
         energy = response_energy(Path(folder), args.seconds, args.rounds)
         budget = power_budget(Path(folder), args.budget_seconds)

@@ -160,7 +160,7 @@ def socket_users(socket_url: str, images: np.ndarray, labels: np.ndarray) -> Ite
 
 
 def run(seconds: float, workers: int) -> list[dict]:
-    import mnist_digits  # tools/, on the path through bench/__init__.py
+    from tools import mnist_digits
     images, labels = mnist_digits.holdout_split()
     images, labels = images[:64].astype(np.float32), labels[:64]
     rows = []

@@ -9,7 +9,7 @@ throughput target (ResNet-50 at concurrency 64 >= 0.8x; docs/BENCHMARKS.md, GPU 
 the MNIST hold-out accuracy of each precision the engine offers on that device (FP32, TF32 on
 GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
-    .venv/bin/python bench/gpu_node.py [--models mnist,resnet50] [--concurrency 1,16,64,256]
+    .venv/bin/python -m bench.gpu_node [--models mnist,resnet50] [--concurrency 1,16,64,256]
         [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime] [--json out.json]
 """
 
@@ -18,24 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from accelerators import safe_files
+from accelerators.engine_options import EngineOptions
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+from service.clients.load_client import ClientPool
+from service.clients.top import fetch
+from service.local_daemon import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from tritonclient.grpc import service_pb2 as pb  # noqa: E402
-
-from accelerators import safe_files  # noqa: E402
-from accelerators.engine_options import EngineOptions  # noqa: E402
-from accelerators.onnxruntime_engine import OnnxRuntimeEngine  # noqa: E402
-from service.clients.load_client import ClientPool  # noqa: E402
-from service.clients.top import fetch  # noqa: E402
-from service.local_daemon import DaemonProcess, free_port  # noqa: E402
 
 MAX_BATCH = 64
 SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
@@ -43,8 +40,9 @@ SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
 
 
 def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:
-    import cnn_architectures
     import onnx
+
+    from tools import cnn_architectures
 
     for name in models:
         (folder / name / "1").mkdir(parents=True)
@@ -124,7 +122,7 @@ def in_process(path: Path, model: str, sizes: list[int], seconds: float) -> dict
 
 def accuracy() -> dict[str, float]:
     """MNIST hold-out accuracy per precision, with the engine the daemon uses."""
-    import mnist_digits
+    from tools import mnist_digits
 
     images, labels = mnist_digits.holdout_split()
     path = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"

@@ -60,7 +60,7 @@ class BenchModel:
 
 def build(names: list[str], folder: Path) -> list[BenchModel]:
     """ONNX files of the named models under `folder` (the MNIST CNN is the repository's)."""
-    import cnn_architectures
+    from tools import cnn_architectures
 
     out = []
     for name in names:

@@ -1,10 +1,10 @@
 """An engine with the example model's signature that computes nothing (its outputs are zeros):
 the serving path alone, as when the model runs on an accelerator and costs the host no CPU.
 Importing this module registers it as `null:<device>` (`hetserve serve --engine-modules
-null_engine`, with bench/ on PYTHONPATH): `null:cpu0` is the CPU's, any other name (`null:gpu0`,
-`null:fpga1`) a device of that name and kind. $NULL_ENGINE_BATCH_S makes every batch take that
-long without holding the GIL, as a device of a fixed speed would: seconds for every device, or
-per device, e.g. `gpu0=0.002,fpga0=0.008`."""
+bench.null_engine`, from the repository root): `null:cpu0` is the CPU's, any other name
+(`null:gpu0`, `null:fpga1`) a device of that name and kind. $NULL_ENGINE_BATCH_S makes every
+batch take that long without holding the GIL, as a device of a fixed speed would: seconds for
+every device, or per device, e.g. `gpu0=0.002,fpga0=0.008`."""
 
 from __future__ import annotations
 

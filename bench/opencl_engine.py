@@ -1,7 +1,7 @@
 """Images/s of the OpenCL engine against onnxruntime's CPU provider, measured in the same run,
 and GFLOP/s of the engine's dominant kernels from their profiling events.
 
-    .venv/bin/python bench/opencl_engine.py [--device cpu0[,fpga0]] [--resnet] [--int8] [--fp16]
+    .venv/bin/python -m bench.opencl_engine [--device cpu0[,fpga0]] [--resnet] [--int8] [--fp16]
         [--architectures mobilenet_v2,densenet121] [--architecture-batches 1,8]
         [--provider CUDAExecutionProvider] [--seconds 2]
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,16 +28,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from accelerators.opencl.engine import OpenCLEngine
+from service import contract
+from tools import cnn_architectures, mnist_digits, quantize_int8, vit_architecture
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-import cnn_architectures  # noqa: E402
-import quantize_int8  # noqa: E402
-import vit_architecture  # noqa: E402
-
-import mnist_digits  # noqa: E402
-from accelerators.opencl.engine import OpenCLEngine  # noqa: E402
-from service import contract  # noqa: E402
 
 ARCHITECTURES = cnn_architectures.ARCHITECTURES | {"vit_b_16": vit_architecture.vit}
 

@@ -10,7 +10,7 @@ event-loop iteration, as a real front-end's do. With one request in flight the o
 one request per wake-up (its cost per round trip); with many it stays busy and its req/s is
 what it can feed a node (target: 15k requests/s, 60 µs of CPU per request).
 
-    .venv/bin/python bench/owner_capacity.py [--seconds 3] [--frontends 2] \
+    .venv/bin/python -m bench.owner_capacity [--seconds 3] [--frontends 2] \
         [--in-flight 1 4 16 64 256]
 """
 
@@ -27,15 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from service.core.dataplane import DataPlane
+from service.workers import messages as msg
+from service.workers import owner_channel
+from service.workers.arena import Arena
+from service.workers.frontends import start_frontend
+from service.workers.owner_channel import Channel, OwnerSide
 
-from service.core.dataplane import DataPlane  # noqa: E402
-from service.workers import messages as msg  # noqa: E402
-from service.workers import owner_channel  # noqa: E402
-from service.workers.arena import Arena  # noqa: E402
-from service.workers.frontends import start_frontend  # noqa: E402
-from service.workers.owner_channel import Channel, OwnerSide  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "mnist_cnn"
 IMAGE = np.zeros((1, 1, 28, 28), np.float32)
@@ -83,8 +82,8 @@ class Owner:
     async def start(self, in_flight: int) -> tuple[OwnerSide, asyncio.subprocess.Process]:
         side, process = await start_frontend(
             self._plane, ARENA_BYTES, lambda channel_fd, arena_fd: [
-                sys.executable, __file__, "--frontend", str(channel_fd), str(arena_fd),
-                str(in_flight)], lambda *_: None)
+                sys.executable, "-m", "bench.owner_capacity", "--frontend", str(channel_fd),
+                str(arena_fd), str(in_flight)], lambda *_: None)
         side.send(*self._catalog)
         return side, process
 
@@ -119,8 +118,8 @@ class Owner:
 
 
 async def _owner(args: argparse.Namespace) -> list[dict]:
-    from request_path import data_plane  # registers null:<device>
-    from serving import model_repository
+    from bench.request_path import data_plane  # registers null:<device>
+    from bench.serving import model_repository
 
     with tempfile.TemporaryDirectory() as tmp:
         async with data_plane(model_repository(Path(tmp), devices="null:cpu0")) as (plane, _, _):

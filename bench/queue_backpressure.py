@@ -8,7 +8,7 @@ accelerator's run), so the device, not the host, bounds throughput. Client proce
 spark_jobs.client.infer as a Spark task does. Reference in the same run: the same clients against
 a daemon whose queue has room for all their requests. Rounds alternate the two daemons.
 
-    .venv/bin/python bench/queue_backpressure.py [--clients 4] [--inflight 4] [--queue 512]
+    .venv/bin/python -m bench.queue_backpressure [--clients 4] [--inflight 4] [--queue 512]
 """
 
 from __future__ import annotations
@@ -16,22 +16,19 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.serving import MODEL, model_repository
+from service.clients.top import fetch
+from service.local_daemon import local_daemon
+from spark_jobs import staging
+from spark_jobs.client import ModelInterface, infer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from serving import MODEL, model_repository  # noqa: E402
-
-from service.clients.top import fetch  # noqa: E402
-from service.local_daemon import local_daemon  # noqa: E402
-from spark_jobs import staging  # noqa: E402
-from spark_jobs.client import ModelInterface, infer  # noqa: E402
 
 ARROW_BATCH = 1024  # rows per infer() call, as an Arrow batch of a task
 
@@ -77,8 +74,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     os.environ["NULL_ENGINE_BATCH_S"] = str(args.batch_ms / 1000)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"),
-                                                os.environ.get("PYTHONPATH", "")])
     demand = args.clients * args.inflight * 128
     queues = {"overfilled": args.queue, "room for all": max(4096, 2 * demand)}
     results: dict[str, list[dict]] = {name: [] for name in queues}
@@ -88,7 +83,7 @@ def main() -> None:
             for name, size in (queues.items() if round_ % 2 == 0 else
                                reversed(list(queues.items()))):
                 with local_daemon(models, Path(tmp) / f"{name}{round_}", "--engine-modules",
-                                  "null_engine", "--max-queue-size", str(size)) as daemon:
+                                  "bench.null_engine", "--max-queue-size", str(size)) as daemon:
                     results[name].append(_round(daemon.address, daemon.metrics_url, args))
     best = {name: max(r["rows_per_s"] for r in runs) for name, runs in results.items()}
     print(f"{args.clients} clients x {args.inflight} requests of 128 in flight ({demand} samples) "

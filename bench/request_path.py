@@ -10,7 +10,7 @@ engine that returns zeros. Two measurements:
 
 Reference in the same run: ONNX Runtime's own time per image.
 
-    .venv/bin/python bench/request_path.py [--seconds 3] [--concurrency 16]
+    .venv/bin/python -m bench.request_path [--seconds 3] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -27,20 +26,18 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import null_engine  # noqa: F401  (registers null:cpu0)
+from bench.serving import infer_request, model_ceiling, model_repository
+from service.core.dataplane import DataPlane
+from service.core.metrics import Metrics
+from service.core.model_control import ModelControl
+from service.core.registry import ModelRegistry
+from service.grpc.door import Peers
+from service.grpc.servicer import InferenceServicer
+from service.grpc.shared_memory import SharedMemoryRegions
+from service.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "bench")]
-
-import null_engine  # noqa: E402,F401  (registers null:cpu0)
-from serving import infer_request, model_ceiling, model_repository  # noqa: E402
-
-from service.core.dataplane import DataPlane  # noqa: E402
-from service.core.metrics import Metrics  # noqa: E402
-from service.core.model_control import ModelControl  # noqa: E402
-from service.core.registry import ModelRegistry  # noqa: E402
-from service.grpc.door import Peers  # noqa: E402
-from service.grpc.servicer import InferenceServicer  # noqa: E402
-from service.grpc.shared_memory import SharedMemoryRegions  # noqa: E402
-from service.settings import Settings  # noqa: E402
 
 # Rewritten before each cold request: twice the L2 cache of a core here (2 MB), and of most
 # server cores.
@@ -115,7 +112,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
-    import mnist_digits
+    from tools import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
     with tempfile.TemporaryDirectory() as tmp:
         models = model_repository(Path(tmp), devices="null:cpu0")

@@ -21,7 +21,7 @@ from service.local_daemon import local_daemon
 
 def library(model: str, samples: int, folder: Path) -> SampleLibrary:
     if model == MNIST:
-        import mnist_digits
+        from tools import mnist_digits
 
         images, labels = mnist_digits.holdout_split()
         return SampleLibrary("the 1,000 held-out MNIST digits", images, labels)

@@ -21,7 +21,7 @@ at concurrency 1 what each target adds to echo's latency and the model's own tim
 Triton's perf_analyzer is installed (on PATH or PERF_ANALYZER), it drives every target at the
 same concurrencies too (a C++ client); otherwise a note says so.
 
-    .venv/bin/python bench/serving.py [--seconds 3] [--clients N] [--json out.json]
+    .venv/bin/python -m bench.serving [--seconds 3] [--clients N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def model_repository(folder: Path, batching: bool = True, **parameters: str) -> 
 def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
     """The command line of one target's server: the one place to add a server option to."""
     if kind == "echo":
-        return [sys.executable, str(Path(__file__).with_name("echo_server.py")), str(port)]
+        return [sys.executable, "-m", "bench.echo_server", str(port)]
     # On ONNX Runtime, the engine the in-process figure measures: the example lists an FPGA first,
     # and where that is Intel's emulator its time says nothing about serving.
     models = {"daemon": lambda: model_repository(tmp / kind, devices="onnxruntime"),
@@ -88,15 +88,14 @@ def server_command(kind: str, port: int, tmp: Path, threads: int) -> list[str]:
             "--port", str(port), "--socket", "", "--metrics-port", "0",
             "--intra-op-threads", str(threads), "--log-level", "WARNING"]
     if kind.startswith("nocompute"):
-        args += ["--engine-modules", "null_engine"]
+        args += ["--engine-modules", "bench.null_engine"]
     if kind == "nocompute2":  # the others: HETSERVE_WORKERS, else the daemon's default
         args += ["--workers", "2"]
     return args
 
 
 def _start(kind: str, port: int, tmp: Path, threads: int) -> subprocess.Popen:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)])}
-    return subprocess.Popen(server_command(kind, port, tmp, threads), cwd=ROOT, env=env)
+    return subprocess.Popen(server_command(kind, port, tmp, threads), cwd=ROOT)
 
 
 def process_tree_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
@@ -295,8 +294,7 @@ def main() -> None:
     args = parser.parse_args()
     if "echo" not in args.targets:
         parser.error("--targets: echo is the reference every figure is a ratio to")
-    sys.path.insert(0, str(ROOT / "tools"))
-    import mnist_digits
+    from tools import mnist_digits
     image = mnist_digits.holdout_split()[0][:1]
     note = "" if args.perf_analyzer else ("not installed (on PATH or PERF_ANALYZER); skipped. "
                                           "docs/serving.md says how to get it")

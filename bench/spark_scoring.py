@@ -2,7 +2,7 @@
 Spark's Python workers, on the same Parquet data (raw float32 tensors) and the same Spark master,
 in one run.
 
-    .venv/bin/python bench/spark_scoring.py [--rows 100000] [--repeats 2] [--master local[2]]
+    .venv/bin/python -m bench.spark_scoring [--rows 100000] [--repeats 2] [--master local[2]]
 
 Cold: each method as its own spark-submit, timed from start to exit (JVM, Python workers, ORT
 sessions or the daemon start all included): score.py starting its own daemon, score.py using
@@ -30,24 +30,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+from pyspark.ml.functions import predict_batch_udf
+from pyspark.sql import DataFrame, SparkSession
+
+from bench import ort_reference
+from service.local_daemon import DaemonProcess
+from spark_jobs import staging
+from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe
+from spark_jobs.client import ModelInterface
+from spark_jobs.common_scoring import output_schema
+from tools import mnist_digits
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "bench")]
-os.environ["PYTHONPATH"] = os.pathsep.join(  # Spark's Python workers import ort_reference
-    [str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")])
-os.environ["PYSPARK_PYTHON"] = sys.executable
-
-import numpy as np  # noqa: E402
-import ort_reference  # noqa: E402
-import pandas as pd  # noqa: E402
-from pyspark.ml.functions import predict_batch_udf  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-
-import mnist_digits  # noqa: E402
-from service.local_daemon import DaemonProcess  # noqa: E402
-from spark_jobs import staging  # noqa: E402
-from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe  # noqa: E402
-from spark_jobs.client import ModelInterface  # noqa: E402
-from spark_jobs.common_scoring import output_schema  # noqa: E402
 
 MODEL = ROOT / "models" / "mnist_cnn" / "1" / "model.onnx"
 TOP_K = 5  # score.py's default
@@ -191,6 +187,11 @@ def report(rows: int, cold: dict[str, float], warm: dict[str, float]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Spark's Python workers unpickle bench.ort_reference's functions, and spark-submit runs the
+    # cold reference job from this file's path: both import the package from the repository root.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     args = parse_args(argv)
     if args.reference_job:
         reference_job(args)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-import mnist_digits
 from service.local_daemon import DaemonProcess, free_port
+from tools import mnist_digits
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -18,12 +18,12 @@ import pandas as pd
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-import mnist_digits
 from service.local_daemon import DaemonProcess, free_port, is_ready
 from service.settings import Settings
 from spark_jobs import energy
 from spark_jobs.common_scoring import softmax
 from spark_jobs.cost import Cost
+from tools import mnist_digits
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "demo-output"

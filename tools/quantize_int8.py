@@ -2,7 +2,7 @@
 weights with one scale per output channel, activations calibrated (MinMax) on sample inputs.
 The OpenCL engine runs the result with its int8 kernels (docs/opencl.md).
 
-    .venv/bin/python tools/quantize_int8.py models/mnist_cnn/1/model.onnx mnist_int8.onnx
+    .venv/bin/python -m tools.quantize_int8 models/mnist_cnn/1/model.onnx mnist_int8.onnx
 
 calibrates the MNIST example on the first CALIBRATION held-out digits (tools/mnist_digits.py);
 accuracy is then measured on the other hold-out digits."""
@@ -36,7 +36,7 @@ def quantize(src: Path, dst: Path, input_name: str, samples: np.ndarray,
 
 
 def main() -> None:
-    import mnist_digits
+    from tools import mnist_digits
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)

@@ -5,7 +5,7 @@ random images (max relative error, same top-1), with images/s of both; or the op
 engine refused at load. Needs the `torchvision` extra (torch, torchvision):
 
     pip install -e '.[cpu,torchvision]'
-    python tools/torchvision_coverage.py --device opencl:cpu0 --onnx-dir /tmp/tv-onnx
+    python -m tools.torchvision_coverage --device opencl:cpu0 --onnx-dir /tmp/tv-onnx
 
 Each model runs in its own process (a crash or a refusal stays that model's row); exports are
 kept in --onnx-dir and reused. Results are appended to --results as JSON lines as they come, and

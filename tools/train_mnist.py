@@ -7,7 +7,7 @@ The exported model takes pixels in [0, 1] as input "image" (float32, [batch, 1, 
 normalizes them itself and returns raw logits as output "logits" ([batch, 10]).
 After export, onnxruntime must reproduce torch's held-out accuracy and logits (within 1e-4).
 
-Run from the repository root: python tools/train_mnist.py. Requires the optional extras torch,
+Run from the repository root: python -m tools.train_mnist. Requires the optional extras torch,
 onnx and onnxruntime.
 """
 
@@ -23,7 +23,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from mnist_digits import holdout_split, train_split
+from tools.mnist_digits import holdout_split, train_split
 
 SEED = 0
 BATCH_SIZE = 64

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from cnn_architectures import GraphBuilder
+
+from tools.cnn_architectures import GraphBuilder
 
 
 def ints(*values: int) -> np.ndarray:

@@ -9,12 +9,12 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-import mnist_digits
 from accelerators.devices import gpu_count
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
 from tests.conftest import MODEL, MODELS
+from tools import mnist_digits
 
 PATH = MODELS / MODEL / "1" / "model.onnx"
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]

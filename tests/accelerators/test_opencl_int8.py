@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import quantize_int8
 from onnxruntime.quantization import QuantType
 
 from accelerators.opencl.engine import OpenCLEngine
 from tests.accelerators.conftest import fresh_rng
 from tests.conftest import MODEL, MODELS
+from tools import quantize_int8
 
 ACTIVATIONS = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
 
@@ -73,7 +73,7 @@ def test_quantized_layers_match_qdq_semantics(engine_for, tmp_path, activations,
     """Small layers through every int8 kernel: a padded strided convolution, a depthwise one
     (padding is the zero point), a max pool, and fully connected layers with and without a
     ReLU absorbed into the output's quantization."""
-    import cnn_architectures
+    from tools import cnn_architectures
     rng, seed = fresh_rng()
     g = cnn_architectures.GraphBuilder(seed)
     x = g.relu(g.conv("image", 3, 8, 3, stride=2, pad=1))
@@ -101,7 +101,7 @@ def test_quantized_classifiers_match_qdq_semantics(engine_for, tmp_path, name) -
     shuffles between them on rounded fp32. One-step rounding differences of hidden layers
     propagate, so the bound is a few output steps, and the same top-1. The bound is empirical
     (seeds 1-25: at most 7 steps; rarer weights reach 12), so the seed is fixed."""
-    import cnn_architectures
+    from tools import cnn_architectures
     rng, seed = fresh_rng(fixed=20261123)
     src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     onnx.save(cnn_architectures.ARCHITECTURES[name](seed, size=64), str(src))

@@ -6,13 +6,13 @@ weights) at batch 1."""
 
 from __future__ import annotations
 
-import cnn_architectures
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from tests.accelerators.conftest import fresh_rng, rel_err
 from tests.conftest import MODEL, MODELS
+from tools import cnn_architectures
 
 
 def _ort(model) -> ort.InferenceSession:

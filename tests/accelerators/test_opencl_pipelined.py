@@ -6,7 +6,6 @@ classifiers against onnxruntime."""
 
 from __future__ import annotations
 
-import cnn_architectures
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,6 +17,7 @@ from accelerators.opencl.ir import UnsupportedModelError
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
 from tests.accelerators.test_opencl_kernels import CONV, conv_model
 from tests.conftest import MODEL, MODELS
+from tools import cnn_architectures
 
 STAGES = ["pipe_conv_feed", "pipe_conv_mac", "pipe_conv_drain"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-import vit_architecture
 
 from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
 from tests.accelerators.test_opencl_blocks import served
 from tests.accelerators.test_opencl_tensor_ops import check_batches
+from tools import vit_architecture
 
 SMALL = {"size": 32, "patch": 8, "dim": 32, "heads": 4, "mlp": 64, "layers": 2}
 

@@ -1,17 +1,11 @@
-"""Fixtures for the benchmark tools. `python -m bench` is a package; the older benches
-(serving.py and its helpers) are scripts that import each other by name, hence the path."""
+"""Fixtures for the benchmark tools."""
 
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 import pytest
 
 from bench.loadgen_sut import SampleLibrary
-from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ starts, the batch table for one model on the CPU in-process and through a daemon
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -6,7 +6,8 @@ import argparse
 import asyncio
 
 import pytest
-from owner_capacity import _owner
+
+from bench.owner_capacity import _owner
 
 
 def test_simulated_frontends_keep_the_owner_busy_and_every_request_is_answered() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from request_path import lone, measure
-from serving import model_repository
+from bench.request_path import lone, measure
+from bench.serving import model_repository
 
 
 def test_requests_go_through_the_servicers_path_and_their_cpu_is_reported(tmp_path,

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from serving import process_tree_cpu_s
+
+from bench.serving import process_tree_cpu_s
 
 TICK = os.sysconf("SC_CLK_TCK")
 
