@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import tritonclient.http as httpclient
 from aiohttp import web
 
+from bench.serving import model_ceiling, model_repository
 from service.local_daemon import free_port, serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,10 +58,7 @@ def server(kind: str, tmp: Path) -> Iterator[str]:
     else:
         models = tmp / "models"
         if not models.exists():
-            shutil.copytree(ROOT / "models" / MODEL, models / MODEL)
-            config = models / MODEL / "config.pbtxt"
-            config.write_text(config.read_text().replace('"opencl:fpga0, onnxruntime"',
-                                                         '"onnxruntime"'))
+            model_repository(models, devices="onnxruntime")  # as bench.serving's daemon
         command = [*serve_command("--models", str(models)),
                    "--port", str(free_port()), "--socket", "", "--metrics-port", "0",
                    "--http-port", str(port)]
@@ -71,10 +67,9 @@ def server(kind: str, tmp: Path) -> Iterator[str]:
     try:
         deadline = time.monotonic() + 120
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if client.is_server_ready():
-                    break
+        while not _ready(client):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"the {kind} server did not become ready on port {port}")
             time.sleep(0.1)
         yield f"127.0.0.1:{port}"
     finally:
@@ -96,16 +91,11 @@ def latencies(address: str, image: np.ndarray, seconds: float) -> list[float]:
     return took
 
 
-def model_ms(image: np.ndarray, seconds: float) -> float:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(ROOT / "models" / MODEL / "1" / "model.onnx"), options)
-    took, end = [], time.monotonic() + seconds
-    while time.monotonic() < end:
-        start = time.perf_counter()
-        session.run(None, {"image": image})
-        took.append(time.perf_counter() - start)
-    return float(np.median(took)) * 1e3
+def _ready(client: httpclient.InferenceServerClient) -> bool:
+    try:
+        return client.is_server_ready()
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False
 
 
 def main() -> int:
@@ -126,7 +116,8 @@ def main() -> int:
                 p50[kind].append(float(np.median(took)) * 1e3)
                 print(f"{kind:7} p50 {p50[kind][-1]:.2f} ms, p99 "
                       f"{np.percentile(took, 99) * 1e3:.2f} ms ({len(took)} requests)")
-    model = model_ms(image, args.seconds)
+    # The in-process reference bench.serving's gRPC figure uses (one thread, mean per image).
+    model = 1e3 / model_ceiling(image, 1, args.seconds)["batch_1_img_per_s"]
     excess = min(p50["daemon"]) - min(p50["echo"]) - model
     print(f"Concurrency 1 over REST: daemon p50 {min(p50['daemon']):.2f} ms = echo's "
           f"{min(p50['echo']):.2f} ms + the model in-process at batch 1 ({model:.2f} ms) + "

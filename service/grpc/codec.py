@@ -24,7 +24,8 @@ from service.grpc.shared_memory import Caller, SharedMemoryRegions
 M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
 _MAX_TENSOR_BYTES = 1 << 40
-_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+# The tensor parameters that place it in shared memory (what REST refuses, too).
+SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
 def parse_message(message_class: type[M], data: bytes) -> M:
@@ -40,7 +41,7 @@ def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
     """Whether any tensor of the request names shared memory (other parameters, such as an
     output's `classification`, do not)."""
     return any(key in t.parameters for t in (*request.inputs, *request.outputs)
-               for key in _SHM_KEYS)
+               for key in SHM_KEYS)
 
 
 def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
@@ -151,7 +152,7 @@ def encode_response(request: service_pb2.ModelInferRequest, spec: ModelSpec, ans
             raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
                                     f"received, the output needs {array.nbytes} bytes")
         regions.write(region, offset, array, caller, f"output {name!r}")
-        for key in _SHM_KEYS:
+        for key in SHM_KEYS:
             if key in parameters:
                 response.outputs[-1].parameters[key].CopyFrom(parameters[key])
         response.raw_output_contents.append(b"")

@@ -41,12 +41,12 @@ class GrpcFront:
         self.health = health.aio.HealthServicer()
         self._servers: dict[Listener, grpc.aio.Server] = {}
         if settings.grpc_port:  # the socket's users need no token
-            self._servers[Listener.tcp(settings)] = self._server(
-                Listener.tcp(settings), servicer,
-                [TokenInterceptor(token, admin_token(settings))] if token else [])
+            tcp = Listener.tcp(settings)
+            self._servers[tcp] = self._server(
+                tcp, servicer, [TokenInterceptor(token, admin_token(settings))] if token else [])
         if settings.unix_socket:
-            self._servers[Listener.socket(settings)] = self._server(
-                Listener.socket(settings), servicer, [])
+            socket = Listener.socket(settings)
+            self._servers[socket] = self._server(socket, servicer, [])
         if not self._servers:
             raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
 

@@ -16,9 +16,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from service import contract
 from service.errors import InvalidInputError, shown
+from service.grpc.codec import SHM_KEYS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
-_SHARED_MEMORY = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
@@ -148,7 +148,7 @@ def parameter_values(parameters) -> dict[str, Any]:
 
 def _set_parameters(into, given: dict, where: str) -> None:
     for key, value in given.items():
-        if key in _SHARED_MEMORY:
+        if key in SHM_KEYS:
             raise InvalidInputError(f"{where}.{key}: shared memory is not offered over REST; "
                                     "use gRPC on the daemon's unix socket")
         if key in _REST_ONLY:

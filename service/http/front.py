@@ -8,7 +8,6 @@ once."""
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -17,7 +16,7 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
 from service.errors import StartupError, Status, status_of
-from service.grpc.credentials import TokenFile, admin_token
+from service.grpc.credentials import TokenFile, admin_token, holds
 from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.servicer import InferenceServicer
 from service.http import codec
@@ -113,8 +112,7 @@ class HttpFront:
         """The token where one is in force (not for health checks, as on gRPC), and every
         error as the protocol's JSON error object with its HTTP status."""
         if self._tokens and not request.path.startswith(_HEALTH) and not any(
-                hmac.compare_digest(request.headers.get("Authorization", "").encode(),
-                                    t.bearer()) for t in self._tokens):
+                holds(t, _Call(request)) for t in self._tokens):
             return _error(401, "header 'Authorization': a valid 'Bearer <token>' is required")
         try:
             return await handler(request)
