@@ -63,7 +63,7 @@ def register(prefix: Path | None = None, state_dir: Path | None = None) -> Path 
         log.warning("the OpenCL runtimes installed in %s stay hidden: %s", sys.prefix, e)
         return None
     os.environ["OCL_ICD_VENDORS"] = os.environ[_MADE_BY_US] = str(folder)
-    os.environ.setdefault(EMULATOR_THREADS, str(max(4, len(os.sched_getaffinity(0)))))
+    os.environ.setdefault(EMULATOR_THREADS, str(max(8, len(os.sched_getaffinity(0)))))
     log.debug("OpenCL ICD folder %s: %s", folder, sorted(lines))
     return folder
 

@@ -133,6 +133,21 @@ def alexnet(seed: int = 0) -> onnx.ModelProto:
     return g.model(g.fc(x, 4096, 1000), "alexnet")
 
 
+def caffenet(seed: int = 0) -> onnx.ModelProto:
+    """AlexNet as Caffe's reference model has it (227 x 227, pooling before LRN): the network
+    PipeCNN's published figures were measured on."""
+    g = GraphBuilder(seed)
+    x = g.lrn(g.maxpool(g.relu(g.conv("image", 3, 96, 11, stride=4)), 3, 2))
+    x = g.lrn(g.maxpool(g.relu(g.conv(x, 96, 256, 5, pad=2, group=2)), 3, 2))
+    x = g.relu(g.conv(x, 256, 384, 3, pad=1))
+    x = g.relu(g.conv(x, 384, 384, 3, pad=1, group=2))
+    x = g.maxpool(g.relu(g.conv(x, 384, 256, 3, pad=1, group=2)), 3, 2)
+    x = g.op("Flatten", [x], axis=1)
+    x = g.op("Dropout", [g.relu(g.fc(x, 256 * 6 * 6, 4096))])
+    x = g.op("Dropout", [g.relu(g.fc(x, 4096, 4096))])
+    return g.model(g.fc(x, 4096, 1000), "caffenet", size=227)
+
+
 # GoogLeNet's inception modules: 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection.
 INCEPTION = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
              "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),

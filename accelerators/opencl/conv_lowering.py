@@ -1,7 +1,7 @@
 """Lowering of the convolutions: Conv 2-D (1-D as 2-D of height 1) to im2col and
-matmul_lowering's GEMMs, an implicit GEMM (`conv_local`) or a depthwise kernel on GPUs and
-FPGAs, and to quant_lowering's int8 or pipeline_lowering's pipelined kernels where the node or
-the build asks; ConvTranspose 1-D and 2-D to `conv_transpose`."""
+matmul_lowering's GEMMs, an implicit GEMM (`conv_local`) or a depthwise kernel on GPUs, and
+to quant_lowering's int8 kernels where the node asks; ConvTranspose 1-D and 2-D to
+`conv_transpose`. (FPGAs run their own pipeline: fpga/lowering.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import BIAS_NONE, BIAS_ROW, Dyn, Launch, Ref, activation_args, ints
 from accelerators.opencl.lowering_state import Lowering
 from accelerators.opencl.matmul_lowering import launch_gemm, tiled_size
-from accelerators.opencl.pipeline_lowering import conv_pipelined
 from accelerators.opencl.quant_lowering import conv_q8
 
 
@@ -78,9 +77,6 @@ def conv(lw: Lowering, node: Node, args: list) -> None:
     out, geometry = _conv_geometry(lw, node, x, w)
     if "quant_in" in node.attrs:
         conv_q8(lw, node, args, out, geometry)
-        return
-    if lw.build.pipelined:
-        conv_pipelined(lw, node, args, out, geometry)
         return
     cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
     n, oc, g = x.shape[0], w.shape[0], node.attrs.get("group", 1)

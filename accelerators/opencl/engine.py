@@ -10,7 +10,6 @@ throughput falls fourfold once a batch's im2col buffer outgrows the cache)."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,11 @@ import numpy as np
 from accelerators.engine import Device, TensorSignature
 from accelerators.opencl.device import OpenCLDevice, open_device
 from accelerators.opencl.executor import Executor, as_float32
+from accelerators.opencl.fpga import board as boards
+from accelerators.opencl.fpga.lowering import STAGES, lower_fpga
 from accelerators.opencl.graph import fix_input_dims, load_graph
 from accelerators.opencl.ir import Graph, UnsupportedModelError
-from accelerators.opencl.launch import Build, LocalTiling, Lowered, Samples
+from accelerators.opencl.launch import Build, LocalTiling, Lowered, Pipeline, Samples
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.plans import (
     DEFAULT_SHAPES,
@@ -34,40 +35,62 @@ from accelerators.opencl.program_cache import ProgramCache
 log = logging.getLogger(__name__)
 
 SLICE_TILES = 2  # a CPU slice: this many register tiles' rows (fully connected layers' M)
-PIPELINED_ENV = "HETSERVE_OPENCL_PIPELINED"
 PRECISIONS = ("fp32", "fp16")
 # The size a variable dim is checked at when the model loads: a multiple of the strides of
 # detectors' and text recognizers' downsampling, and as long as a token sequence commonly is.
 PROBE_SIZE = 64
 
 
+def lower_for(graph: Graph, batch: int, build: Build, samples: Samples | None = None
+              ) -> Lowered:
+    """The plan for `batch` samples: the FPGA pipeline's where the build has it."""
+    if build.pipeline:
+        return lower_fpga(graph, batch, build, samples)
+    return lower(graph, batch, build, samples)
+
+
 def lowered_plans(graph: Graph, build: Build, samples: Samples | None = None
                   ) -> tuple[Lowered, Lowered]:
     """The plans for one sample and for a CPU slice: kernels differ between them (GEMV vs GEMM
-    tiles), so a program, and an FPGA binary, must hold both sets. A slice is as many samples
-    as fill whole register tiles of the fully connected layers: 12 with AVX2's 6-row tiles (8
-    ran half-empty second tiles)."""
-    return lower(graph, 1, build, samples), lower(graph, SLICE_TILES * build.rows, build,
-                                                  samples)
+    tiles), so a program must hold both sets. A slice is as many samples as fill whole register
+    tiles of the fully connected layers: 12 with AVX2's 6-row tiles (8 ran half-empty second
+    tiles)."""
+    return lower_for(graph, 1, build, samples), lower_for(graph, SLICE_TILES * build.rows,
+                                                          build, samples)
 
 
 def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
-    """The kernels the plans launch, and the marker of the storage they were built for."""
+    """The kernels a program must hold: the FPGA pipeline's four stages (what the board's
+    binary is), or the kernels the plans launch and the marker of their storage."""
+    if build.pipeline:
+        return set(STAGES)
     return {la.kernel for plan in (first, several) for la in plan.launches} | {
         build.storage_kernel}
 
 
+def fpga_build(graph: Graph, board: boards.Board, half: bool) -> Build:
+    """An FPGA's build for `graph`: the board's array and buffers, int8 MACs for a QDQ model,
+    and LeakyRelu in the epilogue only where a layer has it."""
+    int8 = any("quant_in" in n.attrs for n in graph.nodes)
+    leaky = any(getattr(n.attrs.get("activation"), "op", None) == "LeakyRelu"
+                for n in graph.nodes)
+    fifo = "XILINX_PIPES" if board.vendor == "xilinx" else "INTEL_CHANNELS"
+    return Build(pipeline=Pipeline(board.vec, board.lane, board.weight_buffer,
+                                   board.line_buffer, board.pool_buffer, board.channel_depth,
+                                   fifo, int8, leaky),
+                 half=half)
+
+
 class OpenCLEngine:
     def __init__(self, model_path: Path, device: str = "", cache: ProgramCache | None = None,
-                 local_tiles: bool | None = None, pipelined: bool | None = None,
-                 precision: str = "fp32", served: dict[str, tuple[int, ...]] | None = None,
-                 max_shapes: int = DEFAULT_SHAPES) -> None:
-        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs, and
-        always on FPGAs. Their tile size follows the device's limits; FPGAs, emulated or not,
-        take the default tiles their binaries are built with (docs/opencl.md). `pipelined`:
-        fp32 convolutions through the pipelined single work-item kernels, built with
-        -DPIPELINED (and the FPGA's channels or pipes); by default when
-        $HETSERVE_OPENCL_PIPELINED is 1. `precision` "fp16": tensors and weights stored as
+                 local_tiles: bool | None = None, precision: str = "fp32",
+                 served: dict[str, tuple[int, ...]] | None = None,
+                 max_shapes: int = DEFAULT_SHAPES, board: str | None = None) -> None:
+        """`local_tiles`: GEMMs and convolutions through local memory; by default on GPUs,
+        their tile size from the device's limits. FPGAs run the pipeline of
+        kernels/fpga/pipeline.cl as `board`'s profile sizes it (by default
+        $HETSERVE_FPGA_BOARD, and `emulator` on the emulator; docs/fpga.md), the nodes it
+        does not cover on the host. `precision` "fp16": tensors and weights stored as
         halves on the device (any device), the local tiles computed in half where the device
         has cl_khr_fp16; inputs and outputs stay FP32. `served`: each input's dims after the
         batch axis as the model is served (config.pbtxt's), which fix the graph's symbolic
@@ -76,26 +99,25 @@ class OpenCLEngine:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is unknown; expected one of "
                              f"{list(PRECISIONS)}")
-        pipelined = os.environ.get(PIPELINED_ENV) == "1" if pipelined is None else pipelined
         self.graph: Graph = load_graph(model_path)
         variable = fix_input_dims(self.graph, served or {})
         half = precision == "fp16"
-        if half and (pipelined or any(n.op == "FakeQuant" or "quant_in" in n.attrs
-                                      for n in self.graph.nodes)):
-            raise UnsupportedModelError(
-                f"precision fp16 applies to float models on the non-pipelined kernels; "
-                f"{model_path} is {'pipelined' if pipelined else 'an int8 model'}")
+        if half and any(n.op == "FakeQuant" or "quant_in" in n.attrs for n in self.graph.nodes):
+            raise UnsupportedModelError(f"precision fp16 applies to float models; {model_path} "
+                                        f"is an int8 model")
         self._dev: OpenCLDevice = open_device(device)
         d = self._dev.device
         half_compute = half and "cl_khr_fp16" in d.extensions
+        self.board: boards.Board | None = None
         if self._dev.kind == "fpga":
-            self.build = Build.for_fpga(d.platform.name, pipelined, half, half_compute)
+            self.board = boards.for_device(board, self._dev.emulated, self._dev.name)
+            self.build = fpga_build(self.graph, self.board, half)
         else:
             tiled = self._dev.kind == "gpu" if local_tiles is None else local_tiles
             tiling = LocalTiling.for_device(d.max_work_group_size, d.local_mem_size) \
                 if tiled else None
             self.build = Build(Build.register_rows(self._dev.kind, d.native_vector_width_float),
-                               tiling, pipelined, "", half, half_compute)
+                               tiling, None, half, half_compute)
         self.device = Device(self._dev.name, self._dev.kind, "opencl", self._dev.emulated)
         self.inputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.inputs)
         self.outputs = tuple(TensorSignature(n, "FP32", s) for n, s in self.graph.outputs)
@@ -107,7 +129,11 @@ class OpenCLEngine:
         first, several = self._check(variable)
         self.slice = SLICE_TILES * self.build.rows
         self.kernels = kernels_of(first, several, self.build)
-        self.program = self._cache.program(self._dev, self.kernels, self.build.defines)
+        self.program = self._cache.program(self._dev, self.kernels, self.build.defines,
+                                           self.board)
+        if first.on_host:
+            log.info("%s on %s: %d nodes on the host, the rest on the board's pipeline: %s",
+                     model_path, self._dev.name, len(first.on_host), _reasons(first.on_host))
         names = [name for name, _ in self.graph.inputs]
         # Fixed shapes: one set of plans, never evicted; variable dims: per request shape.
         self._fixed = None if variable else ShapePlans(None)
@@ -164,10 +190,10 @@ class OpenCLEngine:
             raise ValueError("the model's dims are variable: its plans are per request shape")
         plan = shape.by_batch.get(batch)
         if plan is None:
-            lowered = lowered or lower(self.graph, batch, self.build, shape.samples)
+            lowered = lowered or lower_for(self.graph, batch, self.build, shape.samples)
             plan = shape.by_batch[batch] = Executor(
                 self._dev, self.program, lowered, self._consts.for_plan(lowered.consts, shape),
-                concurrent_stages=self.build.concurrent_stages)
+                concurrent_stages=self.build.pipeline is not None)
             self._report("built", 1)
         return plan
 
@@ -197,6 +223,15 @@ class OpenCLEngine:
                 {k: v[lo:hi] for k, v in results.items()})
         self._dev.queue.finish()
         return as_float32(results)
+
+
+def _reasons(on_host: dict[str, str]) -> str:
+    """`Add x3 (op Add has no FPGA kernel); conv1 (...)`: the nodes by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in on_host.items():
+        by_reason.setdefault(reason, []).append(node)
+    return "; ".join(f"{', '.join(nodes[:3])}{f' and {len(nodes) - 3} more' * (len(nodes) > 3)}"
+                     f" ({reason})" for reason, nodes in by_reason.items())
 
 
 def _named(variable: list[tuple[str, int]]) -> str:

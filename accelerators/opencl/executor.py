@@ -1,7 +1,9 @@
 """A launch plan for one batch size on one device: buffers allocated by the planner, kernels
 with their arguments bound once, and a run that enqueues the input copies, every kernel and the
 output copies on the in-order queue, waiting only for the outputs (no host round trip between
-layers). Kernel events are kept so runs can be profiled per launch."""
+layers). On an FPGA the pipeline's stages run on queues of their own, and the nodes it does not
+cover are computed on the host in between (the one round trip they need). Kernel events are
+kept so runs can be profiled per launch."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import numpy as np
 import pyopencl as cl
 
 from accelerators.opencl.device import OpenCLDevice
-from accelerators.opencl.launch import Launch, Lowered, Ref
+from accelerators.opencl.fpga import host
+from accelerators.opencl.launch import HOST, Dyn, Launch, Lowered, Ref
 from accelerators.opencl.planner import plan_buffers
 
 
@@ -49,12 +52,17 @@ class Executor:
         self._outputs = {name: (buffer(Ref(d.storage)), d.shape)
                          for name, d in lowered.outputs.items()}
         self.launches = lowered.launches
-        self._kernels: list[tuple[cl.Kernel, Launch]] = []
+        self._buffer = buffer
+        self._kernels: list[tuple[cl.Kernel | None, Launch]] = []
         for launch in lowered.launches:
+            if launch.kernel == HOST:
+                self._kernels.append((None, launch))
+                continue
             kernel = cl.Kernel(program, launch.kernel)
             kernel.set_args(*[buffer(a) if isinstance(a, Ref) else a for a in launch.args])
             self._kernels.append((kernel, launch))
         self._events: list[cl.Event] = []
+        self._timed: list[Launch] = []  # the launches of _events
 
     def release(self) -> None:
         """Frees the plan's buffers (an evicted shape's); it must not run again."""
@@ -88,13 +96,18 @@ class Executor:
             array: np.ndarray = np.ascontiguousarray(inputs[name], self._dtype)
             held.append(array)
             cl.enqueue_copy(q, buf, array, is_blocking=False)
-        self._events = []
+        self._events, self._timed = [], []
         chain: list[cl.Event] = []  # the pipelined stages enqueued since the last main launch
         for k, launch in self._kernels:
+            if k is None:
+                self._on_host(launch)
+                chain = []
+                continue
             if not launch.stage:
                 # The main queue goes on once a chain before has drained.
                 self._events.append(cl.enqueue_nd_range_kernel(
                     q, k, launch.global_size, launch.local_size, wait_for=chain or None))
+                self._timed.append(launch)
                 chain = []
                 continue
             if launch.stage == 1:  # the stages start after the work (and any chain) before them
@@ -106,16 +119,35 @@ class Executor:
             stage_queue.flush()
             chain.append(event)
             self._events.append(event)
+            self._timed.append(launch)
         for name, array in results.items():
             cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False,
                             wait_for=chain or None)
         return held
 
+    def _on_host(self, launch: Launch) -> None:
+        """Waits for the device, reads the step's inputs, computes it and writes its outputs."""
+        step = launch.host
+        assert step is not None  # HOST launches carry their step
+        self._queue.finish()
+        for queue in self._stage_queues.values():
+            queue.finish()
+        values = []
+        for value in step.inputs:
+            if isinstance(value, Dyn):
+                array: np.ndarray = np.empty(value.shape, self._dtype)
+                cl.enqueue_copy(self._queue, array, self._buffer(Ref(value.storage)))
+                value = array.astype(np.float32)
+            values.append(value)
+        for out, result in zip(step.outputs, host.run(step.node, values, step.opset)):
+            cl.enqueue_copy(self._queue, self._buffer(Ref(out.storage)),
+                            np.ascontiguousarray(result.reshape(out.shape), self._dtype))
+
     def profile(self) -> list[LaunchTime]:
         """Device time of each launch of the last run, from its profiling event."""
         return [LaunchTime(launch.kernel, launch.node,
                            (e.profile.end - e.profile.start) * 1e-9, launch.flops)
-                for e, (_, launch) in zip(self._events, self._kernels)]
+                for e, launch in zip(self._events, self._timed)]
 
 
 def as_float32(results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

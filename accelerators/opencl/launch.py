@@ -51,15 +51,41 @@ class LocalTiling:
 
 
 @dataclass(frozen=True)
+class Pipeline:
+    """The FPGA pipeline's compile-time parameters (kernels/fpga/pipeline.cl): a board profile's
+    MAC array and buffers, the arithmetic, and the activations its epilogue has."""
+    vec: int
+    lane: int
+    weight_buffer: int  # VEC x LANE words
+    line_buffer: int  # VEC words
+    pool_buffer: int  # LANE words
+    channel_depth: int = 8
+    fifo: str = "INTEL_CHANNELS"  # or "XILINX_PIPES"
+    q8: bool = False  # int8 x int8 MACs (QDQ models)
+    leaky: bool = False  # LeakyRelu in the epilogue (ReLU and Clip always are)
+
+    @property
+    def pipe_depth(self) -> int:
+        """Partial sums a lane keeps: a float adder's latency; an integer add closes in one."""
+        return 1 if self.q8 else 6
+
+    @property
+    def defines(self) -> str:
+        flags = [f"-DVEC={self.vec}", f"-DLANE={self.lane}", f"-DPIPE_DEPTH={self.pipe_depth}",
+                 f"-DWEIGHT_BUF={self.weight_buffer}", f"-DLINE_BUF={self.line_buffer}",
+                 f"-DPOOL_BUF={self.pool_buffer}", f"-DCHANNEL_DEPTH={self.channel_depth}",
+                 f"-D{self.fifo}",
+                 "-DQ8" if self.q8 else "", "-DACT_LEAKY" if self.leaky else ""]
+        return " ".join(filter(None, flags))
+
+
+@dataclass(frozen=True)
 class Build:
     """The choices a device's program is built with (its -D macros), which the lowering sizes
     its launches and buffers by."""
     rows: int = 8  # of a gemm_tile register tile (CPUs: register_rows)
-    tiling: LocalTiling | None = None  # local-memory tiles (GPUs, FPGAs)
-    pipelined: bool = False  # fp32 convolutions through kernels/pipelined.cl
-    # What joins the pipelined stages: "" global-memory buffers filled and drained in turn;
-    # "INTEL_CHANNELS" or "XILINX_PIPES" (FPGAs) FIFOs between stages that run at once.
-    fifo: str = ""
+    tiling: LocalTiling | None = None  # local-memory tiles (GPUs)
+    pipeline: Pipeline | None = None  # FPGAs: kernels/fpga/pipeline.cl alone
     half: bool = False  # fp16 models: tensors and weights stored as halves
     half_compute: bool = False  # the local tiles in half arithmetic (cl_khr_fp16)
 
@@ -70,30 +96,19 @@ class Build:
 
     @property
     def defines(self) -> str:
+        if self.pipeline:
+            return " ".join(filter(None, [self.pipeline.defines,
+                                          "-DHALF_STORAGE" if self.half else ""]))
         flags = [f"-DTM={self.rows}", self.tiling.defines if self.tiling else "",
-                 "-DPIPELINED" if self.pipelined else "",
-                 f"-D{self.fifo}" if self.pipelined and self.fifo else "",
                  "-DHALF_STORAGE" if self.half else "",
                  "-DHALF_COMPUTE" if self.half_compute else ""]
         return " ".join(filter(None, flags))
 
     @property
     def storage_kernel(self) -> str:
-        """kernels/common.cl's marker of the storage the program was built for."""
+        """kernels/common.cl's marker of the storage the program was built for (the FPGA
+        pipeline's binaries carry a manifest instead: fpga/manifest.py)."""
         return "storage_fp16" if self.half else "storage_fp32"
-
-    @property
-    def concurrent_stages(self) -> bool:
-        """The pipelined stages are joined by channels or pipes and must run at the same time."""
-        return self.pipelined and bool(self.fifo)
-
-    @classmethod
-    def for_fpga(cls, platform: str, pipelined: bool = False, half: bool = False,
-                 half_compute: bool = False) -> Build:
-        """What FPGA programs, binaries and emulated boards alike, are built with: the default
-        local tiles (TS = 32) and the vendor's FIFOs between pipelined stages."""
-        fifo = "XILINX_PIPES" if "xilinx" in platform.lower() else "INTEL_CHANNELS"
-        return cls(8, LocalTiling(), pipelined, fifo, half, half_compute)
 
     @staticmethod
     def register_rows(kind: str, native_float_width: int) -> int:
@@ -129,8 +144,22 @@ class Launch:
     node: str
     flops: int = 0
     # 0: the main queue. k > 0: the k-th stage of a chain of single work-item kernels joined by
-    # FIFOs (pipeline_lowering.py), each stage on its own queue.
+    # channels or pipes (the FPGA pipeline), each stage on its own queue, all running at once.
     stage: int = 0
+    host: HostStep | None = None  # a node the host computes (kernel HOST)
+
+
+HOST = "host"  # Launch.kernel of a node computed on the host
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """A node an FPGA's pipeline does not cover, computed on the host between device launches:
+    its inputs (device tensors, or constants known at lowering) and its outputs' tensors."""
+    node: Node
+    inputs: tuple[Dyn | np.ndarray | None, ...]
+    outputs: tuple[Dyn, ...]
+    opset: int
 
 
 @dataclass
@@ -141,6 +170,7 @@ class Lowered:
     inputs: dict[str, Dyn] = field(default_factory=dict)
     outputs: dict[str, Dyn] = field(default_factory=dict)
     dtype: type = np.float32  # of the input and output buffers (Build.dtype)
+    on_host: dict[str, str] = field(default_factory=dict)  # FPGA: node -> why the host runs it
 
 
 def round_up(n: int, multiple: int) -> int:

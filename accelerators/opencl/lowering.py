@@ -61,13 +61,15 @@ LOWERINGS: dict[str, OpLowering] = {
 }
 
 
-def lower(graph: Graph, batch: int, build: Build = Build(),
-          samples: Samples | None = None) -> Lowered:
+def lower(graph: Graph, batch: int, build: Build = Build(), samples: Samples | None = None,
+          table: dict[str, OpLowering] = LOWERINGS, fallback: OpLowering | None = None
+          ) -> Lowered:
     """`build.tiling`: GEMMs and convolutions staged through local memory in tiles of that size
-    (GPUs, FPGAs) instead of the register tiles that suit CPUs. `build.pipelined`: fp32
-    convolutions through the pipelined kernels (kernels/pipelined.cl). `build.half`: tensors
+    (GPUs) instead of the register tiles that suit CPUs. `build.half`: tensors
     and float weights stored as fp16. `samples`: each input's shape after the batch axis, where
-    the graph leaves dims variable (a request's shape); by default the graph's."""
+    the graph leaves dims variable (a request's shape); by default the graph's. `table`: the
+    lowering of each op (the FPGA pipeline has its own); `fallback`: of an op the table lacks,
+    which is otherwise refused."""
     lw = Lowering(graph, build, batch, Lowered(dtype=build.dtype), dict(graph.consts))
     for name, dims in graph.inputs:
         sample = samples.get(name) if samples else None
@@ -75,7 +77,8 @@ def lower(graph: Graph, batch: int, build: Build = Build(),
             batch if dims[0] == -1 else dims[0], *sample)
         lw.values[name] = lw.out.inputs[name] = lw.new(name, shape)
     for node in graph.nodes:
-        _lower_node(lw, node)
+        if node.name not in lw.done:
+            _lower_node(lw, node, table, fallback)
     for name, _ in graph.outputs:
         value = lw.values[name]
         if not isinstance(value, Dyn):
@@ -84,7 +87,8 @@ def lower(graph: Graph, batch: int, build: Build = Build(),
     return lw.out
 
 
-def _lower_node(lw: Lowering, node: Node) -> None:
+def _lower_node(lw: Lowering, node: Node, table: dict[str, OpLowering],
+                fallback: OpLowering | None) -> None:
     args = [lw.values.get(i) if i else None for i in node.inputs]
     missing = [i for i, v in zip(node.inputs, args) if i and v is None]
     if missing:
@@ -98,8 +102,10 @@ def _lower_node(lw: Lowering, node: Node) -> None:
     elif node.op in VIEWS and isinstance(x, Dyn):
         shape = view_shape(node, x.shape, args[1:], lw.graph.opset)
         lw.values[node.outputs[0]] = Dyn(shape, x.storage)
-    elif node.op in LOWERINGS:
-        LOWERINGS[node.op](lw, node, args)
+    elif node.op in table:
+        table[node.op](lw, node, args)
+    elif fallback is not None:
+        fallback(lw, node, args)
     else:
         raise UnsupportedModelError(
             f"op {node.op!r} (domain 'ai.onnx') of node {node.name!r} is not supported by "

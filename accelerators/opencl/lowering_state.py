@@ -26,6 +26,7 @@ class Lowering:
     # Folded values that depend on this batch size (on a Shape): their device copies are
     # keyed apart from other batch sizes' (the engine shares constants between plans).
     per_batch: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)  # nodes another's lowering took in (a pool)
 
     def new(self, name: str, shape: tuple[int, ...], itemsize: int | None = None) -> Dyn:
         """A tensor of `itemsize` bytes per value; by default the build's (fp32 or fp16)."""

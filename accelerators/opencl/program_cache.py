@@ -16,6 +16,8 @@ import pyopencl as cl
 
 from accelerators import safe_files
 from accelerators.opencl.device import OpenCLDevice
+from accelerators.opencl.fpga.board import Board
+from accelerators.opencl.fpga.manifest import Manifest, fpga_source
 from accelerators.opencl.launch import GEMM_WG, VN, WG_1D
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,8 @@ class BadBinaryError(RuntimeError):
 
 
 def kernel_source() -> str:
-    """kernels/common.cl, then every other kernel file, in a stable order."""
+    """GPUs' and CPUs' kernels: kernels/common.cl, then every other kernel file, in a stable
+    order (FPGAs build kernels/fpga/pipeline.cl alone: manifest.fpga_source)."""
     files = sorted((f for f in resources.files("kernels").iterdir() if f.name.endswith(".cl")),
                    key=lambda f: (f.name != "common.cl", f.name))
     return "\n".join(f"// ---- {f.name}\n{f.read_text()}" for f in files)
@@ -65,18 +68,26 @@ class ProgramCache:
         self.options = options
         self.hits = 0  # programs loaded from the on-disk cache
 
-    def program(self, dev: OpenCLDevice, required: set[str], defines: str = "") -> cl.Program:
-        """`defines`: build macros beside BUILD_OPTIONS (launch.Build's); FPGA binaries were
-        built with theirs. `required` names the kernels the model's plans launch, and the
-        storage marker of its precision (`storage_fp32`, `storage_fp16`: kernels/common.cl),
-        so that a binary built for another precision is refused too."""
-        options = f"{self.options} {defines}".strip()
+    def program(self, dev: OpenCLDevice, required: set[str], defines: str = "",
+                board: Board | None = None) -> cl.Program:
+        """`defines`: build macros beside BUILD_OPTIONS (launch.Build's). `required` names the
+        kernels the model's plans launch, and the storage marker of its precision
+        (`storage_fp32`, `storage_fp16`: kernels/common.cl), so that a program built for
+        another precision is refused too. FPGAs (`board`: the profile the build is sized
+        by) build the pipeline's source alone, and a board's binary must carry the manifest
+        of exactly that build."""
+        # The pipeline has its own macros only: BUILD_OPTIONS size the others' work-groups.
+        options = defines if board else f"{self.options} {defines}".strip()
+        source = fpga_source() if board else kernel_source()
         binary = None
         if dev.kind == "fpga" and (self.binary_dir is not None or not dev.emulated):
             binary = self._fpga_binary(dev)
+            if board is not None:
+                Manifest.expected(source, options, board, built_for(dev, board),
+                                  required).check(binary)
             program = self._load(dev, binary)
         else:
-            program = self._built(dev, options)
+            program = self._built(dev, source, options)
         present = set(filter(None, str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")))
         missing = sorted(required - present)
         if missing:
@@ -92,8 +103,7 @@ class ProgramCache:
                           d.platform.name, d.name, d.driver_version, d.version])
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _built(self, dev: OpenCLDevice, options: str) -> cl.Program:
-        source = kernel_source()
+    def _built(self, dev: OpenCLDevice, source: str, options: str) -> cl.Program:
         path = self.cache_dir / f"{self.key(dev, source, options)}.bin"
         if path.exists():
             try:
@@ -132,6 +142,13 @@ class ProgramCache:
                 f"(`hetserve fpga build`, docs/opencl.md)") from e
         log.info("loaded FPGA binary %s on %s", binary, dev.description)
         return program
+
+
+def built_for(dev: OpenCLDevice, board: Board) -> str:
+    """What an FPGA binary's manifest names as its target: the emulator's device name, or the
+    board's compile target (aoc -board=, v++ --platform), which is all a build knows of a board
+    it cannot see."""
+    return dev.device.name.strip() if dev.emulated else board.compile_target
 
 
 def fpga_binary(folder: Path, device_name: str) -> Path:

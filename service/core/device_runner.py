@@ -3,7 +3,8 @@
 short batch on an idle device on the calling event loop's thread (run_now); meters them, and
 keeps what the router needs: expected completion time, joules per inference, and health with
 backoff. A runner with buckets hands its engines bucket shapes only (service.core.buckets), and
-warms every instance on every warm-up batch before the model is READY."""
+warms every instance on every warm-up batch (an FPGA: each batch once) before the model is
+READY."""
 
 from __future__ import annotations
 
@@ -194,7 +195,13 @@ class DeviceRunner:
 
     def warm_up(self, batches: list[WarmupBatch], outputs: list[str]) -> None:
         """Runs every warm-up batch on every instance (blocking; before the model is READY).
-        Warm-up is not traffic: it counts in no metric and no speed estimate."""
+        An FPGA's instances share one binary, which takes every size at run time, and plan on
+        first use without compiling: each batch runs once, the instances in turn. Warm-up is
+        not traffic: it counts in no metric and no speed estimate."""
+        if self.device.kind == "fpga":
+            for i, batch in enumerate(batches):
+                self._run_on(self._idle[i % len(self._idle)], batch.inputs, outputs, batch.size)
+            return
         for engine in self._idle:
             for batch in batches:
                 for _ in range(batch.count):

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from service.clients.tune.command import add_arguments as add_tune_arguments
+from service.ops.fpga_command import add_arguments as add_fpga_arguments
+from service.ops.fpga_command import run as run_fpga
 from service.settings import ENV_PREFIX, Settings
 
 # serve's flags and the settings fields they set; each flag's help is the field's doc.
@@ -112,32 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between readings (default: 2)")
     top.add_argument("--once", action="store_true", help="print one reading and exit")
 
-    fpga = commands.add_parser(
-        "fpga", help="build the FPGA program a model needs (docs/opencl.md)")
-    fpga_commands = fpga.add_subparsers(dest="fpga_command", required=True)
-    fpga_build = fpga_commands.add_parser(
-        "build", help="on an emulated FPGA, build the model's kernels and write the binary "
-                      "the platform returns; for a board, write the kernel source and print "
-                      "the aoc / v++ command lines",
-        description="The binary, or a board's .aocx / .xclbin, goes into the folder that "
-                    "HETSERVE_FPGA_BINARIES names; the daemon then loads it instead of "
-                    "building from source.")
-    fpga_build.add_argument("model", metavar="MODEL_DIR",
-                            help="a model's folder in a repository (config.pbtxt and its "
-                                 "versions; the newest is built), or an .onnx file")
-    fpga_build.add_argument("--out", required=True, metavar="DIR",
-                            help="where the source and the binary are written")
-    fpga_build.add_argument("--device", default="fpga0",
-                            help="the FPGA to build for, as `hetserve devices` numbers them "
-                                 "(default: fpga0)")
-    fpga_build.add_argument("--precision", choices=["fp32", "fp16"],
-                            help="default: the model's `precision` parameter, else fp32")
-    fpga_build.add_argument("--pipelined", action="store_true",
-                            help="convolutions through the pipelined kernels, joined by "
-                                 "channels (Intel) or pipes (AMD/Xilinx)")
-    fpga_build.add_argument("--force", action="store_true",
-                            help="run as root, write into --out even where another user owns "
-                                 "it (refused otherwise; docs/security.md)")
+    add_fpga_arguments(commands)
 
     tune = commands.add_parser(
         "tune", help="find the devices, instance counts, queue delay and batch sizes that serve "
@@ -157,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "top":
         return _top(args)
     if args.command == "fpga":
-        return _fpga_build(args)
+        return run_fpga(args)
     if args.command == "tune":
         from service.clients.tune.command import run as tune
         return tune(args, sys.argv[1:] if argv is None else argv)
@@ -189,35 +166,6 @@ def _top(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         url = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
     return run(url, args.interval, args.once)
-
-
-def _fpga_build(args: argparse.Namespace) -> int:
-    from accelerators.engine_options import EngineOptions
-    from accelerators.opencl.fpga_build import build
-    from service.core.repository import ModelRepository
-
-    model, precision = Path(args.model), args.precision
-    try:
-        if model.is_dir():
-            entry = ModelRepository(model.parent).load(model.name)
-            model = entry.versions[max(entry.versions)]
-            if precision is None and EngineOptions.from_config(entry.config).fp16:
-                precision = "fp16"
-        result = build(model, Path(args.out), args.device, precision or "fp32", args.pipelined,
-                       args.force)
-    except Exception as e:  # a model or device that cannot be built for is the answer
-        print(f"hetserve fpga build: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(f"kernels {model} needs: {', '.join(sorted(result.kernels))}")
-    print(f"kernel source: {result.source}")
-    if result.binary is not None:
-        print(f"built for the emulated {args.device} with {result.options}: {result.binary}")
-        print(f"serve it with HETSERVE_FPGA_BINARIES={result.binary.parent}")
-    else:
-        print(f"{args.device} is not an emulated board here: compile the source with the "
-              "board's kit, then put the binary in the folder HETSERVE_FPGA_BINARIES names:")
-        print("\n".join(f"  {line}" for line in result.commands))
-    return 0
 
 
 def _model_support(found: dict, root: Path) -> dict[str, dict[str, str]]:

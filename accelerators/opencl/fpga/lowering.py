@@ -1,0 +1,302 @@
+"""A model on an FPGA: each Conv, Gemm and MatMul of an activation by a constant matrix becomes
+one pass of the pipeline (kernels/fpga/pipeline.cl: read -> conv -> pool -> write, one launch
+per stage, each on its own queue), with a following MaxPool fused into its pool stage; a fully
+connected layer is a 1x1 convolution of a 1x1 image. Every other node, and a layer the board's
+buffers cannot hold, is computed on the host (host.py); why is kept in `Lowered.on_host`, which
+the engine logs once per model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from accelerators.opencl.fpga import host
+from accelerators.opencl.host_ops import window
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+from accelerators.opencl.launch import (
+    HOST,
+    Build,
+    Dyn,
+    HostStep,
+    Launch,
+    Lowered,
+    Pipeline,
+    Ref,
+    Samples,
+    activation_args,
+    ints,
+)
+from accelerators.opencl.lowering import lower
+from accelerators.opencl.lowering_state import Lowering, OpLowering
+from accelerators.opencl.qdq import Grid, Int8Weight
+
+STAGES = ("fpga_read", "fpga_conv", "fpga_pool", "fpga_write")  # Launch.stage 1 to 4
+# fpga_read's integer arguments after the input, and fpga_pool's: the one spelling the lowering
+# writes and the hardware model (estimate.py) reads.
+READ_ARGS = ("n", "groups", "blocks", "c", "cv", "c_total", "h", "w", "oh", "ow", "kh", "kw",
+             "sh", "sw", "ph", "pw", "ring")
+POOL_ARGS = ("planes", "oh", "ow", "pk", "ps", "pp", "poh", "pow")
+
+
+def lower_fpga(graph: Graph, batch: int, build: Build, samples: Samples | None = None
+               ) -> Lowered:
+    return lower(graph, batch, build, samples, _TABLE, host_node)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One pass of the pipeline: `groups` groups of c -> m channels over an h x w input."""
+    n: int
+    groups: int
+    c: int
+    h: int
+    w: int
+    m: int
+    kh: int = 1
+    kw: int = 1
+    sh: int = 1
+    sw: int = 1
+    ph: int = 0
+    pw: int = 0
+    oh: int = 1
+    ow: int = 1
+
+
+@dataclass(frozen=True)
+class Pool:
+    k: int
+    s: int
+    p: int
+    oh: int
+    ow: int
+
+
+def epilogue_acts(pipeline: Pipeline) -> tuple[str, ...]:
+    """The activations the conv stage's epilogue has: a max, a min, and with `leaky` a multiply;
+    never a transcendental function."""
+    return ("Relu", "Clip", "LeakyRelu") if pipeline.leaky else ("Relu", "Clip")
+
+
+def conv(lw: Lowering, node: Node, args: list) -> None:
+    x, w = args[0], args[1]
+    if not isinstance(x, Dyn) or len(x.shape) != 4 or not isinstance(w, np.ndarray) \
+            or w.ndim != 4:
+        host_node(lw, node, args, "not a 2-D convolution of an activation by constant weights")
+        return
+    n, c_total, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    (oh, ow), (sh, sw), (dh, dw), (ph, pw), _ = window(node, (h, wd), (kh, kw))
+    pads = node.attrs.get("pads", [0, 0, 0, 0])
+    if (dh, dw) != (1, 1) or len(pads) == 4 and (pads[2] > pads[0] + sh or pads[3] > pads[1] + sw):
+        host_node(lw, node, args, "dilation or uneven padding")
+        return
+    g = node.attrs.get("group", 1)
+    layer = Layer(n, g, cg, h, wd, oc // g, kh, kw, sh, sw, ph, pw, oh, ow)
+    codes = lw.graph.int8[node.inputs[1]].codes if "quant_in" in node.attrs else None
+    _layer(lw, node, args, args, layer, w, codes)
+
+
+def gemm(lw: Lowering, node: Node, args: list) -> None:
+    a = node.attrs
+    x, b = args[0], args[1]
+    if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(b, np.ndarray) \
+            or b.ndim != 2 or a.get("transA", 0):
+        host_node(lw, node, args, "not a 2-D activation times a constant matrix")
+        return
+    weights = (b if a.get("transB", 0) else b.T) * np.float32(a.get("alpha", 1.0))  # (out, in)
+    bias = None
+    if len(args) > 2 and args[2] is not None:
+        bias = np.asarray(args[2], np.float32).reshape(-1) * np.float32(a.get("beta", 1.0))
+    _fully_connected(lw, node, args, weights, bias, a.get("transB", 0))
+
+
+def matmul(lw: Lowering, node: Node, args: list) -> None:
+    x, b = args[0], args[1]
+    if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(b, np.ndarray) \
+            or b.ndim != 2:
+        host_node(lw, node, args, "not a 2-D activation times a constant matrix")
+        return
+    bias = np.asarray(args[2], np.float32).reshape(-1) if len(args) > 2 and \
+        args[2] is not None else None
+    _fully_connected(lw, node, args, b.T, bias, False)
+
+
+def _fully_connected(lw: Lowering, node: Node, args: list, weights: np.ndarray,
+                     bias: np.ndarray | None, trans_b: bool) -> None:
+    """`weights`: (out, in) floats; `args`: the node's own, for its host step."""
+    x: Dyn = args[0]
+    if weights.shape[1] != x.shape[1] or bias is not None and bias.size not in (
+            1, weights.shape[0]):
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: shapes {list(x.shape)} and "
+                                    f"{list(weights.shape)} do not multiply")
+    layer = Layer(x.shape[0], 1, x.shape[1], 1, 1, weights.shape[0])
+    flat = Dyn((x.shape[0], x.shape[1], 1, 1), x.storage)
+    codes = None
+    if "quant_in" in node.attrs:  # (out, in) as the floats
+        stored = lw.graph.int8[node.inputs[1]].codes
+        codes = (stored if trans_b else stored.T)[:, :, None, None]
+    _layer(lw, node, [flat, None, bias], args, layer, weights[:, :, None, None], codes,
+           shape=(x.shape[0], weights.shape[0]))
+
+
+def _layer(lw: Lowering, node: Node, args: list, host_args: list, layer: Layer, w: np.ndarray,
+           codes: np.ndarray | None, shape: tuple[int, ...] | None = None) -> None:
+    """One pass for `node` (Conv, or a fully connected layer as a 1x1 one: `shape`, its output),
+    or, with the reason, its host step on `host_args`. `codes`: int8 weights of `w`'s shape."""
+    p = lw.build.pipeline
+    assert p is not None  # lower_fpga is only used for FPGA builds
+    reason = _does_not_fit(lw, node, layer, p)
+    if reason:
+        host_node(lw, node, host_args, reason)
+        return
+    act = node.attrs.get("activation")
+    on_board = act is None or act.op in epilogue_acts(p)
+    pool = _fused_pool(lw, node, layer, p) if on_board else None
+    out_h, out_w = (pool.oh, pool.ow) if pool else (layer.oh, layer.ow)
+    total = layer.groups * layer.m
+    name = (pool.name if pool else node.outputs[0]) if on_board else f"{node.name}:pre"
+    out = lw.new(name, shape or (layer.n, total, out_h, out_w))
+    lw.values[name] = out
+    if pool is not None:
+        lw.values[node.outputs[0]] = out  # read by the fused pool only
+    _emit(lw, node, args, layer, w, codes, out, pool, on_board)
+    if not on_board:  # the pass without its activation, then the activation on the host
+        assert act is not None
+        host_node(lw, Node(act.op, act.name, [name, *act.inputs[1:]], node.outputs, act.attrs),
+                  [out, *(lw.values.get(i) if i else None for i in act.inputs[1:])],
+                  f"activation {act.op} has no FPGA epilogue")
+
+
+@dataclass(frozen=True)
+class _FusedPool(Pool):
+    name: str  # the MaxPool's output
+
+
+def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> _FusedPool | None:
+    """The MaxPool that alone reads `node`'s output, where the pool stage can run it."""
+    pool = lw.graph.sole_consumer(node)
+    if pool is None or pool.op != "MaxPool" or len(pool.outputs) > 1 and pool.outputs[1]:
+        return None
+    a = pool.attrs
+    k = a.get("kernel_shape", [])
+    s = a.get("strides", [1] * len(k))
+    pads = a.get("pads", [0] * 2 * len(k))
+    if len(k) != 2 or k[0] != k[1] or len(set(s)) != 1 or len(set(pads)) > 1 \
+            or a.get("ceil_mode", 0) or a.get("auto_pad", "NOTSET") != "NOTSET" \
+            or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("storage_order", 0) \
+            or pads[0] >= k[0] or k[0] * layer.ow > p.pool_buffer:
+        return None
+    pk, ps, pp = k[0], s[0], pads[0]
+    lw.done.add(pool.name)
+    return _FusedPool(pk, ps, pp, (layer.oh + 2 * pp - pk) // ps + 1,
+                      (layer.ow + 2 * pp - pk) // ps + 1, pool.outputs[0])
+
+
+def _does_not_fit(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> str:
+    cv = -(-layer.c // p.vec)
+    if ("quant_in" in node.attrs) != p.q8:
+        return ("a float layer in an int8 build" if p.q8 else
+                "an int8 layer in a float build")
+    if layer.kh * layer.kw * cv > p.weight_buffer:
+        return (f"its window of {layer.kh} x {layer.kw} x {cv} words exceeds the weight "
+                f"buffer's {p.weight_buffer}")
+    if (layer.kh + layer.sh) * layer.w * cv > p.line_buffer:
+        return (f"its {layer.kh + layer.sh} rows of {layer.w} x {cv} words exceed the line "
+                f"buffer's {p.line_buffer}")
+    return ""
+
+
+def _emit(lw: Lowering, node: Node, args: list, layer: Layer, w: np.ndarray,
+          codes: np.ndarray | None, out: Dyn, pool: Pool | None, with_act: bool) -> None:
+    p = lw.build.pipeline
+    assert p is not None
+    x: Dyn = args[0]
+    g, mg, c = layer.groups, layer.m, layer.c
+    cv, blocks = -(-c // p.vec), -(-mg // p.lane)
+    scale = np.zeros(g * blocks * p.lane, np.float32)
+    shift = np.zeros_like(scale)
+    bias = np.zeros(g * mg, np.float32)
+    if len(args) > 2 and args[2] is not None:
+        bias[:] = np.broadcast_to(np.asarray(args[2], np.float32).reshape(-1), (g * mg,))
+    lanes = (np.arange(g)[:, None] * blocks * p.lane + np.arange(mg)[None, :]).reshape(-1)
+    quant: Grid | None = node.attrs.get("quant_in")
+    if quant is not None and codes is not None:
+        weight: Int8Weight = lw.graph.int8[node.inputs[1]]
+        per_channel = np.broadcast_to(weight.scale.reshape(-1), (g * mg,)).astype(np.float64)
+        sums = codes.reshape(g * mg, -1).astype(np.int64).sum(axis=1)
+        scale[lanes] = quant.scale * per_channel
+        shift[lanes] = bias - quant.stored[0] * sums * scale[lanes]
+        packed, key = _pack(codes, layer, p, np.int8), f"{node.inputs[1]}:fpga_q8"
+        read_q = [np.float32(1 / quant.scale), np.int32(quant.stored[0])]
+    else:
+        scale[lanes], shift[lanes] = 1.0, bias
+        packed, key = _pack(w, layer, p, lw.build.dtype), f"{node.inputs[1]}:fpga"
+        read_q = [np.float32(1), np.int32(0)]
+    weights = lw.ref(packed, key, packed.dtype.type)
+    window = layer.kh * layer.kw * cv
+    act = activation_args(node, lw.values) if with_act else [np.int32(0), np.float32(0),
+                                                             np.float32(0)]
+    requant: Grid | None = node.attrs.get("requant")
+    rq = [np.int32(1), np.float32(requant.scale), np.float32(1 / requant.scale),
+          *ints(requant.zero, requant.lo, requant.hi)] if requant and with_act else [
+        np.int32(0), np.float32(1), np.float32(1), *ints(0, 0, 0)]
+    flops = 2 * layer.n * g * mg * c * layer.kh * layer.kw * layer.oh * layer.ow
+    pk, ps, pp, poh, pow_ = (pool.k, pool.s, pool.p, pool.oh, pool.ow) if pool else (
+        0, 1, 0, layer.oh, layer.ow)
+    read = dict(n=layer.n, groups=g, blocks=blocks, c=c, cv=cv, c_total=x.shape[1], h=layer.h,
+                w=layer.w, oh=layer.oh, ow=layer.ow, kh=layer.kh, kw=layer.kw, sh=layer.sh,
+                sw=layer.sw, ph=layer.ph, pw=layer.pw, ring=layer.kh + layer.sh)
+    pooling = dict(planes=g * blocks * layer.n, oh=layer.oh, ow=layer.ow, pk=pk, ps=ps, pp=pp,
+                   poh=poh, pow=pow_)
+    stages = [
+        [Ref(x.storage), *ints(*(read[k] for k in READ_ARGS)), *read_q],
+        [weights, lw.ref(scale, f"{node.name}:fpga_scale", np.float32),
+         lw.ref(shift, f"{node.name}:fpga_shift", np.float32),
+         *ints(layer.n, g, blocks, layer.oh * layer.ow, window), *act, *rq],
+        ints(*(pooling[k] for k in POOL_ARGS)),
+        [Ref(out.storage), *ints(layer.n, g, blocks, mg, g * mg, poh * pow_)]]
+    for stage, (kernel, stage_args) in enumerate(zip(STAGES, stages), 1):
+        lw.out.launches.append(Launch(kernel, (1,), (1,), stage_args, node.name,
+                                      flops if kernel == "fpga_conv" else 0, stage))
+
+
+def _pack(w: np.ndarray, layer: Layer, p: Pipeline, dtype: type) -> np.ndarray:
+    """(g * m, c, kh, kw) weights in the order the conv stage loads them:
+    [group][block][ky][kx][cv][LANE][VEC], zero past c and m."""
+    g, mg, c, kh, kw = layer.groups, layer.m, layer.c, layer.kh, layer.kw
+    cv, blocks = -(-c // p.vec), -(-mg // p.lane)
+    full: np.ndarray = np.zeros((g, blocks * p.lane, kh, kw, cv * p.vec), dtype)
+    full[:, :mg, :, :, :c] = w.reshape(g, mg, c, kh, kw).transpose(0, 1, 3, 4, 2)
+    return np.ascontiguousarray(full.reshape(g, blocks, p.lane, kh, kw, cv, p.vec).transpose(
+        0, 1, 3, 4, 5, 2, 6))
+
+
+def host_node(lw: Lowering, node: Node, args: list, reason: str = "") -> None:
+    """`node` computed on the host; a fused activation is a host step of its own."""
+    act: Node | None = node.attrs.get("activation")
+    if act is not None:
+        pre = f"{node.name}:pre"
+        attrs = {k: v for k, v in node.attrs.items() if k != "activation"}
+        host_node(lw, Node(node.op, node.name, node.inputs, [pre, *node.outputs[1:]], attrs),
+                  args, reason)
+        host_node(lw, Node(act.op, act.name, [pre, *act.inputs[1:]], node.outputs[:1],
+                           act.attrs),
+                  [lw.values[pre], *(lw.values.get(i) if i else None for i in act.inputs[1:])],
+                  reason)
+        return
+    shapes = host.output_shapes(node, [a.shape if isinstance(a, Dyn) else a for a in args],
+                                lw.graph.opset)
+    outs = []
+    for name, shape in zip(node.outputs, shapes):
+        if name:
+            outs.append(lw.new(name, shape))
+            lw.values[name] = outs[-1]
+    lw.out.launches.append(Launch(
+        HOST, (1,), (1,), [Ref(a.storage) for a in args if isinstance(a, Dyn)]
+        + [Ref(o.storage) for o in outs], node.name,
+        host=HostStep(node, tuple(args), tuple(outs), lw.graph.opset)))
+    lw.out.on_host.setdefault(node.name, reason or f"op {node.op} has no FPGA kernel")
+
+
+_TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": gemm, "MatMul": matmul}
