@@ -131,6 +131,7 @@ class OpenCLEngine:
         self.kernels = kernels_of(first, several, self.build)
         self.program = self._cache.program(self._dev, self.kernels, self.build.defines,
                                            self.board)
+        self.on_host = first.on_host  # FPGA: node -> why the host computes it
         if first.on_host:
             log.info("%s on %s: %d nodes on the host, the rest on the board's pipeline: %s",
                      model_path, self._dev.name, len(first.on_host), _reasons(first.on_host))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -97,3 +98,18 @@ def single_op(op: str, dynamic: dict[str, np.ndarray], consts: dict[str, np.ndar
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(out_shape))],
         [numpy_helper.from_array(a, n) for n, a in consts.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def literal_qdq(path) -> ort.InferenceSession:
+    """onnxruntime running each QuantizeLinear, DequantizeLinear and fp32 op as written."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def output_step(path, output: str) -> float:
+    """The scale of the QuantizeLinear that produces the graph output."""
+    model = onnx.load(str(path))
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    dq = next(n for n in model.graph.node if output in n.output)
+    return float(consts[dq.input[1]])

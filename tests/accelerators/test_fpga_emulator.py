@@ -1,9 +1,10 @@
 """The FPGA path on Intel's FPGA Emulation Platform: listed as an emulated fpga beside PoCL with no
-set-up, its binary written by `hetserve fpga build` and served from HETSERVE_FPGA_BINARIES,
-binaries it must refuse (another device's, one lacking kernels, one built for another storage)
-and an emulator whose library is gone, each refused at load with the next device serving, and
-a board that fails under load failing over without losing a request. The kernels themselves run
-on fpga0 in every OpenCL test (conftest.py's devices under test)."""
+set-up, its binary and manifest written by `hetserve fpga build` and served from
+HETSERVE_FPGA_BINARIES, binaries it must refuse (no manifest, a stale kernel source, another
+device's, other array sizes, another precision) and an emulator whose library is gone, each
+refused at load with the next device serving, a board that fails under load failing over without
+losing a request, and the daemon ready in bounded time. The pipeline's layers are tested in
+test_fpga_pipeline.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from importlib import resources
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +23,13 @@ import pyopencl as cl
 import pytest
 import tritonclient.grpc as grpcclient
 
+from accelerators.opencl import program_cache
 from accelerators.opencl.device import open_device
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.fpga_build import EMULATOR_BINARY
-from accelerators.opencl.program_cache import (
-    BadBinaryError,
-    MissingKernelsError,
-    ProgramCache,
-    kernel_source,
-)
+from accelerators.opencl.fpga import build as fpga_build
+from accelerators.opencl.fpga.build import EMULATOR_BINARY, build
+from accelerators.opencl.fpga.manifest import ManifestError, fpga_source, path_of
+from accelerators.opencl.program_cache import ProgramCache, kernel_source
 from service import contract
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
 from tests.conftest import MODEL, MODELS, Daemon, example_repository, image_input
@@ -80,7 +79,10 @@ def test_a_built_binary_is_served_from_hetserve_fpga_binaries(tmp_path, monkeypa
     built = _hetserve("fpga", "build", str(repo / MODEL), "--out", str(tmp_path / "binaries"))
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "binaries" / EMULATOR_BINARY).stat().st_size > 0
-    assert "conv_local" in built.stdout and "HETSERVE_FPGA_BINARIES" in built.stdout
+    manifest = json.loads(path_of(tmp_path / "binaries" / EMULATOR_BINARY).read_text())
+    assert manifest["board"] == "emulator" and manifest["kernels"] == sorted(
+        ["fpga_read", "fpga_conv", "fpga_pool", "fpga_write"])
+    assert "fpga_conv" in built.stdout and "HETSERVE_FPGA_BINARIES" in built.stdout
     monkeypatch.setenv("HETSERVE_FPGA_BINARIES", str(tmp_path / "binaries"))
     daemon = Daemon(tmp_path, repo)
     try:
@@ -102,49 +104,72 @@ def test_a_built_binary_is_served_from_hetserve_fpga_binaries(tmp_path, monkeypa
     assert f"loaded FPGA binary {tmp_path / 'binaries' / EMULATOR_BINARY}" in log
 
 
-def test_for_a_board_the_source_and_the_compiler_lines_are_given(tmp_path) -> None:
+def test_for_a_board_the_source_manifest_and_compiler_line_are_given(tmp_path) -> None:
     built = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path),
-                      "--device", "fpga1", "--pipelined")
+                      "--device", "fpga1", "--board", "de5net")
     assert built.returncode == 0, built.stderr
-    assert "__kernel" in (tmp_path / "hetserve.cl").read_text()
+    source = (tmp_path / "hetserve.cl").read_text()
+    assert source == fpga_source() and "gemm_local" not in source  # the FPGA set alone
     assert not (tmp_path / EMULATOR_BINARY).exists()
-    aoc, vpp = [line.strip() for line in built.stdout.splitlines() if line.startswith("  ")]
-    assert aoc.startswith("aoc -board=<board> ") and "-DPIPELINED -DINTEL_CHANNELS" in aoc
-    assert vpp.startswith("v++ -c -t hw") and "-DPIPELINED -DXILINX_PIPES" in vpp
-    for line in (aoc, vpp):
-        assert "-DTS=32 -DWPT=8" in line  # the tiles the engine plans an FPGA's launches by
-    assert "pipe_conv_mac" in built.stdout
+    aoc, = [line.strip() for line in built.stdout.splitlines() if line.startswith("  ")]
+    assert aoc.startswith("aoc -board=de5net_a7 ") and "-DVEC=8 -DLANE=32" in aoc
+    assert aoc.endswith(f"-o {tmp_path / 'de5net_a7.aocx'}")
+    manifest = json.loads((tmp_path / "de5net_a7.aocx.json").read_text())
+    assert manifest["device"] == "de5net_a7" and manifest["parameters"]["lane"] == 32
+    xilinx = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path / "u50"),
+                       "--device", "fpga1", "--board", "alveo_u50")
+    vpp, = [line.strip() for line in xilinx.stdout.splitlines() if line.startswith("  ")]
+    assert vpp.startswith("v++ -c -t hw --platform xilinx_u50") and "-DXILINX_PIPES" in vpp
+    unnamed = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path),
+                        "--device", "fpga1")
+    assert unnamed.returncode == 2 and "set HETSERVE_FPGA_BOARD" in unnamed.stderr
     refused = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path),
                         "--device", "gpu0")
     assert refused.returncode == 2 and "'gpu0' is not an FPGA's name" in refused.stderr
 
 
-def _binary(tmp_path: Path, device: str, options: str = "", files: tuple[str, ...] = ()) -> Path:
-    """A program binary built by `device` (all kernels, or those of `files`) as a board's."""
+def _binary(tmp_path: Path, device: str) -> Path:
+    """A folder holding a program binary built by `device` (PoCL's, of its own kernels) under
+    the emulator's binary name, without a manifest."""
     dev = open_device(device)
-    source = "".join(resources.files("kernels").joinpath(f).read_text()
-                     for f in files) if files else kernel_source()
     folder = tmp_path / f"{device}-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
-    binary = cl.Program(dev.context, source).build(options).binaries[0]
+    binary = cl.Program(dev.context, kernel_source()).build().binaries[0]
     (folder / EMULATOR_BINARY).write_bytes(binary)
     return folder
 
 
-def test_binaries_the_board_cannot_use_are_refused_naming_file_and_kernels(tmp_path) -> None:
+def test_binaries_from_another_build_are_refused_naming_the_field(tmp_path,
+                                                                  monkeypatch) -> None:
+    """No manifest; a kernel body changed with its names kept (the stale binary that served
+    wrong answers); another device's; other array sizes; another precision."""
     def load(folder: Path) -> OpenCLEngine:
         return OpenCLEngine(MNIST, "fpga0", ProgramCache(tmp_path / "cache", folder))
 
-    foreign = _binary(tmp_path, "cpu0")  # PoCL's binary
-    with pytest.raises(BadBinaryError, match=f"refuses the binary {foreign / EMULATOR_BINARY}"):
-        load(foreign)
-    partial = _binary(tmp_path, "fpga0", files=("common.cl", "elementwise.cl"))
-    with pytest.raises(MissingKernelsError, match=rf"from {partial / EMULATOR_BINARY}\) lacks "
-                                                  r"kernels \['conv_local', 'gemm_local', "):
-        load(partial)
-    half = _binary(tmp_path, "fpga0", "-DHALF_STORAGE -DTS=32 -DWPT=8")
-    with pytest.raises(MissingKernelsError, match=r"lacks kernels \['storage_fp32'\]"):
-        load(half)  # an fp16 build for an fp32 model: refused, not read as floats
+    with pytest.raises(ManifestError, match="has no readable manifest"):
+        load(_binary(tmp_path, "cpu0"))
+    with monkeypatch.context() as m:  # built from a changed body: the sums scaled
+        stale = fpga_source().replace("sums[l][PIPE_DEPTH] = sums[l][0] + dot;",
+                                      "sums[l][PIPE_DEPTH] = sums[l][0] + 2 * dot;")
+        assert stale != fpga_source()
+        for module in (fpga_build, program_cache):
+            m.setattr(module, "fpga_source", lambda: stale)
+        build(MNIST, tmp_path / "stale")
+    with pytest.raises(ManifestError, match="built with source_sha256"):
+        load(tmp_path / "stale")
+    other = build(MNIST, tmp_path / "other-device")
+    manifest = json.loads(other.manifest.read_text())
+    other.manifest.write_text(json.dumps({**manifest, "device": "AMD EPYC"}))
+    with pytest.raises(ManifestError, match='built with device "AMD EPYC"'):
+        load(tmp_path / "other-device")
+    build(MNIST, tmp_path / "de5net", board="de5net")  # the DE5-Net's 8 x 32 array
+    with pytest.raises(ManifestError, match="built with options .*-DLANE=32"):
+        load(tmp_path / "de5net")
+    build(MNIST, tmp_path / "half", precision="fp16")
+    with pytest.raises(ManifestError, match="built with options .*-DHALF_STORAGE"):
+        load(tmp_path / "half")
+    good = build(MNIST, tmp_path / "good")  # the build the engine would make: accepted
+    assert load(good.binary.parent).program.binaries[0] == good.binary.read_bytes()
 
 
 def test_a_bad_binary_or_a_missing_emulator_leaves_the_next_device_serving(
@@ -155,13 +180,14 @@ def test_a_bad_binary_or_a_missing_emulator_leaves_the_next_device_serving(
     vendors.mkdir()
     shutil.copy("/etc/OpenCL/vendors/pocl.icd", vendors)
     (vendors / "emulator.icd").write_text(f"{tmp_path / 'gone' / 'libintelocl_emu.so'}\n")
-    cases = {"refuses the binary": {"HETSERVE_FPGA_BINARIES": str(_binary(tmp_path, "cpu0"))},
+    cases = {"has no readable manifest": {
+        "HETSERVE_FPGA_BINARIES": str(_binary(tmp_path, "cpu0"))},
              "'fpga0' does not exist": {"OCL_ICD_VENDORS": str(vendors)}}
     for cause, env in cases.items():
         with monkeypatch.context() as m:
             for key, value in env.items():
                 m.setenv(key, value)
-            run = tmp_path / cause.split()[0].strip("'")
+            run = tmp_path / cause.split()[-1].strip("'")
             run.mkdir()
             daemon = Daemon(run, repo)
             try:
@@ -242,3 +268,19 @@ def test_a_board_that_fails_its_warm_up_is_dropped_and_the_next_device_serves(
     lines = [line for line in (tmp_path / "daemon.log").read_text().splitlines()
              if "failed its warm-up and is dropped" in line]
     assert len(lines) == 1 and "opencl:fpga0" in lines[0] and "simulated" in lines[0]
+
+
+def test_the_daemon_is_ready_within_a_minute_each_bucket_warmed_once(tmp_path) -> None:
+    """The example model on the pipeline alone: its 8 buckets (1 to 128) each run once at
+    warm-up, not twice on every instance, so the emulator's slow single work-item loops
+    still leave the daemon ready in well under a minute on 2 cores."""
+    repo = example_repository(tmp_path, "opencl:fpga0")
+    start = time.monotonic()
+    daemon = Daemon(tmp_path, repo)
+    try:
+        ready_s = time.monotonic() - start
+        samples = scrape(daemon.metrics_url)
+    finally:
+        assert daemon.stop() == 0
+    assert ready_s < 60
+    assert total(samples, "hetserve_opencl_plans_total", device="fpga0", event="built") == 8

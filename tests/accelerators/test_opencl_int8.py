@@ -14,26 +14,11 @@ import pytest
 from onnxruntime.quantization import QuantType
 
 from accelerators.opencl.engine import OpenCLEngine
-from tests.accelerators.conftest import fresh_rng
+from tests.accelerators.conftest import fresh_rng, literal_qdq, output_step
 from tests.conftest import MODEL, MODELS
 from tools import quantize_int8
 
 ACTIVATIONS = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
-
-
-def literal_qdq(path) -> ort.InferenceSession:
-    """onnxruntime running each QuantizeLinear, DequantizeLinear and fp32 op as written."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def output_step(path, output: str) -> float:
-    """The scale of the QuantizeLinear that produces the graph output."""
-    model = onnx.load(str(path))
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    dq = next(n for n in model.graph.node if output in n.output)
-    return float(consts[dq.input[1]])
 
 
 @pytest.fixture(scope="module", params=list(ACTIVATIONS))
