@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,test
 
-.PHONY: demo test test-gpu test-cluster kernel-check setup system-deps train clean
+.PHONY: demo test test-gpu test-cluster kernel-check fpga-check setup system-deps train clean
 
 demo: setup
 	$(PY) -m tools.demo
@@ -33,6 +33,12 @@ kernel-check: setup
 	  2>$(OCLGRIND_LOG); status=$$?; cat $(OCLGRIND_LOG) >&2; \
 	  if grep -qE 'Invalid (read|write)|data race|OCLGRIND|Oclgrind' $(OCLGRIND_LOG); then \
 	  echo "kernel-check: Oclgrind reported errors (above)" >&2; exit 1; fi; exit $$status
+
+# Whole classifiers (AlexNet, ResNet-50, MobileNetV2) on the emulated FPGA's pipeline in fp16 and
+# int8 against ONNX Runtime: minutes, as the emulator runs single work-item loops one iteration at
+# a time (docs/fpga.md).
+fpga-check: setup
+	$(VENV)/bin/pytest -m fpga_models tests/accelerators/test_fpga_models.py
 
 # The tests that need an NVIDIA GPU (onnxruntime-gpu; docs/gpu.md); `make test` leaves them out.
 test-gpu: setup

@@ -180,7 +180,7 @@ def googlenet(seed: int = 0) -> onnx.ModelProto:
     return g.model(g.fc(x, c, 1000), "googlenet")
 
 
-def resnet50(seed: int = 0) -> onnx.ModelProto:
+def resnet50(seed: int = 0, size: int = 224) -> onnx.ModelProto:
     g = GraphBuilder(seed)
     x = g.relu(g.bn(g.conv("image", 3, 64, 7, stride=2, pad=3, bias=False), 64))
     x, c = g.maxpool(x, 3, 2, pad=1), 64
@@ -194,7 +194,7 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
                 x = g.bn(g.conv(x, c, width * 4, 1, stride=s, bias=False), width * 4)
             x, c = g.relu(g.op("Add", [y, x])), width * 4
     x = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
-    return g.model(g.fc(x, c, 1000), "resnet50")
+    return g.model(g.fc(x, c, 1000), "resnet50", size)
 
 
 def _divisible(v: float, d: int = 8) -> int:

@@ -128,7 +128,7 @@ def _plan(args: argparse.Namespace, model: Path) -> int:
         print(f"{p.node[:32]:<32} {p.clocks:>12,} {p.ddr_bytes / 1e6:>9.2f} "
               f"{p.seconds * 1e3:>9.3f}  {p.bound}")
     print(f"DSPs {e.dsps} of {board.dsp_blocks}; RAM blocks {e.ram_blocks} of "
-          f"{board.ram_blocks}" + (f"; DOES NOT FIT: {e.fits}" if e.fits else ""))
+          f"{board.ram_blocks}" + (f"; DOES NOT FIT: {e.misfit}" if e.misfit else ""))
     print(f"{e.seconds * 1e3:.2f} ms a batch, {e.images_per_s:,.1f} img/s, {e.gops:,.1f} GOP/s, "
           f"{e.gops_per_w:,.2f} GOP/s per W at the profile's typical {board.power_w:g} W")
     if e.on_host:

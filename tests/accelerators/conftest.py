@@ -1,7 +1,7 @@
-"""OpenCL fixtures: the devices under test and one program cache for the session. Every OpenCL
-test runs on PoCL's cpu0 and on the emulated FPGA (Intel's FPGA Emulation Platform, fpga0),
-which builds the kernels as a board's binary is built; HETSERVE_TEST_OPENCL_DEVICE names one
-device instead, e.g. `other0` under Oclgrind."""
+"""OpenCL fixtures: the devices under test and one program cache for the session. The kernels of
+GPUs and CPUs run on PoCL's cpu0 (HETSERVE_TEST_OPENCL_DEVICE names another, e.g. `other0` under
+Oclgrind); an FPGA runs its own pipeline, whose tests are test_fpga_*.py on the emulated fpga0
+(Intel's FPGA Emulation Platform)."""
 
 from __future__ import annotations
 
@@ -38,21 +38,12 @@ def fp16_device() -> str | None:
 
 
 def devices_under_test() -> list:
-    if os.environ.get("HETSERVE_TEST_OPENCL_DEVICE"):
-        return [os.environ["HETSERVE_TEST_OPENCL_DEVICE"]]
-    fpga = emulated_fpga()
-    return ["cpu0", pytest.param(fpga or "fpga0", marks=pytest.mark.skipif(
-        fpga is None, reason=NO_EMULATOR))]
+    return [os.environ.get("HETSERVE_TEST_OPENCL_DEVICE") or "cpu0"]
 
 
 @pytest.fixture(scope="session", params=devices_under_test())
 def opencl_device(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def on_fpga(device: str) -> bool:
-    """FPGAs take local tiles whatever a test asks: a board's binary is built with them."""
-    return device.startswith("fpga")
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +56,6 @@ def engine_for(tmp_path: Path, opencl_device: str, program_cache: ProgramCache):
     """Saves an ONNX model and loads it into an OpenCL engine on the device under test."""
     def load(model: onnx.ModelProto, local_tiles: bool | None = None,
              precision: str = "fp32") -> OpenCLEngine:
-        if local_tiles is False and on_fpga(opencl_device):
-            pytest.skip("FPGAs run the local tiles their binaries are built with")
         path = tmp_path / f"model{len(list(tmp_path.iterdir()))}.onnx"
         onnx.save(model, str(path))
         return OpenCLEngine(path, opencl_device, program_cache, local_tiles, precision=precision)

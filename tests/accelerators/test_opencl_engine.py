@@ -17,7 +17,7 @@ from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_dev
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
-from tests.accelerators.conftest import on_fpga, single_op
+from tests.accelerators.conftest import single_op
 
 
 def test_an_unsupported_op_is_named_with_its_node_at_load(engine_for) -> None:
@@ -75,16 +75,14 @@ def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_dev
 
 def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(
         tmp_path, opencl_device) -> None:
-    """An FPGA binary is checked at load time for every kernel a batch of any size needs: a
-    fully connected layer runs as a split-K GEMV for one sample and as GEMM tiles for more."""
-    if on_fpga(opencl_device):
-        pytest.skip("FPGAs run the local tiles their binaries are built with, at any batch")
+    """A program is checked at load time for every kernel a batch of any size needs: a fully
+    connected layer runs as a split-K GEMV for one sample and as GEMM tiles for more."""
     asked: set[str] = set()
 
     class Recording(ProgramCache):
-        def program(self, dev, required, defines=""):
+        def program(self, dev, required, defines="", board=None):
             asked.update(required)
-            return super().program(dev, required, defines)
+            return super().program(dev, required, defines, board)
 
     x, w = np.zeros((1, 1024), np.float32), np.zeros((1024, 16), np.float32)
     model = single_op("Gemm", {"x": x}, {"w": w}, (1, 16))
@@ -132,8 +130,7 @@ def test_tiles_are_built_for_the_device(engine_for, opencl_device) -> None:
     engine = engine_for(single_op("Relu", {"x": np.zeros((1, 4), np.float32)}, {}, (1, 4)),
                         local_tiles=True)
     from accelerators.opencl.launch import LocalTiling
-    expected = LocalTiling() if on_fpga(opencl_device) else LocalTiling.for_device(
-        dev.max_work_group_size, dev.local_mem_size)  # FPGA binaries' tiles
+    expected = LocalTiling.for_device(dev.max_work_group_size, dev.local_mem_size)
     assert engine.build.tiling == expected
 
 

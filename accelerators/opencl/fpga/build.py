@@ -16,6 +16,7 @@ from accelerators.devices import opencl_devices
 from accelerators.engine import parse_device_name
 from accelerators.opencl.engine import OpenCLEngine, fpga_build
 from accelerators.opencl.fpga import board as boards
+from accelerators.opencl.fpga.estimate import resources
 from accelerators.opencl.fpga.lowering import STAGES
 from accelerators.opencl.fpga.manifest import Manifest, fpga_source
 from accelerators.opencl.graph import load_graph
@@ -44,6 +45,16 @@ def build(model: Path, out: Path, device: str = "fpga0", board: str | None = Non
     root, into a folder another user owns)."""
     emulated = _emulated(device)
     profile = boards.for_device(board, emulated, device)
+    graph = load_graph(model)
+    int8 = any("quant_in" in n.attrs for n in graph.nodes)
+    dsps, rams = resources(profile, "int8" if int8 else precision)
+    if dsps > profile.dsp_blocks or rams > profile.ram_blocks:
+        raise boards.BoardError(
+            f"the pipeline's VEC {profile.vec} x LANE {profile.lane} array and buffers take "
+            f"about {dsps} DSPs and {rams} RAM blocks in {'int8' if int8 else precision}; "
+            f"{profile.name} has {profile.dsp_blocks} and {profile.ram_blocks} (estimates): "
+            f"give --board a copy of its profile with the vec and lane that `hetserve fpga "
+            f"plan --search` finds")
     safe_files.make_folder(out, force)
     text = fpga_source()
     source = safe_files.write_file(out / SOURCE_NAME, text, force)
@@ -55,7 +66,7 @@ def build(model: Path, out: Path, device: str = "fpga0", board: str | None = Non
         target = engine.program.devices[0].name.strip()
         commands = []
     else:
-        options = fpga_build(load_graph(model), profile, precision == "fp16").defines
+        options = fpga_build(graph, profile, precision == "fp16").defines
         suffix = ".xclbin" if profile.vendor == "xilinx" else ".aocx"
         binary = out / f"{profile.compile_target}{suffix}"
         target = profile.compile_target

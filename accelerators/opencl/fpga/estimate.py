@@ -31,6 +31,7 @@ from pathlib import Path
 from accelerators.opencl.fpga.board import Board
 from accelerators.opencl.fpga.lowering import POOL_ARGS, READ_ARGS, STAGES
 from accelerators.opencl.graph import load_graph
+from accelerators.opencl.ir import Graph
 from accelerators.opencl.launch import Lowered
 
 # What a DDR controller delivers of its peak on long bursts (calibrated on the DE1-SoC's fully
@@ -64,7 +65,7 @@ class Estimate:
     on_host: dict[str, str]  # nodes the host computes, not timed here
     dsps: int
     ram_blocks: int
-    fits: str = ""  # why the parameters do not fit the board; empty where they do
+    misfit: str = ""  # why the parameters do not fit the board; empty where they do
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -135,21 +136,21 @@ def estimate(lowered: Lowered, board: Board, precision: str, batch: int,
         compute_s, memory_s = clocks / clock, ddr / bandwidth
         passes.append(PassEstimate(launch.node, macs, clocks, ddr, max(compute_s, memory_s),
                                    "compute" if compute_s >= memory_s else "memory"))
-    fits = ""
+    misfit = ""
     if dsps > board.dsp_blocks:
-        fits = f"{dsps} DSPs needed, the board has {board.dsp_blocks}"
+        misfit = f"{dsps} DSPs needed, the board has {board.dsp_blocks}"
     elif rams > board.ram_blocks:
-        fits = f"{rams} RAM blocks needed, the board has {board.ram_blocks}"
-    return Estimate(board, precision, batch, passes, dict(lowered.on_host), dsps, rams, fits)
+        misfit = f"{rams} RAM blocks needed, the board has {board.ram_blocks}"
+    return Estimate(board, precision, batch, passes, dict(lowered.on_host), dsps, rams, misfit)
 
 
-def plan(model: Path, board: Board, precision: str = "int8", batch: int = 1,
+def plan(model: Path | Graph, board: Board, precision: str = "int8", batch: int = 1,
          activation_bytes: int | None = None) -> Estimate:
-    """The estimate of `model` on `board` as its profile sizes the pipeline."""
+    """The estimate of `model` (a file, or its loaded graph) on `board` as its profile sizes
+    the pipeline. A float model priced in int8 has the same passes: only their bytes differ."""
     from accelerators.opencl.engine import fpga_build, lower_for
 
-    graph = load_graph(model)
-    # A float model priced in int8 has the same passes: only their bytes differ.
+    graph = model if isinstance(model, Graph) else load_graph(model)
     build = fpga_build(graph, board, precision == "fp16")
     return estimate(lower_for(graph, batch, build), board, precision, batch, activation_bytes)
 
@@ -158,11 +159,14 @@ def search(model: Path, board: Board, precision: str = "int8", batch: int = 1,
            activation_bytes: int | None = None) -> list[Estimate]:
     """Every VEC x LANE that fits the board, fastest first (fewer DSPs first among equals):
     the design-space exploration PipeCNN leaves to its users."""
+    graph = load_graph(model)
     found = []
     for vec in (4, 8, 16, 32):
         for lane in (4, 8, 16, 32, 64, 128):
-            candidate = plan(model, board.with_array(vec, lane), precision, batch,
-                             activation_bytes)
-            if not candidate.fits:
+            sized = board.with_array(vec, lane)
+            if resources(sized, precision)[0] > board.dsp_blocks:
+                continue
+            candidate = plan(graph, sized, precision, batch, activation_bytes)
+            if not candidate.misfit:
                 found.append(candidate)
     return sorted(found, key=lambda e: (e.seconds, e.dsps))
