@@ -130,8 +130,24 @@ def onnxruntime_providers() -> list[dict[str, str]]:
 
 
 def inventory() -> dict[str, Any]:
-    return {"opencl": [asdict(d) for d in opencl_devices()],
-            "onnxruntime": onnxruntime_providers()}
+    """Every device; an FPGA with the board profile its pipeline is sized by (`board`: the
+    profile's name and typical watts, an estimate; None where none is chosen)."""
+    found = {"opencl": [asdict(d) for d in opencl_devices()],
+             "onnxruntime": onnxruntime_providers()}
+    for d in found["opencl"]:
+        if d["kind"] == "fpga":
+            d["board"] = _board(d["emulated"], d["name"])
+    return found
+
+
+def _board(emulated: bool, name: str) -> dict[str, Any] | None:
+    from accelerators.opencl.fpga.board import BoardError, for_device
+
+    try:
+        board = for_device(None, emulated, name)
+    except BoardError:
+        return None
+    return {"profile": board.name, "typical_w": board.power_w, "source": "estimate"}
 
 
 def format_table(found: dict[str, Any]) -> str:
@@ -139,6 +155,12 @@ def format_table(found: dict[str, Any]) -> str:
     for d in found["opencl"]:
         detail = (f"{d['platform']}; driver {d['driver_version']}; {d['compute_units']} CUs; "
                   f"{d['global_mem_bytes'] / 2**30:.1f} GiB")
+        if d["kind"] == "fpga":
+            board = d.get("board")
+            detail += "; no board profile: set HETSERVE_FPGA_BOARD" if board is None else (
+                f"; board profile {board['profile']}" + (
+                    f" (typical {board['typical_w']:g} W: an estimate)"
+                    if board["typical_w"] else ""))
         kind = f"{d['kind']}*" if d["emulated"] else d["kind"]
         lines.append(f"{kind:<6} {'opencl':<12} {d['name'][:40]:<40} {detail}")
     for p in found["onnxruntime"]:
@@ -147,7 +169,7 @@ def format_table(found: dict[str, Any]) -> str:
         lines.append("(no OpenCL device and no ONNX Runtime provider found)")
     if any(d["emulated"] for d in found["opencl"]):
         lines.append("* emulated: runs the FPGA kernels on the CPU; its speed and power say "
-                     "nothing about a board")
+                     "nothing about a board (`hetserve fpga plan` estimates one)")
     if "models" in found:
         lines += ["", f"{'DEVICE':<20} {'MODEL':<24} CAN RUN"]
         lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()

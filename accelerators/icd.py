@@ -29,8 +29,9 @@ BUNDLED = {EMULATOR_LIBRARY: "Intel(R) FPGA Emulation Platform for OpenCL(TM)",
            "libintelocl.so": "Intel(R) OpenCL"}
 _USER_CHOICE = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH")
 # The emulator's worker threads: 32 by default, which oversubscribe a small node (measured on
-# 2 cores: MNIST at batch 64 ran 1.5x faster with 4); at least 4, as a pipelined chain runs 3
-# kernels at once and each needs a thread of its own. A value the user set wins.
+# 2 cores: MNIST at batch 64 ran 1.5x faster with 4); at least 8: the FPGA pipeline runs 4
+# kernels at once, each on a thread of its own, and with 4 the emulator deadlocked them (seen on
+# 2 cores). A value the user set wins.
 EMULATOR_THREADS = "CL_CONFIG_CPU_TBB_NUM_WORKERS"
 _MADE_BY_US = "HETSERVE_ICD_VENDORS"  # the folder this process tree points the loader at
 

@@ -164,10 +164,7 @@ def test_the_precision_option_of_a_model_config_selects_half_storage(opencl_devi
     assert not create_engine(spec, MNIST, ort_options=EngineOptions()).build.half
 
 
-def test_fp16_is_refused_where_the_kernels_have_no_half_storage(opencl_device,
-                                                                program_cache) -> None:
-    with pytest.raises(UnsupportedModelError, match="precision fp16 .* pipelined"):
-        OpenCLEngine(MNIST, opencl_device, program_cache, pipelined=True, precision="fp16")
+def test_an_unknown_precision_is_refused(opencl_device, program_cache) -> None:
     with pytest.raises(ValueError, match="precision 'bf16' is unknown"):
         OpenCLEngine(MNIST, opencl_device, program_cache, precision="bf16")
 
