@@ -160,9 +160,11 @@ def test_activations_without_an_epilogue_and_other_ops_run_on_the_host(
 
 def test_a_layer_the_board_cannot_hold_runs_on_the_host_saying_why(
         tmp_path, program_cache) -> None:
+    """On a board's FIFO depth (8), which the stages stream through without deadlock."""
     board = tmp_path / "small.toml"
     text = (Path(__file__).parents[2] / "kernels" / "boards" / "emulator.toml").read_text()
-    board.write_text(text.replace("weight_buffer = 1152", "weight_buffer = 8"))
+    board.write_text(text.replace("weight_buffer = 1152", "weight_buffer = 8").replace(
+        "channel_depth = 1024", "channel_depth = 8"))
     rng, seed = fresh_rng()
     consts = {"w1": rng.standard_normal((6, 8, 1, 1), np.float32),
               "w2": rng.standard_normal((6, 6, 3, 3), np.float32)}  # 9 words: too many
@@ -170,6 +172,7 @@ def test_a_layer_the_board_cannot_hold_runs_on_the_host_saying_why(
              helper.make_node("Conv", ["a", "w2"], ["y"], pads=[1] * 4)]
     engine, path = _load(tmp_path, _model(nodes, (1, 8, 6, 6), consts), program_cache,
                          board=str(board))
+    assert "-DCHANNEL_DEPTH=8" in engine.build.defines
     plan = engine.plan(1)
     assert [la.kernel for la in plan.launches] == [*STAGES, HOST]
     (node, reason), = engine.on_host.items()
