@@ -44,6 +44,9 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--precision", choices=PLAN_PRECISIONS, default="int8",
                       help="the datapath priced (default: int8)")
     plan.add_argument("--batch", type=int, default=1, help="samples a run (default: 1)")
+    plan.add_argument("--activation-bytes", type=int, choices=[1, 2, 4],
+                      help="bytes a value of a tensor between layers takes in DDR, where not "
+                           "hetserve's own (4 for int8 and fp32, 2 for fp16); PipeCNN's is 1")
     plan.add_argument("--search", action="store_true",
                       help="try every VEC x LANE that fits the board and plan the fastest")
 
@@ -113,13 +116,13 @@ def _plan(args: argparse.Namespace, model: Path) -> int:
         return 2
     board = boards.load(args.board)
     if args.search:
-        found = search(model, board, args.precision, args.batch)
+        found = search(model, board, args.precision, args.batch, args.activation_bytes)
         if not found:
             print(f"hetserve fpga plan: no VEC x LANE fits {board.name}", file=sys.stderr)
             return 2
         e = found[0]
     else:
-        e = plan(model, board, args.precision, args.batch)
+        e = plan(model, board, args.precision, args.batch, args.activation_bytes)
     print(f"ESTIMATE (a model of the board, not a measurement): {model} on {board.name} "
           f"({board.description}), {args.precision}, batch {args.batch}, VEC {e.board.vec} x "
           f"LANE {e.board.lane} at {board.fmax_mhz:g} MHz")
@@ -129,7 +132,8 @@ def _plan(args: argparse.Namespace, model: Path) -> int:
               f"{p.seconds * 1e3:>9.3f}  {p.bound}")
     print(f"DSPs {e.dsps} of {board.dsp_blocks}; RAM blocks {e.ram_blocks} of "
           f"{board.ram_blocks}" + (f"; DOES NOT FIT: {e.misfit}" if e.misfit else ""))
-    print(f"{e.seconds * 1e3:.2f} ms a batch, {e.images_per_s:,.1f} img/s, {e.gops:,.1f} GOP/s, "
+    print(f"{e.seconds * 1e3:.2f} ms a batch ({e.seconds / e.batch * 1e3:.2f} ms an image), "
+          f"{e.images_per_s:,.1f} img/s, {e.gops:,.1f} GOP/s, "
           f"{e.gops_per_w:,.2f} GOP/s per W at the profile's typical {board.power_w:g} W")
     if e.on_host:
         print(f"on the host, not timed: {len(e.on_host)} nodes "

@@ -127,14 +127,16 @@ def test_fully_connected_layers_run_as_1x1_convolutions(tmp_path, program_cache,
 def test_activations_without_an_epilogue_and_other_ops_run_on_the_host(
         tmp_path, program_cache, caplog) -> None:
     """ReLU6 (Clip) and LeakyRelu in the epilogue; a Sigmoid after the pass; a residual Add,
-    a global average pool and a Softmax between and after the passes; each host node named
-    with its reason at load."""
+    a BatchNormalization no convolution takes in (opset 13, which onnx's reference evaluator
+    gets wrong), a global average pool and a Softmax between and after the passes; each host
+    node named with its reason at load."""
     rng, seed = fresh_rng()
     consts = {"w1": rng.standard_normal((8, 4, 3, 3), np.float32),
               "w2": rng.standard_normal((8, 8, 3, 3), np.float32),
               "w3": 0.05 * rng.standard_normal((8, 8, 1, 1), np.float32),
               "lo": np.float32(0), "hi": np.float32(6), "fc": rng.standard_normal((8, 5),
-                                                                                   np.float32)}
+                                                                                   np.float32),
+              **{k: rng.random(8, np.float32) + 0.5 for k in ("s", "sh", "m", "v")}}
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
              helper.make_node("Clip", ["a", "lo", "hi"], ["a6"]),
              helper.make_node("Conv", ["a6", "w2"], ["b"], pads=[1] * 4),
@@ -142,17 +144,19 @@ def test_activations_without_an_epilogue_and_other_ops_run_on_the_host(
              helper.make_node("Conv", ["bl", "w3"], ["c"]),
              helper.make_node("Sigmoid", ["c"], ["cs"]),
              helper.make_node("Add", ["cs", "a6"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["gp"]),
+             helper.make_node("BatchNormalization", ["r", "s", "sh", "m", "v"], ["rn"]),
+             helper.make_node("GlobalAveragePool", ["rn"], ["gp"]),
              helper.make_node("Flatten", ["gp"], ["f"]),
              helper.make_node("MatMul", ["f", "fc"], ["z"]),
              helper.make_node("Softmax", ["z"], ["y"], axis=1)]
     with caplog.at_level("INFO", logger="accelerators.opencl.engine"):
-        engine, path = _load(tmp_path, _model(nodes, (2, 4, 8, 8), consts), program_cache)
+        engine, path = _load(tmp_path, _model(nodes, (2, 4, 8, 8), consts, opset=13),
+                             program_cache)
     kernels = _kernels(engine, 2)
-    assert kernels.count("fpga_conv") == 4 and kernels.count(HOST) == 4
+    assert kernels.count("fpga_conv") == 4 and kernels.count(HOST) == 5
     assert "-DACT_LEAKY" in engine.build.defines
     log = caplog.text
-    assert "4 nodes on the host" in log and "activation Sigmoid has no FPGA epilogue" in log
+    assert "5 nodes on the host" in log and "activation Sigmoid has no FPGA epilogue" in log
     assert "op Add has no FPGA kernel" in log and "op Softmax has no FPGA kernel" in log
     x = rng.standard_normal((2, 4, 8, 8), np.float32)
     assert rel_err(engine.run({"x": x}, ["y"])["y"], _reference(path, x)) < 1e-5, seed

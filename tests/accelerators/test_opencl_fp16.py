@@ -26,7 +26,6 @@ import pytest
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import TOLERANCE, EngineOptions
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.launch import Build
 from accelerators.opencl.program_cache import BUILD_OPTIONS, kernel_source
 from tests.accelerators.conftest import (
