@@ -1,7 +1,7 @@
 """Whole classifiers on the emulated FPGA's pipeline, against ONNX Runtime (`make fpga-check`,
 which CI runs after `make test`; the emulator runs single work-item loops one iteration at a
 time, so these take minutes): AlexNet (the original, 224 x 224, grouped convolutions and LRN),
-ResNet-50 (112 x 112) and MobileNetV2 (torchvision's architecture, 64 x 64), built by
+ResNet-50 (224 x 224) and MobileNetV2 (torchvision's architecture, 128 x 128), built by
 tools/cnn_architectures.py with random weights, each in fp16 (within fp16's tolerance of the
 fp32 reference, same top-1) and quantized to int8 QDQ (within a few output steps of ONNX's QDQ
 semantics, the same clear winners: hidden layers' one-step rounding differences propagate)."""
@@ -27,8 +27,8 @@ from tools import cnn_architectures, quantize_int8
 pytestmark = [pytest.mark.fpga_models,
               pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)]
 MODELS = {"alexnet": (lambda: cnn_architectures.alexnet(7), 224),
-          "resnet50": (lambda: cnn_architectures.resnet50(7, size=112), 112),
-          "mobilenet_v2": (lambda: cnn_architectures.mobilenet_v2(7, size=64), 64)}
+          "resnet50": (lambda: cnn_architectures.resnet50(7), 224),
+          "mobilenet_v2": (lambda: cnn_architectures.mobilenet_v2(7, size=128), 128)}
 BATCH = 2
 
 
