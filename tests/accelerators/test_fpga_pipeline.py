@@ -84,6 +84,19 @@ def test_convolutions_run_on_the_pipeline(tmp_path, program_cache, shape) -> Non
     assert rel_err(engine.run({"x": x}, ["y"])["y"], _reference(path, x)) < 1e-5, seed
 
 
+def test_uneven_padding_runs_on_the_pipeline(tmp_path, program_cache) -> None:
+    """tf2onnx's SAME padding: more at the bottom and right, which the read stage pads as the
+    rows and columns past the input."""
+    rng, seed = fresh_rng()
+    consts = {"w": rng.standard_normal((7, 5, 3, 3), np.float32)}
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2],
+                                     pads=[0, 1, 2, 1])], (2, 5, 9, 8), consts)
+    engine, path = _load(tmp_path, model, program_cache)
+    assert _kernels(engine, 2) == list(STAGES)
+    x = rng.standard_normal((2, 5, 9, 8), np.float32)
+    assert rel_err(engine.run({"x": x}, ["y"])["y"], _reference(path, x)) < 1e-5, seed
+
+
 # kernel, stride, pad
 POOLS = [(2, 2, 0), (3, 2, 1), (3, 2, 0), (2, 1, 0), (3, 3, 1)]
 

@@ -65,11 +65,13 @@ class Layer:
 
 @dataclass(frozen=True)
 class Pool:
+    """A MaxPool fused into a pass's pool stage."""
     k: int
     s: int
     p: int
     oh: int
     ow: int
+    output: str  # the MaxPool's
 
 
 def epilogue_acts(pipeline: Pipeline) -> tuple[str, ...]:
@@ -87,9 +89,8 @@ def conv(lw: Lowering, node: Node, args: list) -> None:
     n, c_total, h, wd = x.shape
     oc, cg, kh, kw = w.shape
     (oh, ow), (sh, sw), (dh, dw), (ph, pw), _ = window(node, (h, wd), (kh, kw))
-    pads = node.attrs.get("pads", [0, 0, 0, 0])
-    if (dh, dw) != (1, 1) or len(pads) == 4 and (pads[2] > pads[0] + sh or pads[3] > pads[1] + sw):
-        host_node(lw, node, args, "dilation or uneven padding")
+    if (dh, dw) != (1, 1):  # the bottom and right padding are rows and columns past h and w
+        host_node(lw, node, args, "a dilated convolution")
         return
     g = node.attrs.get("group", 1)
     layer = Layer(n, g, cg, h, wd, oc // g, kh, kw, sh, sw, ph, pw, oh, ow)
@@ -146,7 +147,7 @@ def _layer(lw: Lowering, node: Node, args: list, host_args: list, layer: Layer, 
     or, with the reason, its host step on `host_args`. `codes`: int8 weights of `w`'s shape."""
     p = lw.build.pipeline
     assert p is not None  # lower_fpga is only used for FPGA builds
-    reason = _does_not_fit(lw, node, layer, p)
+    reason = _does_not_fit(node, layer, p)
     if reason:
         host_node(lw, node, host_args, reason)
         return
@@ -155,11 +156,8 @@ def _layer(lw: Lowering, node: Node, args: list, host_args: list, layer: Layer, 
     pool = _fused_pool(lw, node, layer, p) if on_board else None
     out_h, out_w = (pool.oh, pool.ow) if pool else (layer.oh, layer.ow)
     total = layer.groups * layer.m
-    name = (pool.name if pool else node.outputs[0]) if on_board else f"{node.name}:pre"
-    out = lw.new(name, shape or (layer.n, total, out_h, out_w))
-    lw.values[name] = out
-    if pool is not None:
-        lw.values[node.outputs[0]] = out  # read by the fused pool only
+    name = (pool.output if pool else node.outputs[0]) if on_board else f"{node.name}:pre"
+    out = lw.values[name] = lw.new(name, shape or (layer.n, total, out_h, out_w))
     _emit(lw, node, args, layer, w, codes, out, pool, on_board)
     if not on_board:  # the pass without its activation, then the activation on the host
         assert act is not None
@@ -168,12 +166,7 @@ def _layer(lw: Lowering, node: Node, args: list, host_args: list, layer: Layer, 
                   f"activation {act.op} has no FPGA epilogue")
 
 
-@dataclass(frozen=True)
-class _FusedPool(Pool):
-    name: str  # the MaxPool's output
-
-
-def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> _FusedPool | None:
+def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> Pool | None:
     """The MaxPool that alone reads `node`'s output, where the pool stage can run it."""
     pool = lw.graph.sole_consumer(node)
     if pool is None or pool.op != "MaxPool" or len(pool.outputs) > 1 and pool.outputs[1]:
@@ -189,11 +182,12 @@ def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> _FusedPo
         return None
     pk, ps, pp = k[0], s[0], pads[0]
     lw.done.add(pool.name)
-    return _FusedPool(pk, ps, pp, (layer.oh + 2 * pp - pk) // ps + 1,
+    return Pool(pk, ps, pp, (layer.oh + 2 * pp - pk) // ps + 1,
                       (layer.ow + 2 * pp - pk) // ps + 1, pool.outputs[0])
 
 
-def _does_not_fit(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> str:
+def _does_not_fit(node: Node, layer: Layer, p: Pipeline) -> str:
+    """Why the pass cannot run on the board's pipeline; empty where it can."""
     cv = -(-layer.c // p.vec)
     if ("quant_in" in node.attrs) != p.q8:
         return ("a float layer in an int8 build" if p.q8 else
