@@ -3,8 +3,9 @@
 // host runs once per layer from its layer table:
 //
 //   fpga_read --conv_in--> fpga_conv --conv_out--> fpga_pool --pool_out--> fpga_write
-//   (line buffer,          (VEC x LANE MACs a       (max pool over a        (NCHW stores)
-//    weight buffer)         clock, + bias, act)       row buffer, or pass)
+//   (line buffer: VEC      (weight buffer; VEC x    (max pool over a        (NCHW stores)
+//    inputs a clock)        LANE MACs a clock,       row buffer, or pass)
+//                           + bias, act)
 //
 // A fully connected layer is a 1x1 convolution of a 1x1 image. Every loop that carries data is
 // a flat loop the compiler pipelines at one iteration per clock (II = 1): nested counters are
@@ -91,14 +92,23 @@ channel lanes_t pool_out __attribute__((depth(CHANNEL_DEPTH)));
 #define READ_FIFO(name, var) var = read_channel_intel(name)
 #endif
 
+// An input as the MAC array takes it: the float, or (Q8) its int8 code on the input's grid,
+// rint(x / scale) + zero.
+inline mac_t to_mac(const float x, const float inv_scale, const int zero) {
+#ifdef Q8
+    return (mac_t)clamp((int)rint(x * inv_scale) + zero, -128, 127);
+#else
+    return x;
+#endif
+}
+
 // Reads one layer's inputs for `batch` samples of `groups` groups, once for each block of LANE
 // output channels: each input row is loaded into the line buffer once per block and reused by
 // the kh x kw window positions and the output pixels that cover it, and each window is streamed
 // to the MAC array a VEC word a clock. The line buffer is a ring of kh + sh rows: while one
 // output row's windows stream from kh rows, the rows of the next output row load into the
 // others, in the same flat loop. x: NCHW, `c_total` channels, a group's `c` from channel g * c;
-// padding reads `pad_code`. Q8: x holds values on the input's int8 grid, read as the codes
-// rint(x / scale) + zero.
+// padding reads `pad_code` (0, or Q8's zero point).
 __kernel __attribute__((max_global_work_dim(0)))
 void fpga_read(__global const DATA* restrict x, const int batch, const int groups,
                const int blocks, const int c, const int cv, const int c_total, const int h,
@@ -127,14 +137,8 @@ void fpga_read(__global const DATA* restrict x, const int batch, const int group
                             #pragma unroll
                             for (int v = 0; v < VEC; ++v) {
                                 const int ch = cw * VEC + v;
-                                float value = ch < c ? LOAD(xs, ch * plane + iy * w + ix) : 0.0f;
-#ifdef Q8
-                                line_buf[(slot * w + ix) * cv + cw][v] = ch < c ?
-                                    (mac_t)clamp((int)rint(value * inv_scale) + pad_code, -128, 127)
-                                    : (mac_t)0;
-#else
-                                line_buf[(slot * w + ix) * cv + cw][v] = value;
-#endif
+                                line_buf[(slot * w + ix) * cv + cw][v] = ch < c ? to_mac(
+                                    LOAD(xs, ch * plane + iy * w + ix), inv_scale, pad_code) : 0;
                             }
                         }
                         if (++ix == w) {
@@ -187,15 +191,9 @@ void fpga_read(__global const DATA* restrict x, const int batch, const int group
                                 #pragma unroll
                                 for (int v = 0; v < VEC; ++v) {
                                     const int ch = lc * VEC + v;
-                                    float value = ch < c ? LOAD(xs, ch * plane + iy * w + lx)
-                                                         : 0.0f;
-#ifdef Q8
-                                    line_buf[(lslot * w + lx) * cv + lc][v] = ch < c ?
-                                        (mac_t)clamp((int)rint(value * inv_scale) + pad_code,
-                                                     -128, 127) : (mac_t)0;
-#else
-                                    line_buf[(lslot * w + lx) * cv + lc][v] = value;
-#endif
+                                    line_buf[(lslot * w + lx) * cv + lc][v] = ch < c ? to_mac(
+                                        LOAD(xs, ch * plane + iy * w + lx), inv_scale, pad_code)
+                                        : 0;
                                 }
                             }
                             if (++lx == w) {
