@@ -66,6 +66,16 @@ class PlansPerShape(Protocol):
 
 
 @runtime_checkable
+class PreparesPlans(Protocol):
+    """An engine whose binary takes every batch size at run time (an FPGA's pipeline): a new
+    size costs only its launch plan, which it can build without running it."""
+
+    def prepare(self, batch: int) -> None:
+        """Builds the plan for `batch` samples (a no-op where plans are per request shape)."""
+        ...
+
+
+@runtime_checkable
 class ReportsPlans(Protocol):
     """An engine that compiles launch plans as batch sizes and request shapes come (OpenCL),
     keeping a bounded number: reports each plan built and each evicted, so that operators see a

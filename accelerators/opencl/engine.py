@@ -198,6 +198,12 @@ class OpenCLEngine:
             self._report("built", 1)
         return plan
 
+    def prepare(self, batch: int) -> None:
+        """The plan for `batch` samples of the served shape, built now (warm-up); models with
+        variable dims plan per request shape, when one comes."""
+        if self._fixed is not None:
+            self.plan(self.step(batch))
+
     def step(self, batch: int) -> int:
         """The samples one plan runs at a time: CPUs run slices, other devices the batch."""
         return min(batch, self.slice) if self.device.kind == "cpu" else batch

@@ -3,8 +3,8 @@
 short batch on an idle device on the calling event loop's thread (run_now); meters them, and
 keeps what the router needs: expected completion time, joules per inference, and health with
 backoff. A runner with buckets hands its engines bucket shapes only (service.core.buckets), and
-warms every instance on every warm-up batch (an FPGA: each batch once) before the model is
-READY."""
+warms every instance on every warm-up batch (an FPGA: runs the first, plans the others) before
+the model is READY."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 
-from accelerators.engine import Engine, ReportsPlans
+from accelerators.engine import Engine, PreparesPlans, ReportsPlans
 from accelerators.flops import FlopCounter
 from service import contract
 from service.core.buckets import Buckets
@@ -195,12 +195,18 @@ class DeviceRunner:
 
     def warm_up(self, batches: list[WarmupBatch], outputs: list[str]) -> None:
         """Runs every warm-up batch on every instance (blocking; before the model is READY).
-        An FPGA's instances share one binary, which takes every size at run time, and plan on
-        first use without compiling: each batch runs once, the instances in turn. Warm-up is
-        not traffic: it counts in no metric and no speed estimate."""
+        An FPGA's binary takes every size at run time, so a size's first-use cost is its plan:
+        each instance runs the first batch once, which proves the device end to end, and builds
+        the plans of the others without running them (an emulator would take minutes over the
+        larger ones). Warm-up is not traffic: it counts in no metric and no speed estimate."""
         if self.device.kind == "fpga":
-            for i, batch in enumerate(batches):
-                self._run_on(self._idle[i % len(self._idle)], batch.inputs, outputs, batch.size)
+            for engine in self._idle:
+                self._run_on(engine, batches[0].inputs, outputs, batches[0].size)
+                for batch in batches[1:]:
+                    if isinstance(engine, PreparesPlans):
+                        engine.prepare(batch.size)
+                    else:
+                        self._run_on(engine, batch.inputs, outputs, batch.size)
             return
         for engine in self._idle:
             for batch in batches:

@@ -106,16 +106,19 @@ def test_a_built_binary_is_served_from_hetserve_fpga_binaries(tmp_path, monkeypa
 
 def test_for_a_board_the_source_manifest_and_compiler_line_are_given(tmp_path) -> None:
     built = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path),
-                      "--device", "fpga1", "--board", "de5net")
+                      "--device", "fpga1", "--board", "de5anet")
     assert built.returncode == 0, built.stderr
     source = (tmp_path / "hetserve.cl").read_text()
     assert source == fpga_source() and "gemm_local" not in source  # the FPGA set alone
     assert not (tmp_path / EMULATOR_BINARY).exists()
     aoc, = [line.strip() for line in built.stdout.splitlines() if line.startswith("  ")]
-    assert aoc.startswith("aoc -board=de5net_a7 ") and "-DVEC=8 -DLANE=32" in aoc
-    assert aoc.endswith(f"-o {tmp_path / 'de5net_a7.aocx'}")
-    manifest = json.loads((tmp_path / "de5net_a7.aocx.json").read_text())
-    assert manifest["device"] == "de5net_a7" and manifest["parameters"]["lane"] == 32
+    assert aoc.startswith("aoc -board=de5a_net_ddr4 ") and "-DVEC=16 -DLANE=32" in aoc
+    assert aoc.endswith(f"-o {tmp_path / 'de5a_net_ddr4.aocx'}")
+    manifest = json.loads((tmp_path / "de5a_net_ddr4.aocx.json").read_text())
+    assert manifest["device"] == "de5a_net_ddr4" and manifest["parameters"]["lane"] == 32
+    too_big = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path / "de5"),
+                        "--device", "fpga1", "--board", "de5net")  # 8 x 32 in fp32
+    assert too_big.returncode == 2 and "308 DSPs" in too_big.stderr
     xilinx = _hetserve("fpga", "build", str(MODELS / MODEL), "--out", str(tmp_path / "u50"),
                        "--device", "fpga1", "--board", "alveo_u50")
     vpp, = [line.strip() for line in xilinx.stdout.splitlines() if line.startswith("  ")]
@@ -162,9 +165,9 @@ def test_binaries_from_another_build_are_refused_naming_the_field(tmp_path,
     other.manifest.write_text(json.dumps({**manifest, "device": "AMD EPYC"}))
     with pytest.raises(ManifestError, match='built with device "AMD EPYC"'):
         load(tmp_path / "other-device")
-    build(MNIST, tmp_path / "de5net", board="de5net")  # the DE5-Net's 8 x 32 array
-    with pytest.raises(ManifestError, match="built with options .*-DLANE=32"):
-        load(tmp_path / "de5net")
+    build(MNIST, tmp_path / "arria10", board="de5anet")  # the DE5a-Net's 16 x 32 array
+    with pytest.raises(ManifestError, match="built with options .*-DVEC=16 -DLANE=32"):
+        load(tmp_path / "arria10")
     build(MNIST, tmp_path / "half", precision="fp16")
     with pytest.raises(ManifestError, match="built with options .*-DHALF_STORAGE"):
         load(tmp_path / "half")
