@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelerators.opencl.engine import fpga_build, lower_for
 from accelerators.opencl.fpga.board import Board
 from accelerators.opencl.fpga.lowering import POOL_ARGS, READ_ARGS, STAGES
 from accelerators.opencl.graph import load_graph
@@ -148,8 +149,6 @@ def plan(model: Path | Graph, board: Board, precision: str = "int8", batch: int 
          activation_bytes: int | None = None) -> Estimate:
     """The estimate of `model` (a file, or its loaded graph) on `board` as its profile sizes
     the pipeline. A float model priced in int8 has the same passes: only their bytes differ."""
-    from accelerators.opencl.engine import fpga_build, lower_for
-
     graph = model if isinstance(model, Graph) else load_graph(model)
     build = fpga_build(graph, board, precision == "fp16")
     return estimate(lower_for(graph, batch, build), board, precision, batch, activation_bytes)
