@@ -54,9 +54,11 @@ def lowered_plans(graph: Graph, build: Build, samples: Samples | None = None
     """The plans for one sample and for a CPU slice: kernels differ between them (GEMV vs GEMM
     tiles), so a program must hold both sets. A slice is as many samples as fill whole register
     tiles of the fully connected layers: 12 with AVX2's 6-row tiles (8 ran half-empty second
-    tiles)."""
-    return lower_for(graph, 1, build, samples), lower_for(graph, SLICE_TILES * build.rows,
-                                                          build, samples)
+    tiles). The FPGA pipeline's one binary runs every size: its one sample's plan serves."""
+    first = lower_for(graph, 1, build, samples)
+    if build.pipeline:
+        return first, first
+    return first, lower(graph, SLICE_TILES * build.rows, build, samples)
 
 
 def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
