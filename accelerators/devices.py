@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from accelerators import icd
+from accelerators.opencl.fpga.board import BoardError, for_device
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -141,8 +142,6 @@ def inventory() -> dict[str, Any]:
 
 
 def _board(emulated: bool, name: str) -> dict[str, Any] | None:
-    from accelerators.opencl.fpga.board import BoardError, for_device
-
     try:
         board = for_device(None, emulated, name)
     except BoardError:

@@ -120,32 +120,26 @@ class GraphBuilder:
                                  ir_version=8)
 
 
-def alexnet(seed: int = 0) -> onnx.ModelProto:
+def alexnet(seed: int = 0, caffe: bool = False) -> onnx.ModelProto:
+    """The original AlexNet (224 x 224, LRN before pooling); `caffe`: as Caffe's reference model
+    (CaffeNet) has it, 227 x 227 with pooling before LRN, the network PipeCNN's published figures
+    were measured on."""
     g = GraphBuilder(seed)
-    x = g.maxpool(g.lrn(g.relu(g.conv("image", 3, 96, 11, stride=4))), 3, 2)
-    x = g.maxpool(g.lrn(g.relu(g.conv(x, 96, 256, 5, pad=2, group=2))), 3, 2)
+
+    def stage(x: str) -> str:  # ReLU, then LRN and max pooling in the model's order
+        x = g.relu(x)
+        return g.lrn(g.maxpool(x, 3, 2)) if caffe else g.maxpool(g.lrn(x), 3, 2)
+
+    x = stage(g.conv(stage(g.conv("image", 3, 96, 11, stride=4)), 96, 256, 5, pad=2, group=2))
     x = g.relu(g.conv(x, 256, 384, 3, pad=1))
     x = g.relu(g.conv(x, 384, 384, 3, pad=1, group=2))
     x = g.maxpool(g.relu(g.conv(x, 384, 256, 3, pad=1, group=2)), 3, 2)
     x = g.op("Flatten", [x], axis=1)
-    x = g.op("Dropout", [g.relu(g.fc(x, 256 * 5 * 5, 4096))])
+    side = 6 if caffe else 5
+    x = g.op("Dropout", [g.relu(g.fc(x, 256 * side * side, 4096))])
     x = g.op("Dropout", [g.relu(g.fc(x, 4096, 4096))])
-    return g.model(g.fc(x, 4096, 1000), "alexnet")
-
-
-def caffenet(seed: int = 0) -> onnx.ModelProto:
-    """AlexNet as Caffe's reference model has it (227 x 227, pooling before LRN): the network
-    PipeCNN's published figures were measured on."""
-    g = GraphBuilder(seed)
-    x = g.lrn(g.maxpool(g.relu(g.conv("image", 3, 96, 11, stride=4)), 3, 2))
-    x = g.lrn(g.maxpool(g.relu(g.conv(x, 96, 256, 5, pad=2, group=2)), 3, 2))
-    x = g.relu(g.conv(x, 256, 384, 3, pad=1))
-    x = g.relu(g.conv(x, 384, 384, 3, pad=1, group=2))
-    x = g.maxpool(g.relu(g.conv(x, 384, 256, 3, pad=1, group=2)), 3, 2)
-    x = g.op("Flatten", [x], axis=1)
-    x = g.op("Dropout", [g.relu(g.fc(x, 256 * 6 * 6, 4096))])
-    x = g.op("Dropout", [g.relu(g.fc(x, 4096, 4096))])
-    return g.model(g.fc(x, 4096, 1000), "caffenet", size=227)
+    return g.model(g.fc(x, 4096, 1000), "caffenet" if caffe else "alexnet",
+                   size=227 if caffe else 224)
 
 
 # GoogLeNet's inception modules: 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection.

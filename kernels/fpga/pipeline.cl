@@ -102,6 +102,20 @@ inline mac_t to_mac(const float x, const float inv_scale, const int zero) {
 #endif
 }
 
+// One VEC word of the line buffer: channels cw * VEC on of input row iy, column ix, into `slot`
+// of the ring; channels past c read 0 (their weights are 0).
+inline void load_word(mac_t line_buf[LINE_BUF][VEC], __global const DATA* restrict xs,
+                      const int slot, const int iy, const int ix, const int cw, const int c,
+                      const int cv, const int w, const int plane, const float inv_scale,
+                      const int zero) {
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int ch = cw * VEC + v;
+        line_buf[(slot * w + ix) * cv + cw][v] =
+            ch < c ? to_mac(LOAD(xs, ch * plane + iy * w + ix), inv_scale, zero) : 0;
+    }
+}
+
 // Reads one layer's inputs for `batch` samples of `groups` groups, once for each block of LANE
 // output channels: each input row is loaded into the line buffer once per block and reused by
 // the kh x kw window positions and the output pixels that cover it, and each window is streamed
@@ -133,14 +147,9 @@ void fpga_read(__global const DATA* restrict x, const int batch, const int group
                     int r = 0, cw = 0, ix = 0, slot = 0;
                     for (int i = 0; i < kh * row_words; ++i) {
                         const int iy = row0 + r;
-                        if (iy >= 0 && iy < h) {
-                            #pragma unroll
-                            for (int v = 0; v < VEC; ++v) {
-                                const int ch = cw * VEC + v;
-                                line_buf[(slot * w + ix) * cv + cw][v] = ch < c ? to_mac(
-                                    LOAD(xs, ch * plane + iy * w + ix), inv_scale, pad_code) : 0;
-                            }
-                        }
+                        if (iy >= 0 && iy < h)
+                            load_word(line_buf, xs, slot, iy, ix, cw, c, cv, w, plane,
+                                      inv_scale, pad_code);
                         if (++ix == w) {
                             ix = 0;
                             if (++cw == cv) {
@@ -187,15 +196,9 @@ void fpga_read(__global const DATA* restrict x, const int batch, const int group
                         }
                         if (i < loads) {
                             const int iy = row0 + new_from + lr;
-                            if (iy >= 0 && iy < h) {
-                                #pragma unroll
-                                for (int v = 0; v < VEC; ++v) {
-                                    const int ch = lc * VEC + v;
-                                    line_buf[(lslot * w + lx) * cv + lc][v] = ch < c ? to_mac(
-                                        LOAD(xs, ch * plane + iy * w + lx), inv_scale, pad_code)
-                                        : 0;
-                                }
-                            }
+                            if (iy >= 0 && iy < h)
+                                load_word(line_buf, xs, lslot, iy, lx, lc, c, cv, w, plane,
+                                          inv_scale, pad_code);
                             if (++lx == w) {
                                 lx = 0;
                                 if (++lc == cv) {

@@ -8,6 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from accelerators.opencl.fpga.board import names
+
 PLAN_PRECISIONS = ("int8", "fp16", "fp32")
 
 
@@ -59,8 +61,6 @@ def _model_argument(parser: argparse.ArgumentParser) -> None:
 
 def _board_argument(parser: argparse.ArgumentParser, default: str,
                     required: bool = False) -> None:
-    from accelerators.opencl.fpga.board import names
-
     parser.add_argument("--board", required=required, metavar="NAME",
                         help=f"a board profile, one of {', '.join(names())}, or a .toml file "
                              f"({default})")

@@ -15,7 +15,7 @@ import pytest
 
 from accelerators.opencl.fpga import board as boards
 from accelerators.opencl.fpga.estimate import plan, resources, search
-from tools.cnn_architectures import caffenet
+from tools.cnn_architectures import alexnet as alexnet_model
 
 # PipeCNN's README: board -> (ms an image, batch, DSPs)
 PIPECNN = {"de1soc": (150.0, 1, 68), "de5net": (15.0, 16, 228)}
@@ -24,7 +24,7 @@ PIPECNN = {"de1soc": (150.0, 1, 68), "de5net": (15.0, 16, 228)}
 @pytest.fixture(scope="module")
 def alexnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("caffenet") / "caffenet.onnx"
-    onnx.save(caffenet(), str(path))
+    onnx.save(alexnet_model(caffe=True), str(path))
     return path
 
 

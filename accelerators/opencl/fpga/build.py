@@ -45,13 +45,14 @@ def build(model: Path, out: Path, device: str = "fpga0", board: str | None = Non
     root, into a folder another user owns)."""
     emulated = _emulated(device)
     profile = boards.for_device(board, emulated, device)
-    graph = load_graph(model)
-    int8 = any("quant_in" in n.attrs for n in graph.nodes)
-    dsps, rams = resources(profile, "int8" if int8 else precision)
+    options = fpga_build(load_graph(model), profile, precision == "fp16")
+    assert options.pipeline is not None  # an FPGA's build
+    datapath = "int8" if options.pipeline.q8 else precision
+    dsps, rams = resources(profile, datapath)
     if dsps > profile.dsp_blocks or rams > profile.ram_blocks:
         raise boards.BoardError(
             f"the pipeline's VEC {profile.vec} x LANE {profile.lane} array and buffers take "
-            f"about {dsps} DSPs and {rams} RAM blocks in {'int8' if int8 else precision}; "
+            f"about {dsps} DSPs and {rams} RAM blocks in {datapath}; "
             f"{profile.name} has {profile.dsp_blocks} and {profile.ram_blocks} (estimates): "
             f"give --board a copy of its profile with the vec and lane that `hetserve fpga "
             f"plan --search` finds")
@@ -62,17 +63,16 @@ def build(model: Path, out: Path, device: str = "fpga0", board: str | None = Non
         engine = OpenCLEngine(model, device, ProgramCache(from_source=True), precision=precision,
                               board=profile.name if board is None else board)
         binary = safe_files.write_file(out / EMULATOR_BINARY, engine.program.binaries[0], force)
-        options = engine.build.defines
         target = engine.program.devices[0].name.strip()
         commands = []
     else:
-        options = fpga_build(graph, profile, precision == "fp16").defines
         suffix = ".xclbin" if profile.vendor == "xilinx" else ".aocx"
         binary = out / f"{profile.compile_target}{suffix}"
         target = profile.compile_target
-        commands = [_command(profile, options, source, binary)]
-    manifest = Manifest.expected(text, options, profile, target, set(STAGES)).write(binary, force)
-    return FpgaBuild(profile, set(STAGES), options, source, binary, manifest, commands)
+        commands = [_command(profile, options.defines, source, binary)]
+    manifest = Manifest.expected(text, options.defines, profile, target, set(STAGES)).write(
+        binary, force)
+    return FpgaBuild(profile, set(STAGES), options.defines, source, binary, manifest, commands)
 
 
 def _emulated(device: str) -> bool:

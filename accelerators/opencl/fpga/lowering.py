@@ -98,7 +98,8 @@ def conv(lw: Lowering, node: Node, args: list) -> None:
     _layer(lw, node, args, args, layer, w, codes)
 
 
-def gemm(lw: Lowering, node: Node, args: list) -> None:
+def fully_connected(lw: Lowering, node: Node, args: list) -> None:
+    """Gemm, and MatMul (none of Gemm's attributes; a bias graph.py fused in as args[2])."""
     a = node.attrs
     x, b = args[0], args[1]
     if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(b, np.ndarray) \
@@ -110,17 +111,6 @@ def gemm(lw: Lowering, node: Node, args: list) -> None:
     if len(args) > 2 and args[2] is not None:
         bias = np.asarray(args[2], np.float32).reshape(-1) * np.float32(a.get("beta", 1.0))
     _fully_connected(lw, node, args, weights, bias, a.get("transB", 0))
-
-
-def matmul(lw: Lowering, node: Node, args: list) -> None:
-    x, b = args[0], args[1]
-    if not isinstance(x, Dyn) or len(x.shape) != 2 or not isinstance(b, np.ndarray) \
-            or b.ndim != 2:
-        host_node(lw, node, args, "not a 2-D activation times a constant matrix")
-        return
-    bias = np.asarray(args[2], np.float32).reshape(-1) if len(args) > 2 and \
-        args[2] is not None else None
-    _fully_connected(lw, node, args, b.T, bias, False)
 
 
 def _fully_connected(lw: Lowering, node: Node, args: list, weights: np.ndarray,
@@ -293,4 +283,5 @@ def host_node(lw: Lowering, node: Node, args: list, reason: str = "") -> None:
     lw.out.on_host.setdefault(node.name, reason or f"op {node.op} has no FPGA kernel")
 
 
-_TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": gemm, "MatMul": matmul}
+_TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": fully_connected,
+                                 "MatMul": fully_connected}
