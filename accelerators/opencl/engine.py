@@ -76,11 +76,7 @@ def fpga_build(graph: Graph, board: boards.Board, half: bool) -> Build:
     int8 = any("quant_in" in n.attrs for n in graph.nodes)
     leaky = any(getattr(n.attrs.get("activation"), "op", None) == "LeakyRelu"
                 for n in graph.nodes)
-    fifo = "XILINX_PIPES" if board.vendor == "xilinx" else "INTEL_CHANNELS"
-    return Build(pipeline=Pipeline(board.vec, board.lane, board.weight_buffer,
-                                   board.line_buffer, board.pool_buffer, board.channel_depth,
-                                   fifo, int8, leaky),
-                 half=half)
+    return Build(pipeline=Pipeline(board, int8, leaky), half=half)
 
 
 class OpenCLEngine:

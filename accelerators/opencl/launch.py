@@ -9,6 +9,7 @@ from typing import cast
 
 import numpy as np
 
+from accelerators.opencl.fpga.board import Board
 from accelerators.opencl.ir import Node
 
 # Work-group sizes and vector width: program_cache.BUILD_OPTIONS passes them to the kernels.
@@ -52,15 +53,10 @@ class LocalTiling:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The FPGA pipeline's compile-time parameters (kernels/fpga/pipeline.cl): a board profile's
-    MAC array and buffers, the arithmetic, and the activations its epilogue has."""
-    vec: int
-    lane: int
-    weight_buffer: int  # VEC x LANE words
-    line_buffer: int  # VEC words
-    pool_buffer: int  # LANE words
-    channel_depth: int = 8
-    fifo: str = "INTEL_CHANNELS"  # or "XILINX_PIPES"
+    """The FPGA pipeline's compile-time parameters (kernels/fpga/pipeline.cl): its board
+    profile's MAC array, buffers and FIFOs, the arithmetic, and the activations its epilogue
+    has."""
+    board: Board
     q8: bool = False  # int8 x int8 MACs (QDQ models)
     leaky: bool = False  # LeakyRelu in the epilogue (ReLU and Clip always are)
 
@@ -70,12 +66,17 @@ class Pipeline:
         return 1 if self.q8 else 6
 
     @property
+    def fifo(self) -> str:
+        """What joins the stages: AMD/Xilinx pipes, or Intel channels."""
+        return "XILINX_PIPES" if self.board.vendor == "xilinx" else "INTEL_CHANNELS"
+
+    @property
     def defines(self) -> str:
-        flags = [f"-DVEC={self.vec}", f"-DLANE={self.lane}", f"-DPIPE_DEPTH={self.pipe_depth}",
-                 f"-DWEIGHT_BUF={self.weight_buffer}", f"-DLINE_BUF={self.line_buffer}",
-                 f"-DPOOL_BUF={self.pool_buffer}", f"-DCHANNEL_DEPTH={self.channel_depth}",
-                 f"-D{self.fifo}",
-                 "-DQ8" if self.q8 else "", "-DACT_LEAKY" if self.leaky else ""]
+        b = self.board
+        flags = [f"-DVEC={b.vec}", f"-DLANE={b.lane}", f"-DPIPE_DEPTH={self.pipe_depth}",
+                 f"-DWEIGHT_BUF={b.weight_buffer}", f"-DLINE_BUF={b.line_buffer}",
+                 f"-DPOOL_BUF={b.pool_buffer}", f"-DCHANNEL_DEPTH={b.channel_depth}",
+                 f"-D{self.fifo}", "-DQ8" if self.q8 else "", "-DACT_LEAKY" if self.leaky else ""]
         return " ".join(filter(None, flags))
 
 

@@ -168,7 +168,7 @@ def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> Pool | N
     if len(k) != 2 or k[0] != k[1] or len(set(s)) != 1 or len(set(pads)) > 1 \
             or a.get("ceil_mode", 0) or a.get("auto_pad", "NOTSET") != "NOTSET" \
             or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("storage_order", 0) \
-            or pads[0] >= k[0] or k[0] * layer.ow > p.pool_buffer:
+            or pads[0] >= k[0] or k[0] * layer.ow > p.board.pool_buffer:
         return None
     pk, ps, pp = k[0], s[0], pads[0]
     lw.done.add(pool.name)
@@ -178,16 +178,16 @@ def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> Pool | N
 
 def _does_not_fit(node: Node, layer: Layer, p: Pipeline) -> str:
     """Why the pass cannot run on the board's pipeline; empty where it can."""
-    cv = -(-layer.c // p.vec)
+    cv = -(-layer.c // p.board.vec)
     if ("quant_in" in node.attrs) != p.q8:
         return ("a float layer in an int8 build" if p.q8 else
                 "an int8 layer in a float build")
-    if layer.kh * layer.kw * cv > p.weight_buffer:
+    if layer.kh * layer.kw * cv > p.board.weight_buffer:
         return (f"its window of {layer.kh} x {layer.kw} x {cv} words exceeds the weight "
-                f"buffer's {p.weight_buffer}")
-    if (layer.kh + layer.sh) * layer.w * cv > p.line_buffer:
+                f"buffer's {p.board.weight_buffer}")
+    if (layer.kh + layer.sh) * layer.w * cv > p.board.line_buffer:
         return (f"its {layer.kh + layer.sh} rows of {layer.w} x {cv} words exceed the line "
-                f"buffer's {p.line_buffer}")
+                f"buffer's {p.board.line_buffer}")
     return ""
 
 
@@ -197,13 +197,13 @@ def _emit(lw: Lowering, node: Node, args: list, layer: Layer, w: np.ndarray,
     assert p is not None
     x: Dyn = args[0]
     g, mg, c = layer.groups, layer.m, layer.c
-    cv, blocks = -(-c // p.vec), -(-mg // p.lane)
-    scale = np.zeros(g * blocks * p.lane, np.float32)
+    cv, blocks = -(-c // p.board.vec), -(-mg // p.board.lane)
+    scale = np.zeros(g * blocks * p.board.lane, np.float32)
     shift = np.zeros_like(scale)
     bias = np.zeros(g * mg, np.float32)
     if len(args) > 2 and args[2] is not None:
         bias[:] = np.broadcast_to(np.asarray(args[2], np.float32).reshape(-1), (g * mg,))
-    lanes = (np.arange(g)[:, None] * blocks * p.lane + np.arange(mg)[None, :]).reshape(-1)
+    lanes = (np.arange(g)[:, None] * blocks * p.board.lane + np.arange(mg)[None, :]).reshape(-1)
     quant: Grid | None = node.attrs.get("quant_in")
     if quant is not None and codes is not None:
         weight: Int8Weight = lw.graph.int8[node.inputs[1]]
@@ -249,10 +249,11 @@ def _pack(w: np.ndarray, layer: Layer, p: Pipeline, dtype: type) -> np.ndarray:
     """(g * m, c, kh, kw) weights in the order the conv stage loads them:
     [group][block][ky][kx][cv][LANE][VEC], zero past c and m."""
     g, mg, c, kh, kw = layer.groups, layer.m, layer.c, layer.kh, layer.kw
-    cv, blocks = -(-c // p.vec), -(-mg // p.lane)
-    full: np.ndarray = np.zeros((g, blocks * p.lane, kh, kw, cv * p.vec), dtype)
+    vec, lane = p.board.vec, p.board.lane
+    cv, blocks = -(-c // vec), -(-mg // lane)
+    full: np.ndarray = np.zeros((g, blocks * lane, kh, kw, cv * vec), dtype)
     full[:, :mg, :, :, :c] = w.reshape(g, mg, c, kh, kw).transpose(0, 1, 3, 4, 2)
-    return np.ascontiguousarray(full.reshape(g, blocks, p.lane, kh, kw, cv, p.vec).transpose(
+    return np.ascontiguousarray(full.reshape(g, blocks, lane, kh, kw, cv, vec).transpose(
         0, 1, 3, 4, 5, 2, 6))
 
 
