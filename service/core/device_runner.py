@@ -1,17 +1,21 @@
-"""A device runner: runs one model's batches on one device, on one or more engine instances
-(config.pbtxt's instance_group count), each in its own thread (engines release the GIL), or a
-short batch on an idle device on the calling event loop's thread (run_now); meters them, and
-keeps what the router needs: expected completion time, joules per inference, and health with
-backoff. A runner with buckets hands its engines bucket shapes only (service.core.buckets), and
-warms every instance on every warm-up batch (an FPGA: runs the first, plans the others) before
-the model is READY."""
+"""A device runner: the executor of one model's batches on one device. It runs them on one or
+more engine instances (config.pbtxt's instance_group count), each in its own thread (engines
+release the GIL), or on the caller's thread (run_inline: the scheduler's choice, by the times
+measured here); meters them; and keeps what the scheduler and the ranking need: batch times by
+size, the hand-off's cost, joules per inference, and health with backoff. A runner with buckets
+hands its engines bucket shapes only (service.core.buckets), and warms every instance on every
+warm-up batch (an FPGA: runs the first, plans the others) before the model is READY."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import math
 import queue
+import statistics
 import threading
 import time
+from collections import deque
 
 from accelerators.engine import Engine, PreparesPlans, ReportsPlans
 from accelerators.flops import FlopCounter
@@ -22,23 +26,40 @@ from service.core.types import Answer, Cost, Tensors, settle
 from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
-_SMOOTHING = 0.2  # weight of the newest batch in the per-sample time average
+_SMOOTHING = 0.2  # weight of the newest batch in a size's time average
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
-# An idle device's batch runs on the event loop (run_now), sparing the hand-off to an instance
-# thread and back, when it is shorter than _INLINE_S (the loop is held no longer than the
-# hand-off's thread switches take), or, for a model whose requests lately came one at a time
-# while no other batch is in flight in this process, when it is shorter than _ALONE_S: then
-# nothing waits for the loop meanwhile, and the hand-off (0.6 ms on a 2-vCPU VM,
-# bench/serving.py) is a large part of a small model's time on any machine, whether its batch
-# takes 0.2 ms or 2 ms there. Under load (batches of several requests) the loop stays free to
-# feed every device.
-_INLINE_S = 0.0005
-_ALONE_S = 0.02
+_HANDOFFS = 15  # hand-offs whose median is the hand-off's cost
+
+
+class BatchTimes:
+    """Seconds per batch by batch size, averaged, from the batches a device ran. A size not
+    run yet is estimated from the next larger one run (a batch takes no longer than a larger
+    one), or scaled up from the largest."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+        self._sizes: list[int] = []  # sorted
+
+    def observe(self, size: int, seconds: float) -> None:
+        previous = self._seconds.get(size)
+        if previous is None:  # the time first: a size listed is one the estimate can read
+            self._seconds[size] = seconds
+            bisect.insort(self._sizes, size)
+        else:
+            self._seconds[size] = previous + _SMOOTHING * (seconds - previous)
+
+    def estimate(self, size: float) -> float | None:
+        """None before any batch ran."""
+        if not self._sizes:
+            return None
+        at = bisect.bisect_left(self._sizes, size)
+        if at < len(self._sizes):
+            return self._seconds[self._sizes[at]]
+        largest = self._sizes[-1]
+        return self._seconds[largest] * size / largest
 
 
 class DeviceRunner:
-    batches_in_flight = 0  # in this process, across every model and device (on the loop)
-
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
                  flops: FlopCounter | None = None, buckets: Buckets | None = None) -> None:
         """`flops`: the model's count per sample; a partial one labels its FLOPs `partial`."""
@@ -50,8 +71,7 @@ class DeviceRunner:
         # One thread per instance: engines are not re-entrant, and they release the GIL. With
         # as many threads as engines, a thread always finds an idle engine to pop. Batches reach
         # them through one queue and come back through one wake-up of the event loop: half the
-        # CPU of an executor's hand-off (measured: 36 against 70 µs per batch on 2 vCPUs). Short
-        # batches on an idle device run on the loop itself (run_now).
+        # CPU of an executor's hand-off (measured: 36 against 70 µs per batch on 2 vCPUs).
         self._idle = list(engines)
         self._batches: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._serve, daemon=True,
@@ -82,16 +102,36 @@ class DeviceRunner:
         self._healthy_gauge = metrics.device_healthy.labels(**labels)
         self._healthy_gauge.set(1)
         self.pending_samples = 0  # queued or running on this runner
-        self.seconds_per_sample: float | None = None
+        self.seconds_per_sample: float | None = None  # averaged over every size: joules
+        self.times = BatchTimes()
+        self._running = 0  # batches handed to the instance threads and not answered yet
+        self._handoffs: deque[float] = deque(maxlen=_HANDOFFS)
         self.healthy = True
         self.retry_at = 0.0  # time.monotonic() when an unhealthy device may be probed
         self._backoff_s = _BACKOFF_S[0]
 
+    @property
+    def idle(self) -> bool:
+        return not self.pending_samples
+
+    @property
+    def handoff_s(self) -> float | None:
+        """The median cost of the latest batches' hand-offs to an idle instance thread and back
+        to the event loop (their time less their compute); None before one was measured."""
+        return statistics.median(self._handoffs) if self._handoffs else None
+
+    def expected_batch_s(self, size: int) -> float | None:
+        return self.times.estimate(size)
+
     def expected_completion_s(self, size: int) -> float:
         """Seconds until a batch of `size` handed over now would be done, from measured speed
-        (the instances share the samples already pending); 0 before the first batch (an
-        unmeasured device gets tried)."""
-        return (self.pending_samples / self.instances + size) * (self.seconds_per_sample or 0.0)
+        (the instances share the samples already pending). An unmeasured device: 0 while idle
+        (it gets tried), unbounded while its first batches run (a slow one must not collect
+        every batch before its speed is known)."""
+        batch_s = self.times.estimate(self.pending_samples / self.instances + size)
+        if batch_s is None:
+            return math.inf if self.pending_samples else 0.0
+        return batch_s
 
     @property
     def priced(self) -> bool:
@@ -109,35 +149,30 @@ class DeviceRunner:
         return watts * self.seconds_per_sample
 
     async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
-        if (answer := self.run_now(inputs, outputs, size)) is not None:
-            return answer
+        """The batch's answer from an instance thread (DeviceError if it failed)."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        # Only a batch that finds an instance idle measures the hand-off (not a queue's wait).
+        measures = self._running < self.instances
         self.pending_samples += size
-        DeviceRunner.batches_in_flight += 1
+        self._running += 1
+        start = time.perf_counter()
         try:
             self._batches.put((loop, done, inputs, outputs, size))
-            return await done
+            answer, busy_s = await done
         except Exception as e:
             raise self._failure(size, e) from e
         finally:
             self.pending_samples -= size
-            DeviceRunner.batches_in_flight -= 1
+            self._running -= 1
+        if measures:
+            self._handoffs.append(time.perf_counter() - start - busy_s)
+        return answer
 
-    def run_now(self, inputs: Tensors, outputs: list[str], size: int,
-                lone: bool = False) -> Answer | None:
-        """The batch's answer, computed on the calling (event loop's) thread when the device is
-        healthy and idle and such a batch is short (_INLINE_S), or short enough for a `lone`
-        request while no other batch is in flight (_ALONE_S); None otherwise, leaving the batch
-        to `run`."""
-        if not (self.healthy and not self.pending_samples and self.seconds_per_sample is not None):
-            return None
-        expected_s = self.seconds_per_sample * size
-        if not (expected_s < _INLINE_S or (
-                lone and expected_s < _ALONE_S and not DeviceRunner.batches_in_flight)):
-            return None
+    def run_inline(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+        """The batch's answer computed on the calling thread (DeviceError if it failed)."""
         try:
-            return self._timed_run(inputs, outputs, size)
+            return self._timed_run(inputs, outputs, size)[0]
         except Exception as e:
             raise self._failure(size, e) from e
 
@@ -158,7 +193,9 @@ class DeviceRunner:
             except RuntimeError:  # the loop is closed: nobody waits for this batch
                 pass
 
-    def _timed_run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+    def _timed_run(self, inputs: Tensors, outputs: list[str],
+                   size: int) -> tuple[Answer, float]:
+        """The batch's answer, and the seconds it computed."""
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
@@ -167,8 +204,9 @@ class DeviceRunner:
         finally:
             self._idle.append(engine)
         self._padding.inc(padding)
-        # Plain float updates from the instance threads (a rare lost update of the average is
-        # harmless); the router only reads them.
+        # Plain updates from the instance threads (a rare lost update of an average is
+        # harmless); the scheduler and the ranking only read them.
+        self.times.observe(size, busy_s)
         sample_s = busy_s / size
         previous = self.seconds_per_sample
         self.seconds_per_sample = sample_s if previous is None else \
@@ -184,7 +222,7 @@ class DeviceRunner:
         self._flops[partial].inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
         return Answer(result, self._reply_device,
-                      Cost(joules, self.meter.source.source, flops, partial))
+                      Cost(joules, self.meter.source.source, flops, partial)), busy_s
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

@@ -1,6 +1,6 @@
-"""Loaded models: each version with a worker on every device of its `devices` parameter that can
-run it, a router among them, and a batcher. A model that fails to load is kept as a reason,
-reported by readiness and the index, and never takes others down.
+"""Loaded models: each version with a device runner on every device of its `devices` parameter
+that can run it, ranked by its policy, and a scheduler. A model that fails to load is kept as a
+reason, reported by readiness and the index, and never takes others down.
 
 Models load, reload and unload while the daemon serves (service/core/model_control.py says when).
 A reload loads and warms the versions that are new or whose files changed while the others
@@ -29,15 +29,15 @@ from accelerators.flops import FlopCounter
 from service import contract
 from service.core import buckets as batch_buckets
 from service.core.batch_buffers import BatchBuffers
-from service.core.batcher import DynamicBatcher
 from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
 from service.core.power_budget import PowerBudget
 from service.core.queue_policy import BatchPolicy
+from service.core.ranking import POLICIES, DeviceRanking
 from service.core.repository import ModelRepository, RepositoryEntry, check_model_name
-from service.core.router import POLICIES, Router
+from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
 from service.core.warmup import WarmupBatch, warmup_batches
 from service.errors import ConfigError, ModelNotFoundError
@@ -46,7 +46,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 # Batches in flight per device. One: while a device runs a batch the next one grows, so a busy
 # device gets the largest batches (with two, a small batch would follow every large one).
-BATCHES_PER_WORKER = 1
+BATCHES_PER_DEVICE = 1
 DEFAULT_LATENCY_BUDGET_MS = 100
 
 
@@ -54,8 +54,8 @@ DEFAULT_LATENCY_BUDGET_MS = 100
 class LoadedModel:
     spec: ModelSpec
     config: model_config_pb2.ModelConfig  # the effective configuration, defaults filled in
-    router: Router
-    batcher: DynamicBatcher
+    ranking: DeviceRanking  # its devices (the scheduler consults it, and closes it)
+    batcher: Scheduler
     stats: ModelStatistics
     stamp: tuple  # what it was loaded from (RepositoryEntry.stamps): unchanged, it stays
     generation: int  # which load this is, so that front-ends can say what they validated against
@@ -119,7 +119,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                     added[version] = await self._load_version(entry, version, path)
         except BaseException:  # nothing of a load half done keeps running
             for model in added.values():
-                await _close(model)
+                await model.batcher.close()
             raise
         return added
 
@@ -145,7 +145,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                 log.warning("model %r version %d: requests still queued after %.1f s are "
                             "refused", model.spec.name, model.spec.version,
                             self._settings.shutdown_grace_s)
-            await _close(model)
+            await model.batcher.close()
             log.info("model %r version %d unloaded", model.spec.name, model.spec.version)
         # Shielded: a caller that goes meanwhile (a client's deadline) leaves no engine open.
         await asyncio.shield(asyncio.gather(*(retire(m) for m in models)))
@@ -192,15 +192,15 @@ class ModelRegistry(ModelTable[LoadedModel]):
         outputs = [o.name for o in spec.outputs]
         workers, warmup_s = await self._warm_up(spec, workers, warmup, outputs)
         _log_gpu_memory(spec, workers, gpu_memory)
-        router = Router(name, workers, routing, budget_s, outputs, self._metrics,
-                        self._power_budget)
+        ranking = DeviceRanking(name, workers, routing, budget_s, outputs, self._metrics,
+                                self._power_budget)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
-        slots = BATCHES_PER_WORKER * sum(w.instances for w in workers)
+        slots = BATCHES_PER_DEVICE * sum(w.instances for w in workers)
         buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
-        batcher = DynamicBatcher(
-            name, policy, router, slots, buffers, stats,
+        batcher = Scheduler(
+            name, policy, ranking, outputs, slots, buffers, stats,
             self._metrics.queue_duration.labels(model=name).observe,
             self._metrics.expired.labels(model=name).inc, self._power_budget)
         config = model_config_pb2.ModelConfig()
@@ -208,15 +208,15 @@ class ModelRegistry(ModelTable[LoadedModel]):
         policy.effective(config)
         config.parameters["devices"].string_value = ", ".join(
             f"{w.device.engine}:{w.device.name}" for w in workers)
-        config.parameters["policy"].string_value = router.policy
+        config.parameters["policy"].string_value = ranking.policy
         config.parameters["latency_budget_ms"].string_value = \
-            f"{router.latency_budget_s * 1e3:g}"
+            f"{ranking.latency_budget_s * 1e3:g}"
         config.parameters["batch_buckets"].string_value = bucket_mode
         log.info("model %r version %d ready on %s (policy %s, instances %s, batch sizes %s, "
                  "warm-up %.2f s)", name, version, config.parameters["devices"].string_value,
-                 router.policy, [w.instances for w in workers],
+                 ranking.policy, [w.instances for w in workers],
                  [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
-        return LoadedModel(spec, config, router, batcher, stats, entry.stamps[version],
+        return LoadedModel(spec, config, ranking, batcher, stats, entry.stamps[version],
                            next(self._generations))
 
     async def _warm_up(self, spec: ModelSpec, workers: list[DeviceRunner],
@@ -293,13 +293,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
         for lock in list(self._locks.values()):  # a load under way ends first; none after
             await lock.acquire()
         for model in self.loaded():
-            await _close(model)
+            await model.batcher.close()
         self._models.clear()
-
-
-async def _close(model: LoadedModel) -> None:
-    await model.batcher.close()
-    await model.router.close()
 
 
 def _parameter(spec: ModelSpec, key: str, default: str) -> str:

@@ -242,7 +242,10 @@ def test_group_normalization_op(engine_for, per) -> None:
     ((2, 6, 7, 16), [1, 2], 1)], ids=str)  # ConvNeXt V2's GRN: the L2 norm over h and w
 @TILINGS
 def test_reduction_of_adjacent_axes(engine_for, op, shape, axes, keepdims, local_tiles) -> None:
-    x = fresh_rng()[0].standard_normal(shape).astype(np.float32)
+    # Centred away from 0: a sum of standard normals can land near 0 (a full reduction is one
+    # number), where any order of float additions differs from ONNX Runtime's by more than the
+    # relative tolerance.
+    x = (fresh_rng()[0].standard_normal(shape) + 3).astype(np.float32)
     inputs, consts = ["x"], {}
     if axes is not None:
         inputs.append("axes")

@@ -1,15 +1,17 @@
-"""Concurrent requests share model runs, and each gets its own answer back."""
+"""Concurrent requests share model runs, and each gets its own answer back; batches grow with
+concurrency on a device of a few ms per batch after an idle period."""
 
 from __future__ import annotations
 
+import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, image_input
-from tests.service.conftest import assert_served, scrape, total
+from tests.conftest import MODEL, Daemon, image_input
+from tests.service.conftest import assert_served, scrape, total, write_model
 
 
 def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) -> None:
@@ -42,3 +44,44 @@ def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) 
     assert grew("hetserve_inferences_total") == sum(sizes)
     ok = 'hetserve_requests_total{code="OK",model="mnist_cnn"}'
     assert ok in urllib.request.urlopen(daemon.metrics_url).read().decode()
+
+
+def test_batches_grow_with_concurrency_after_an_idle_period(tmp_path, holdout) -> None:
+    """A simulated device of 3-4 ms per batch: one client (batches of one), then 16 clients,
+    whose requests queue while a batch runs on the device's thread."""
+    repo = write_model(tmp_path / "models", 64, "max_queue_delay_microseconds: 500",
+                       {"devices": "simulated:gpu0", "simulated_curve": "few_ms.curve"})
+    (repo / MODEL / "few_ms.curve").write_text("1 0.003\n64 0.004\n")
+    # The config names the simulated device in place of the example's list.
+    config = repo / MODEL / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        'parameters { key: "devices" value: { string_value: "opencl:fpga0, onnxruntime" } }\n',
+        ""))
+    served = Daemon(tmp_path, repo)
+    image = image_input(holdout[0][:1])
+
+    def client(requests: int) -> None:
+        with grpcclient.InferenceServerClient(served.url) as c:
+            for _ in range(requests):
+                c.infer(MODEL, image)
+
+    def batches() -> tuple[int, int]:
+        with grpcclient.InferenceServerClient(served.url) as c:
+            stats = c.get_inference_statistics(MODEL).model_stats[0]
+            return stats.inference_count, stats.execution_count
+
+    try:
+        client(30)
+        alone = batches()
+        clients = [threading.Thread(target=client, args=(40,)) for _ in range(16)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        together = batches()
+    finally:
+        assert served.stop() == 0
+    assert alone == (30, 30)
+    samples, runs = together[0] - alone[0], together[1] - alone[1]
+    assert samples == 16 * 40
+    assert samples / runs > 4, f"{samples} samples in {runs} batches at concurrency 16"

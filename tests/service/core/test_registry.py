@@ -61,7 +61,7 @@ def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch
 
     def keep(registry: ModelRegistry) -> None:
         model = registry.loaded()[0]
-        served.extend(w.device.name for w in model.router.workers)
+        served.extend(w.device.name for w in model.ranking.runners)
         served.append(model.config.parameters["devices"].string_value)
 
     registry = _load(tmp_path, "faulty:fpga0, onnxruntime:gpu9, onnxruntime:cpu0", keep)
@@ -84,7 +84,7 @@ def test_instance_group_count_gives_each_device_of_its_kind_that_many_engines(
     instances: dict[str, int] = {}
 
     def keep(registry: ModelRegistry) -> None:
-        instances.update({w.device.name: w.instances for w in registry.loaded()[0].router.workers})
+        instances.update({w.device.name: w.instances for w in registry.loaded()[0].ranking.runners})
 
     # The example config asks for two KIND_CPU instances; an fpga is no KIND_CPU device.
     registry = _load(tmp_path, "faulty:fpga0, faulty:cpu3", keep)

@@ -1,21 +1,29 @@
-"""Dynamic batching: concurrent requests of one model share a model run.
+"""The scheduler of one model: when a batch leaves the queue, where it runs, and on which thread.
 
-One FIFO queue per priority level (level 1 first). A batch leaves only when a device slot is
+Queue: one FIFO per priority level (level 1 first). A batch leaves only when a device slot is
 free, so batches grow while devices are busy. When every slot is free (the devices idle), what
 is queued leaves at once, as waiting would only delay it, unless the devices were busy more than
-half the time lately and such waits lately grew batches (_worth_waiting). A request that comes
-alone to idle devices, if its device runs it quickly on the event loop's thread
-(Router.run_now), runs in the call that queues it. Otherwise the wait window opens when the
-oldest waiting request arrived, and a batch leaves when it is full (max_batch_size, or the
-largest preferred size) or when the window closes, to the microsecond
-(service/core/precise_timer.py).
-`max_queue_delay_microseconds` stays the upper bound of every wait. Requests whose gRPC deadline
-or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the moment it passes and never
-reach a device; DELAY requests move behind every other request; cancelled ones are dropped. A
-full level refuses at once. Requests that carry several samples are packed whole and their
-outputs split back in order, each with its rows' part of the batch's cost. Over the node's
-power budget (service/core/power_budget.py) priority levels are held back, lowest first: their
-requests wait, within their deadlines, except those already behind the others (DELAY).
+half the time lately and such waits lately grew batches (_worth_waiting). Otherwise the wait
+window opens when the oldest waiting request arrived, and a batch leaves when it is full
+(max_batch_size, or the largest preferred size) or when the window closes, to the microsecond
+(service/core/precise_timer.py). `max_queue_delay_microseconds` stays the upper bound of every
+wait.
+
+Device: the ranking's first choice (service/core/ranking.py: policy order, failover); a device
+that fails the batch is marked so and the batch runs on the next.
+
+Thread: a batch is handed to the device's instance threads, which leaves the event loop free to
+read the requests that arrive meanwhile; it runs on the loop's own thread only where it costs
+less than that hand-off, both measured on this device (_runs_inline). A request that comes alone
+to idle devices and runs so is answered in the call that queues it.
+
+Requests whose gRPC deadline or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the
+moment it passes and never reach a device; DELAY requests move behind every other request;
+cancelled ones are dropped. A full level refuses at once. Requests that carry several samples
+are packed whole and their outputs split back in order, each with its rows' part of the batch's
+cost. Over the node's power budget (service/core/power_budget.py) priority levels are held back,
+lowest first: their requests wait, within their deadlines, except those already behind the
+others (DELAY).
 """
 
 from __future__ import annotations
@@ -24,9 +32,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from service.core.batch_buffers import BatchBuffers
 from service.core.power_budget import PowerBudget
@@ -36,6 +44,7 @@ from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Tensors, settle
 from service.errors import (
     DeadlineExceededError,
+    DeviceError,
     HetserveError,
     ModelUnavailableError,
     QueueFullError,
@@ -54,15 +63,44 @@ _PAID_MIN = 0.25
 _PROBE_EVERY = 8
 
 
-class BatchRunner(Protocol):
-    """Runs a batch on the model's devices (service/core/router.py)."""
+class Device(Protocol):
+    """What the scheduler needs of a device runner (service/core/device_runner.py)."""
 
-    async def run(self, inputs: Tensors, size: int) -> Answer:
+    healthy: bool
+
+    @property
+    def idle(self) -> bool:
+        """No batch of this model queued or running on the device."""
+
+    @property
+    def handoff_s(self) -> float | None:
+        """The measured cost of handing a batch to an instance thread and back; None before
+        one was measured."""
+
+    def expected_batch_s(self, size: int) -> float | None:
+        """How long a batch of `size` computes, from measured batches; None before any."""
+
+    async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+        """On an instance thread (raises DeviceError)."""
+
+    def run_inline(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+        """On this thread (raises DeviceError)."""
+
+
+class Ranking(Protocol):
+    """The model's devices in the order a batch tries them, and their health
+    (service/core/ranking.py)."""
+
+    def candidates(self, size: int) -> Sequence[Device]:
         ...
 
-    def run_now(self, inputs: Tensors, size: int, lone: bool = False) -> Answer | None:
-        """The answer computed at once on this thread, or None when `run` must; `lone`: the
-        model's requests lately came one at a time (the last batch was a single request)."""
+    def failed(self, device: Any, inputs: Tensors, size: int, error: DeviceError) -> None:
+        ...
+
+    def succeeded(self, device: Any) -> None:
+        ...
+
+    async def close(self) -> None:
         ...
 
 
@@ -80,14 +118,15 @@ class _Pending:
     delayed: bool = False  # moved behind every other request
 
 
-class DynamicBatcher:
-    def __init__(self, model: str, policy: BatchPolicy, runner: BatchRunner, slots: int,
-                 buffers: BatchBuffers, stats: ModelStatistics,
+class Scheduler:
+    def __init__(self, model: str, policy: BatchPolicy, ranking: Ranking, outputs: list[str],
+                 slots: int, buffers: BatchBuffers, stats: ModelStatistics,
                  observe_queue_s: Callable[[float], None],
                  on_expired: Callable[[], None], budget: PowerBudget | None = None) -> None:
         self.model = model
         self.policy = policy
-        self._runner = runner
+        self._ranking = ranking
+        self._outputs = outputs
         self._buffers = buffers
         self._stats = stats
         self._observe_queue_s = observe_queue_s
@@ -108,7 +147,6 @@ class DynamicBatcher:
         self._timer = PreciseTimer(self._loop, self._close_window)
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
         self._last_run_s = 0.0  # how long that batch ran
-        self._last_requests = 0  # how many requests it answered
         self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
         self._waits_paid = 1.0  # share of the latest waits that grew their batch
         self._waits_skipped = 0  # windows skipped since the last wait
@@ -160,20 +198,23 @@ class DynamicBatcher:
         """Runs a request that came alone (none other within the window) at once, in this call,
         when it would leave the queue at once as a batch of its own (nothing queued or running,
         the devices idle long enough, its level not held, its deadline ahead) and its device
-        takes it on this thread; false leaves it to the queue, where requests that come together
-        share a batch. Saves the dispatcher's wake-up, the batch's task and the caller's
-        wake-up: three event-loop iterations per request at low load."""
+        runs it on this thread (_runs_inline); false leaves it to the queue, where requests that
+        come together share a batch. Saves the dispatcher's wake-up, the batch's task and the
+        caller's wake-up: three event-loop iterations per request at low load."""
         if self.queued() or self._running or self._worth_waiting() or (
                 pending.expires is not None and pending.expires <= pending.enqueued) or (
                 self._budget is not None and self._budget.holds(pending.level)):
             return False
+        device = self._ranking.candidates(pending.size)[0]
+        if not _runs_inline(device, pending.size):
+            return False
         started = time.monotonic()
-        answer = self._runner.run_now(pending.inputs, pending.size,
-                                      lone=self._last_requests <= 1)
-        if answer is None:
+        try:
+            answer = device.run_inline(pending.inputs, self._outputs, pending.size)
+        except DeviceError as e:  # the queue runs it on the next device
+            self._ranking.failed(device, pending.inputs, pending.size, e)
             return False
         self._idle_since = ran = time.monotonic()
-        self._last_requests = 1
         self._answer([pending], answer, pending.size, started, started, ran)
         return True
 
@@ -189,6 +230,8 @@ class DynamicBatcher:
         self._arrived.set()
 
     async def close(self) -> None:
+        """Ends the model's service: batches in flight finish, queued requests are refused,
+        and the devices close."""
         if self._budget is not None:
             self._budget.unsubscribe(self._arrived_now)
         self._task.cancel()
@@ -198,6 +241,7 @@ class DynamicBatcher:
             while queue:
                 settle(queue.popleft().future, error=ModelUnavailableError(
                     f"model {self.model!r} is unloading"))
+        await self._ranking.close()
 
     async def drain(self, grace_s: float) -> bool:
         """Until every queued request has left the queue (answered, or in a batch, which close()
@@ -353,7 +397,7 @@ class DynamicBatcher:
         inputs, buffers = self._buffers.assemble([p.inputs for p in batch], total)
         assembled = time.monotonic()
         try:
-            answer = await self._runner.run(inputs, total)
+            answer = await self._execute(inputs, total)
         except HetserveError as e:
             for pending in batch:
                 settle(pending.future, error=e)
@@ -367,11 +411,29 @@ class DynamicBatcher:
             self._buffers.release(buffers)
         self._answer(batch, answer, total, started, assembled, time.monotonic())
 
+    async def _execute(self, inputs: Tensors, size: int) -> Answer:
+        """The batch's answer from the first device in the ranking's order that runs it."""
+        errors = []
+        for device in self._ranking.candidates(size):
+            try:
+                if _runs_inline(device, size):
+                    answer = device.run_inline(inputs, self._outputs, size)
+                else:
+                    answer = await device.run(inputs, self._outputs, size)
+            except DeviceError as e:
+                errors.append(str(e))
+                self._ranking.failed(device, inputs, size, e)
+                continue
+            self._ranking.succeeded(device)
+            return answer
+        raise DeviceError(f"model {self.model!r}: every device failed the batch: "
+                          + "; ".join(errors))
+
     def _answer(self, batch: list[_Pending], answer: Answer, total: int, started: float,
                 assembled: float, ran: float) -> None:
         """Answers a batch's requests with their rows of `answer`, and records the batch (times
         from time.monotonic(): taken from the queue, inputs assembled, run)."""
-        self._last_run_s, self._last_requests = ran - started, len(batch)
+        self._last_run_s = ran - started
         for pending in batch:
             self._observe_queue_s(started - pending.enqueued)
         self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
@@ -387,3 +449,15 @@ class DynamicBatcher:
                 offset += pending.size
         self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
                                  time.monotonic() - ran)
+
+
+def _runs_inline(device: Device, size: int) -> bool:
+    """Whether a batch costs the event loop less run on its thread than handed to the device's
+    instance threads: the device healthy and idle, and the batch's measured time below the
+    measured hand-off. Any longer batch runs on a thread, so that the loop goes on reading the
+    requests that come meanwhile and they can form the next batch; a rule on the batch's time
+    alone would lock batching off wherever a batch takes a little longer than that time."""
+    if not (device.healthy and device.idle):
+        return False
+    handoff_s, batch_s = device.handoff_s, device.expected_batch_s(size)
+    return handoff_s is not None and batch_s is not None and batch_s < handoff_s

@@ -1,5 +1,5 @@
-"""The batcher's rules, with policies read from config.pbtxt text and a plain object as the
-model run."""
+"""The scheduler's rules, with policies read from config.pbtxt text and plain objects as the
+device and its ranking."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from service.core.batch_buffers import BatchBuffers
-from service.core.batcher import DynamicBatcher
 from service.core.queue_policy import BatchPolicy, RequestOptions
+from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost
 from service.errors import ConfigError, DeadlineExceededError, QueueFullError
@@ -30,22 +30,38 @@ def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microse
     return BatchPolicy.from_config(config, max_queue_size)
 
 
-class _Runner:
-    """The model run: `run` after `delay_s`; `run_now` runs at once (busy for `delay_s`, as an
-    idle device on the loop's thread) when `now`, else leaves the batch to `run`."""
+class _Device:
+    """A device whose batches take `delay_s` (asyncio.sleep on a thread's behalf; time.sleep on
+    the loop's thread) and whose measured hand-off costs `handoff_s` (None: none measured yet),
+    so that the scheduler runs a batch inline when `delay_s` is below it."""
 
-    def __init__(self, runs: list, delay_s: float, now: bool) -> None:
-        self.runs, self.delay_s, self.now = runs, delay_s, now
+    healthy = True
 
-    async def run(self, inputs, size):
+    def __init__(self, runs: list, delay_s: float, handoff_s: float | None) -> None:
+        self.runs, self.delay_s, self.handoff_s = runs, delay_s, handoff_s
+        self.inline: list[bool] = []  # per batch, whether it ran on the loop's thread
+        self.running = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.running
+
+    def expected_batch_s(self, size):
+        return self.delay_s
+
+    async def run(self, inputs, outputs, size):
         self.runs.append(inputs["x"].tolist())
-        await asyncio.sleep(self.delay_s)
+        self.inline.append(False)
+        self.running += 1
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.running -= 1
         return self._answer(inputs, size)
 
-    def run_now(self, inputs, size, lone=False):
-        if not self.now:
-            return None
+    def run_inline(self, inputs, outputs, size):
         self.runs.append(inputs["x"].tolist())
+        self.inline.append(True)
         time.sleep(self.delay_s)
         return self._answer(inputs, size)
 
@@ -54,11 +70,35 @@ class _Runner:
         return Answer({"y": inputs["x"] * 2}, "d0", Cost(0.5 * size, "model", 100 * size))
 
 
-def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0,
-             slots: int = 1, now: bool = False) -> DynamicBatcher:
+class _Only:
+    """The ranking of one device."""
+
+    def __init__(self, device: _Device) -> None:
+        self.device = device
+
+    def candidates(self, size):
+        return [self.device]
+
+    def failed(self, device, inputs, size, error):
+        raise AssertionError(f"no device fails here: {error}")
+
+    def succeeded(self, device):
+        pass
+
+    async def close(self):
+        pass
+
+
+def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0, slots: int = 1,
+             now: bool = False, handoff_s: float | None = None) -> Scheduler:
+    """`now`: the hand-off costs a second, so that every batch runs inline."""
+    return _scheduler(policy, _Device(runs, delay_s, 1.0 if now else handoff_s), slots)
+
+
+def _scheduler(policy: BatchPolicy, device: _Device, slots: int = 1) -> Scheduler:
     buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, policy.max_batch_size, slots)
-    return DynamicBatcher("m", policy, _Runner(runs, delay_s, now), slots, buffers,
-                          ModelStatistics(), lambda s: None, lambda: None)
+    return Scheduler("m", policy, _Only(device), ["y"], slots, buffers, ModelStatistics(),
+                     lambda s: None, lambda: None)
 
 
 def _x(*values: float) -> dict[str, np.ndarray]:
@@ -310,7 +350,7 @@ def test_a_lone_request_to_idle_devices_runs_in_the_call_that_queues_it() -> Non
     # they come after the window, but the device was busy until then: arrivals come quickly
     (1000, 0.1, 0.0),
 ])
-def test_requests_right_after_a_run_now_queue_and_share_a_batch(window_us, busy_s,
+def test_requests_right_after_an_inline_run_queue_and_share_a_batch(window_us, busy_s,
                                                                 pause_s) -> None:
     async def main():
         runs: list = []
@@ -327,7 +367,7 @@ def test_requests_right_after_a_run_now_queue_and_share_a_batch(window_us, busy_
     assert first_done and waited == [True, True] and runs == [[1], [2, 3]]
 
 
-def test_requests_that_came_together_are_not_run_now_but_share_a_batch() -> None:
+def test_requests_that_came_together_do_not_run_in_the_call_but_share_a_batch() -> None:
     async def main():
         runs: list = []
         b = _batcher(_policy(8), runs, now=True)
@@ -340,7 +380,7 @@ def test_requests_that_came_together_are_not_run_now_but_share_a_batch() -> None
     assert waited == [True, True] and runs == [[1, 2]]
 
 
-def test_a_request_past_its_deadline_is_not_run_now() -> None:
+def test_a_request_past_its_deadline_does_not_run_in_the_call() -> None:
     async def main():
         runs: list = []
         b = _batcher(_policy(8), runs, now=True)
@@ -395,3 +435,45 @@ def test_a_bad_window_fails_the_model_naming_the_field(text, message) -> None:
                                model_config_pb2.ModelConfig())
     with pytest.raises(ConfigError, match=message):
         BatchPolicy.from_config(config, 100)
+
+
+@pytest.mark.parametrize("batch_s, handoff_s, inline", [
+    (0.0002, 0.0006, True),  # MNIST on a 2-vCPU VM: cheaper than the hand-off
+    (0.002, 0.0006, False),  # a few-ms batch there: the loop must go on reading requests
+    (0.0002, 0.00005, False),  # MNIST where threads hand off quickly (16 cores)
+    (0.002, 0.00005, False),  # ResNet-50 on a GPU node
+    (0.0001, None, False),  # no hand-off measured yet
+])
+def test_a_batch_runs_inline_only_where_it_costs_less_than_the_measured_hand_off(
+        batch_s, handoff_s, inline) -> None:
+    async def main():
+        device = _Device([], batch_s, handoff_s)
+        b = _scheduler(_policy(8), device)
+        await b.submit(_x(1), 1)
+        await b.close()
+        return device.inline
+    assert asyncio.run(main()) == [inline]
+
+
+@pytest.mark.parametrize("batch_s, handoff_s", [
+    (0.003, 0.0006),  # a few ms per batch on a 2-vCPU VM
+    (0.002, 0.00005),  # ResNet-50 on a GPU node
+    (0.012, 0.0006),  # a slower device
+])
+def test_batches_grow_with_concurrency_after_an_idle_period(batch_s, handoff_s) -> None:
+    """One client first (batches of one), then 16: their requests queue while a batch runs."""
+    async def main():
+        device = _Device([], batch_s, handoff_s)
+        b = _scheduler(_policy(64, "max_queue_delay_microseconds: 500"), device)
+
+        async def client(requests: int) -> None:
+            for i in range(requests):
+                await b.submit(_x(i), 1)
+        await client(20)
+        alone = len(device.runs)
+        await asyncio.gather(*(client(20) for _ in range(16)))
+        await b.close()
+        return alone, [len(run) for run in device.runs[alone:]]
+    alone, batches = asyncio.run(main())
+    assert alone == 20 and sum(batches) == 320
+    assert sum(batches) / len(batches) > 4, batches

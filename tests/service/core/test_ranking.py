@@ -1,0 +1,156 @@
+"""Ranking policies over real device runners (the faulty test engine as fpga0, ONNX Runtime as
+cpu0); measured speeds are set by hand where a policy's choice depends on them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from accelerators.engine_factory import DeviceSpec
+from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+from accelerators.power.meter import PowerMonitor
+from accelerators.power.model import ModelEstimate
+from service.core.batch_buffers import BatchBuffers
+from service.core.device_runner import BatchTimes, DeviceRunner
+from service.core.metrics import Metrics
+from service.core.queue_policy import BatchPolicy
+from service.core.ranking import DeviceRanking
+from service.core.scheduler import Scheduler
+from service.core.statistics import ModelStatistics
+from tests.conftest import MODEL, MODELS
+from tests.service.faulty_engine import CONTROL_ENV, FaultyEngine
+
+
+@pytest.fixture
+def workers(tmp_path, monkeypatch):
+    monkeypatch.setenv(CONTROL_ENV, str(tmp_path / "control.json"))
+    path = MODELS / MODEL / "1" / "model.onnx"
+    metrics = Metrics(PowerMonitor(model_watts="fpga=5:25,cpu=10:65"))  # no sensor here
+    made = [DeviceRunner(MODEL, [FaultyEngine(DeviceSpec("faulty", "fpga0"), path, 1)], metrics),
+            DeviceRunner(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics)]
+    yield made
+    for w in made:
+        w.close()
+
+
+def _ranking(workers, policy: str, budget_s: float = 0.1) -> DeviceRanking:
+    return DeviceRanking(MODEL, workers, policy, budget_s, ["logits"], Metrics())
+
+
+def _measured(worker: DeviceRunner, seconds_per_sample: float, pending: int = 0) -> None:
+    """As if its batches took `seconds_per_sample` per sample, with `pending` samples queued."""
+    worker.seconds_per_sample = seconds_per_sample
+    worker.times = BatchTimes()
+    worker.times.observe(1, seconds_per_sample)
+    worker.pending_samples = pending
+
+
+def test_prefer_keeps_the_order_and_spills_past_the_budget(workers) -> None:
+    fpga, cpu = workers
+    _measured(fpga, 1e-3)
+    _measured(cpu, 1e-4)
+    ranking = _ranking(workers, "prefer")
+    assert ranking.candidates(8) == [fpga, cpu]
+    _measured(fpga, 1e-3, pending=200)  # 0.2 s of work queued: past the 0.1 s budget
+    assert ranking.candidates(8) == [cpu, fpga]
+
+
+def test_latency_picks_the_earliest_completion(workers) -> None:
+    fpga, cpu = workers
+    _measured(fpga, 1e-3)
+    _measured(cpu, 1e-4, pending=50)
+    assert _ranking(workers, "latency").candidates(8) == [cpu, fpga]
+    _measured(cpu, 1e-4, pending=500)
+    assert _ranking(workers, "latency").candidates(8) == [fpga, cpu]
+
+
+def test_efficiency_picks_the_fewest_joules_within_the_budget(workers) -> None:
+    fpga, cpu = workers  # estimated busy power (the fixture's): fpga 25 W, cpu 65 W
+    _measured(fpga, 2e-4)
+    _measured(cpu, 1e-4)
+    assert fpga.meter.source.source == "model"
+    assert fpga.joules_per_inference() == pytest.approx(25 * 2e-4)
+    ranking = _ranking(workers, "efficiency")
+    assert ranking.candidates(8) == [fpga, cpu]  # 5 mJ against 6.5 mJ
+    _measured(fpga, 2e-4, pending=1000)  # fpga cannot meet the budget now
+    assert ranking.candidates(8) == [cpu, fpga]
+
+
+def test_efficiency_ranks_an_emulator_without_figures_of_its_own_last(workers) -> None:
+    fpga, cpu = workers
+    fpga.meter.source = ModelEstimate(0.0, 1.0, "an emulated FPGA", priced=False)
+    _measured(fpga, 1e-4)  # cheaper on its borrowed figures, and faster
+    _measured(cpu, 2e-4)
+    assert fpga.joules_per_inference() < cpu.joules_per_inference()
+    assert _ranking(workers, "efficiency").candidates(8) == [cpu, fpga]
+
+
+def _scheduler(ranking: DeviceRanking) -> Scheduler:
+    config = text_format.Parse("max_batch_size: 8", model_config_pb2.ModelConfig())
+    buffers = BatchBuffers({"image": ((1, 28, 28), np.dtype(np.float32))}, 8, 1)
+    return Scheduler(MODEL, BatchPolicy.from_config(config, 64), ranking, ["logits"], 1,
+                     buffers, ModelStatistics(), lambda s: None, lambda: None)
+
+
+def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, holdout) -> None:
+    fpga, cpu = workers
+    control = tmp_path / "control.json"
+    images = {"image": holdout[0][:2]}
+
+    async def main():
+        ranking = _ranking(workers, "prefer")
+        scheduler = _scheduler(ranking)
+        control.write_text('{"fail": true}')
+        result = await scheduler.submit(images, 2)
+        assert not fpga.healthy and ranking.candidates(2) == [cpu, fpga]
+        control.write_text('{"fail": false}')
+        for _ in range(40):
+            await asyncio.sleep(0.1)
+            if fpga.healthy:
+                break
+        await scheduler.close()
+        return result
+    result = asyncio.run(main())
+    assert result.outputs["logits"].shape == (2, 10) and fpga.healthy
+    assert result.device == "cpu0"  # the batch that fpga0 failed ran on cpu0
+
+
+def test_a_runner_measures_its_batch_times_and_its_hand_off(workers, holdout) -> None:
+    fpga, cpu = workers
+    images = {"image": holdout[0][:4]}
+
+    async def main():
+        before = (cpu.expected_batch_s(4), cpu.handoff_s, cpu.expected_completion_s(4))
+        running = asyncio.ensure_future(cpu.run(images, ["logits"], 4))
+        await asyncio.sleep(0)  # handed over: unmeasured, it takes no more batches
+        busy = cpu.expected_completion_s(4)
+        await running
+        return before, busy
+    (batch_s, handoff_s, first), busy = asyncio.run(main())
+    assert batch_s is None and handoff_s is None and first == 0.0 and busy == float("inf")
+    assert cpu.handoff_s is not None and cpu.handoff_s > 0
+    assert 0 < cpu.expected_batch_s(1) <= cpu.expected_batch_s(4) < cpu.expected_batch_s(8)
+
+
+def test_a_device_that_fails_an_inline_batch_is_marked_failed_and_the_next_runs_it(
+        workers, tmp_path, holdout) -> None:
+    fpga, cpu = workers
+    images = {"image": holdout[0][:1]}
+
+    async def main():
+        ranking = _ranking(workers, "prefer")
+        scheduler = _scheduler(ranking)
+        (tmp_path / "control.json").write_text('{"fail": true}')
+        _measured(fpga, 0.0001)
+        fpga._handoffs.append(1.0)  # so that its quick batch runs inline
+        answer = scheduler.enqueue(images, 1)
+        inline_failed = not fpga.healthy and not answer.done()  # queued for the next device
+        result = await answer
+        await scheduler.close()
+        return inline_failed, result
+    inline_failed, result = asyncio.run(main())
+    assert inline_failed and result.device == "cpu0"
