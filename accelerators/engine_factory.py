@@ -1,6 +1,7 @@
 """Creates engines from device specs: `onnxruntime` (its best device), `onnxruntime:cpu0`,
 `onnxruntime:gpu0`, and `opencl` (its preferred device: fpga, then gpu, then cpu), `opencl:fpga0`,
-`opencl:gpu1`, `opencl:cpu0` (the n-th OpenCL device of that kind)."""
+`opencl:gpu1`, `opencl:cpu0` (the n-th OpenCL device of that kind); and `simulated:gpu0`, a device
+of a measured speed that computes nothing (accelerators/simulated_engine.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from accelerators.engine import Engine, device_name, parse_device_name
 from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
-ENGINES = ("onnxruntime", "opencl")
+ENGINES = ("onnxruntime", "opencl", "simulated")
 DEFAULT_DEVICES = "onnxruntime"
 # Engines from outside this package (a site's own, or a test double), by name.
 _REGISTERED: dict[str, Callable[[DeviceSpec, Path, int], Engine]] = {}
@@ -64,6 +65,14 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
     of `max_shapes` request shapes (None: its default)."""
     if spec.engine in _REGISTERED:
         return _REGISTERED[spec.engine](spec, model_path, intra_op_threads)
+    if spec.engine == "simulated":
+        from accelerators.simulated_engine import BatchCurve, SimulatedEngine
+
+        if not ort_options or not ort_options.simulated_curve:
+            raise ValueError(f"device {str(spec)!r}: the model names no parameters."
+                             "simulated_curve, the file of its per-batch times")
+        curve = BatchCurve.read(model_path.parent.parent, ort_options.simulated_curve)
+        return SimulatedEngine(spec.device, model_path, curve)
     if spec.engine == "opencl":
         from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
         from accelerators.opencl.plans import DEFAULT_SHAPES

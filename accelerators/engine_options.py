@@ -1,5 +1,5 @@
 """ONNX Runtime settings of one model, read from its config.pbtxt as Triton's onnxruntime backend
-reads them, plus hetserve's precision switches:
+reads them, plus hetserve's precision switches and the simulated engine's curve:
 
     parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }   # or HEURISTIC
     parameters { key: "gpu_mem_limit" value: { string_value: "4294967296" } }   # bytes
@@ -9,6 +9,7 @@ reads them, plus hetserve's precision switches:
     optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt"
         parameters { key: "precision_mode" value: "FP16" } } ] } }
     optimization { cuda { graphs: true } }   # a CUDA graph per bucket (needs fixed shapes)
+    parameters { key: "simulated_curve" value: { string_value: "h200.curve" } }  # simulated:
 
 Any other parameter that looks like a provider option (cudnn_*, cuda_*, gpu_*, arena_*, trt_*)
 is an error naming the accepted ones, so that a typo never silently changes nothing.
@@ -46,6 +47,7 @@ class EngineOptions:
     tensorrt: bool = False
     tensorrt_fp16: bool = False
     cuda_graphs: bool = False
+    simulated_curve: str = ""  # a file in the model's folder (accelerators/simulated_engine.py)
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> EngineOptions:
@@ -78,7 +80,8 @@ class EngineOptions:
                                   "expected FP32 or FP16")
             trt_fp16 = mode == "FP16"
         return cls(cuda, params.get("tf32", "on") == "on", params.get("precision") == "fp16",
-                   tensorrt, trt_fp16, config.optimization.cuda.graphs)
+                   tensorrt, trt_fp16, config.optimization.cuda.graphs,
+                   params.get("simulated_curve", ""))
 
     def providers(self, available: list[str], device_id: int,
                   use_gpu: bool) -> list[str | tuple[str, dict[str, str]]]:

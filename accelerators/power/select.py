@@ -93,6 +93,9 @@ class SourcePicker:
     def pick(self, device: Device) -> PowerSource:
         if device.emulated:
             return self._emulated(device)
+        if device.engine == "simulated":  # it stands for a device and uses no real one's power
+            return ModelEstimate(0.0, 0.0, "a simulated device: no watts of its own",
+                                 priced=False)
         spec = self.sources.get(device.name) or self.sources.get(device.kind) or "auto"
         name, _, arg = spec.partition(":")
         if name == "model":
