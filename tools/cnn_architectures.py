@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from accelerators.onnx_models import make_model
+
 
 class GraphBuilder:
     def __init__(self, seed: int = 0) -> None:
@@ -115,9 +117,7 @@ class GraphBuilder:
             [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, size, size])],
             [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1000])],
             self.weights)
-        # IR version 8: readable by every onnxruntime the project supports
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                                 ir_version=8)
+        return make_model(graph, opset)
 
 
 def alexnet(seed: int = 0, caffe: bool = False) -> onnx.ModelProto:

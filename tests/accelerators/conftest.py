@@ -15,6 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from accelerators.devices import opencl_handles
+from accelerators.onnx_models import make_model
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.program_cache import ProgramCache
 
@@ -86,7 +87,7 @@ def single_op(op: str, dynamic: dict[str, np.ndarray], consts: dict[str, np.ndar
                      for n, a in dynamic.items()],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(out_shape))],
         [numpy_helper.from_array(a, n) for n, a in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(graph, opset)
 
 
 def literal_qdq(path) -> ort.InferenceSession:

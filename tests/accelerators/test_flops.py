@@ -10,6 +10,7 @@ import onnx_tool
 from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.flops import count_flops
+from accelerators.onnx_models import make_model
 from tests.conftest import MODELS
 
 MNIST = MODELS / "mnist_cnn" / "1" / "model.onnx"
@@ -64,7 +65,7 @@ def test_generated_graph_with_matmul_pooling_softmax_and_an_uncounted_op(tmp_pat
         helper.make_node("Softmax", ["m"], ["y"]),                      # 3*3 = 9
         helper.make_node("TopK", ["y", "k"], ["v", "i"]),               # not counted
     ], "g", [x], [y], [w, k])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(make_model(graph, 17),
               tmp_path / "model.onnx")
     count = count_flops(tmp_path / "model.onnx")
     assert count.by_op() == {"GlobalAveragePool": 200, "Flatten": 0, "MatMul": 48,
@@ -79,7 +80,7 @@ def test_a_node_whose_shapes_are_unknown_is_uncounted(tmp_path: Path) -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
                                helper.make_node("MatMul", ["r", "w"], ["y"])], "g", [x, w], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(make_model(graph, 17),
               tmp_path / "model.onnx")
     count = count_flops(tmp_path / "model.onnx")
     assert (count.by_op(), count.uncounted) == ({"Relu": 4, "MatMul": 0}, ("MatMul",))
@@ -92,7 +93,7 @@ def _symbolic_conv(path: Path) -> None:
     w = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g",
                               [x], [y], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(make_model(graph, 17), path)
 
 
 def test_symbolic_dims_are_counted_at_the_served_shape(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_a_graph_shape_inference_cannot_read_is_counted_as_far_as_it_goes(tmp_pa
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
                                helper.make_node("Reshape", ["r", "r"], ["y"])], "g", [x], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(make_model(graph, 17),
               tmp_path / "model.onnx")  # Reshape by a float tensor: shape inference refuses
     count = count_flops(tmp_path / "model.onnx")
     assert count.total >= 0 and count.by_op()["Reshape"] == 0
@@ -136,7 +137,7 @@ def test_decoder_attention_normalization_and_reduction_ops_match_a_hand_count(tm
     consts |= {"shape": np.array([1, 4, 16], np.int64), "k": np.array([2], np.int64)}
     graph = helper.make_graph(nodes, "g", [x], [y], [numpy_helper.from_array(v, k)
                                                       for k, v in consts.items()])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(make_model(graph, 17),
               tmp_path / "model.onnx")
     count = count_flops(tmp_path / "model.onnx", {"x": (4, 8, 8)})
     assert count.by_op() == {

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
 from accelerators.engine_options import TOLERANCE
+from accelerators.onnx_models import make_model
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.fpga.lowering import STAGES
 from accelerators.opencl.launch import HOST
@@ -43,7 +44,7 @@ def _model(nodes: list, shape: tuple[int, ...], consts: dict[str, np.ndarray],
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(graph, opset)
 
 
 def _load(tmp_path: Path, model: onnx.ModelProto, cache: ProgramCache,

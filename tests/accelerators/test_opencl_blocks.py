@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
+from accelerators.onnx_models import make_model
 from accelerators.opencl.ir import UnsupportedModelError
 from tests.accelerators.conftest import fresh_rng, rel_err
 from tests.accelerators.test_opencl_daemon import DEVICES
@@ -74,12 +75,10 @@ class Block:
 
     def model(self, x: str, shape: list, y: str) -> onnx.ModelProto:
         self.nodes.append(helper.make_node("Identity", [y], ["y"]))
-        model = helper.make_model(helper.make_graph(
+        model = make_model(helper.make_graph(
             self.nodes, "block", [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-            [numpy_helper.from_array(v, k) for k, v in self.consts.items()]),
-            opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
+            [numpy_helper.from_array(v, k) for k, v in self.consts.items()]), 17)
         return model
 
 

@@ -37,7 +37,6 @@ def _repository(root: Path) -> Path:
     model = single_op("Hardmax", {"x": x}, {}, x.shape)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
-    model.ir_version = 8
     (repo / "hardmax_net" / "1").mkdir(parents=True)
     onnx.save(model, str(repo / "hardmax_net" / "1" / "model.onnx"))
     (repo / "hardmax_net" / "config.pbtxt").write_text(

@@ -13,6 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from accelerators.engine_factory import DeviceSpec, create_engine
+from accelerators.onnx_models import make_model
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
@@ -140,9 +141,8 @@ def _symbolic_conv(path: Path) -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, "h", "w"])
     w = numpy_helper.from_array(
         np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g", [x], [y], [w]),
-        opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g", [x], [y], [w]), 17)
     onnx.save(model, str(path))
     return model
 

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from accelerators.onnx_models import make_model
 from tests.accelerators.conftest import fresh_rng, rel_err
 
 TOL = 1e-4
@@ -18,13 +19,11 @@ TOL = 1e-4
 
 def graph(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]],
           consts: dict[str, np.ndarray], outputs: list[str], opset: int = 17) -> onnx.ModelProto:
-    model = helper.make_model(helper.make_graph(
+    model = make_model(helper.make_graph(
         nodes, "ops", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
                        for n, s in inputs.items()],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        [numpy_helper.from_array(v, n) for n, v in consts.items()]),
-        opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
+        [numpy_helper.from_array(v, n) for n, v in consts.items()]), opset)
     return model
 
 

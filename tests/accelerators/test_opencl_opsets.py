@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from accelerators.onnx_models import make_model
 from tests.accelerators.conftest import fresh_rng, rel_err
 
 
@@ -58,7 +59,7 @@ def _model(opset: int, w: np.ndarray) -> onnx.ModelProto:
                                                                [1, 3, 4])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 12])],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return make_model(graph, opset)
 
 
 @pytest.mark.parametrize("opset", range(7, 22))

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from accelerators.onnx_models import make_model
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from tests.accelerators.conftest import rel_err
@@ -37,8 +38,7 @@ def recognizer(path: Path) -> onnx.ModelProto:
              helper.make_node("Slice", ["s", "zero", "two"], ["lead"]),
              helper.make_node("Concat", ["lead", "rest"], ["target"], axis=0),
              helper.make_node("Reshape", ["y", "target"], ["z"])]
-    model = helper.make_model(helper.make_graph(nodes, "recognizer", [x], [z], inits),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(helper.make_graph(nodes, "recognizer", [x], [z], inits), 17)
     onnx.save(model, str(path))
     return model
 
@@ -98,9 +98,9 @@ def sized_head(path: Path) -> None:
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "w"])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])
     w = numpy_helper.from_array(np.ones((96, 4), np.float32), "w")
-    model = helper.make_model(helper.make_graph(
+    model = make_model(helper.make_graph(
         [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"])],
-        "head", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)])
+        "head", [x], [y], [w]), 17)
     onnx.save(model, str(path))
 
 

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 from pyspark.errors import PythonException
 
+from accelerators.onnx_models import make_model
 from spark_jobs import energy
 from spark_jobs.api import score_dataframe
 from spark_jobs.energy import ENERGY_FILE
@@ -112,7 +113,7 @@ def _two_outputs(repo: Path) -> None:
         [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["n", 4, 3]),
          helper.make_tensor_value_info("best", TensorProto.INT64, ["n", 4])], [shape])
     (repo / "two" / "1").mkdir(parents=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(make_model(graph, 17),
               str(repo / "two" / "1" / "model.onnx"))
     (repo / "two" / "config.pbtxt").write_text(
         'name: "two"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
