@@ -1,7 +1,10 @@
 # `make demo` and `make test` set up everything on a fresh Debian machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= cpu,test
+# The extras of the last setup (.venv/.extras), else the CPU's: `make setup EXTRAS=gpu,test` once,
+# and later targets keep the GPU wheel.
+DEFAULT_EXTRAS := cpu,test
+EXTRAS ?= $(or $(shell cat $(VENV)/.extras 2>/dev/null),$(DEFAULT_EXTRAS))
 
 .PHONY: demo test test-gpu test-cluster kernel-check fpga-check setup system-deps train clean
 
@@ -48,16 +51,25 @@ test-gpu: setup
 test-cluster: setup
 	$(VENV)/bin/pytest -m cluster tests/spark_jobs
 
-setup: system-deps $(VENV)/.installed
+# One stamp per set of extras, so that `make setup EXTRAS=gpu,test` on a checkout set up with other
+# extras installs them.
+comma := ,
+INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+setup: system-deps $(INSTALLED)
 
 system-deps:
 	@tools/system-deps.sh
 
-# Reinstalled whenever pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# Reinstalled whenever pyproject.toml or the extras change. onnxruntime and onnxruntime-gpu install
+# the same module: both go first, and the extras bring back the one they name.
+$(INSTALLED): pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip uninstall -q -y onnxruntime onnxruntime-gpu
 	$(VENV)/bin/pip install -q -e '.[$(EXTRAS)]'
+	rm -f $(VENV)/.installed*
+	echo '$(EXTRAS)' > $(VENV)/.extras
 	touch $@
 
 # Retrains the example model (needs the `train` extra: torch, onnx, mlxtend).
