@@ -58,12 +58,20 @@ class Buckets:
             runs.append((rest, next(b for b in self.sizes if b >= rest)))
         return runs
 
+    def rows(self, size: int) -> int:
+        """The rows the engine runs for a batch of `size`: its rows and their padding."""
+        return sum(bucket for _, bucket in self.plan(size))
+
     def run(self, engine_run: EngineRun, inputs: Tensors, outputs: list[str],
             size: int) -> tuple[Tensors, int]:
-        """The batch's outputs (padding removed) and the padding rows the engine computed."""
+        """The batch's outputs (padding removed) and the padding rows the engine computed.
+        `inputs` hold the batch's `size` rows, and may hold its zero padding after them
+        (service/core/batch_buffers.py), which then needs no copy."""
         parts, offset, padding = [], 0, 0
         for rows, bucket in self.plan(size):
-            result = engine_run({name: _padded(name, array[offset:offset + rows], bucket)
+            result = engine_run({name: array[offset:offset + bucket]
+                                 if offset + bucket <= len(array)
+                                 else _padded(name, array[offset:offset + rows], bucket)
                                  for name, array in inputs.items()}, outputs)
             parts.append({name: array[:rows] for name, array in result.items()})
             offset += rows

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, ServedModel, ServedModels, Tensors
+from service.core.types import Answer, Inputs, ServedModel, ServedModels
 from service.errors import HetserveError, InvalidInputError, ModelUnavailableError
 
 
@@ -42,7 +42,7 @@ class DataPlane:
             return False
         return self.ready
 
-    def submit(self, model: ServedModel, inputs: Tensors, requested_outputs: list[str],
+    def submit(self, model: ServedModel, inputs: Inputs, requested_outputs: list[str],
                options: RequestOptions = DEFAULT_OPTIONS
                ) -> tuple[list[str], asyncio.Future[Answer]]:
         """Validates and queues a request now (raising what refuses it); returns the names of
@@ -57,7 +57,7 @@ class DataPlane:
             raise
         return names, self.enqueue(model, inputs, size, options, start)
 
-    def enqueue(self, model: ServedModel, inputs: Tensors, size: int,
+    def enqueue(self, model: ServedModel, inputs: Inputs, size: int,
                 options: RequestOptions = DEFAULT_OPTIONS, start: float | None = None,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """Queues a request validated already (by submit, or by a front-end process) and

@@ -20,6 +20,7 @@ from collections import deque
 from accelerators.engine import Engine, PreparesPlans, ReportsPlans
 from accelerators.flops import FlopCounter
 from service import contract
+from service.core.batch_buffers import Batch
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
 from service.core.types import Answer, Cost, Tensors, settle
@@ -28,7 +29,7 @@ from service.errors import DeviceError
 
 _SMOOTHING = 0.2  # weight of the newest batch in a size's time average
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
-_HANDOFFS = 15  # hand-offs whose median is the hand-off's cost
+_HANDOFFS = 15  # the latest hand-offs measured, whose median is the hand-off's cost
 
 
 class BatchTimes:
@@ -116,8 +117,10 @@ class DeviceRunner:
 
     @property
     def handoff_s(self) -> float | None:
-        """The median cost of the latest batches' hand-offs to an idle instance thread and back
-        to the event loop (their time less their compute); None before one was measured."""
+        """What a lone request's batch costs, beyond the device's work on it, when it is queued
+        and handed to an idle instance thread rather than run inline (the queue's wake-ups, the
+        thread's, and the event loop's when the answer comes back): the median of the latest;
+        None before one was measured."""
         return statistics.median(self._handoffs) if self._handoffs else None
 
     def expected_batch_s(self, size: int) -> float | None:
@@ -148,31 +151,38 @@ class DeviceRunner:
             return None
         return watts * self.seconds_per_sample
 
-    async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
-        """The batch's answer from an instance thread (DeviceError if it failed)."""
+    def rows_for(self, size: int) -> int:
+        """The rows a batch of `size` runs as here: with its buckets' padding."""
+        return self.buckets.rows(size) if self.buckets else size
+
+    async def run(self, batch: Batch, outputs: list[str], size: int,
+                  since: float | None = None) -> Answer:
+        """The batch's answer from an instance thread, which assembles its inputs first
+        (DeviceError if it failed). `since`: time.monotonic() when its lone request was queued,
+        nothing else waiting on the event loop meanwhile: the hand-off is measured from then
+        (on a busy loop the thread's answer waits its turn, which is no cost of handing over:
+        an estimate that counted it would run long batches on the loop)."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        # Only a batch that finds an instance idle measures the hand-off (not a queue's wait).
-        measures = self._running < self.instances
+        idle = self._running < self.instances  # else it waits for one: no hand-off measured
         self.pending_samples += size
         self._running += 1
-        start = time.perf_counter()
         try:
-            self._batches.put((loop, done, inputs, outputs, size))
-            answer, busy_s = await done
+            self._batches.put((loop, done, batch, outputs, size))
+            answer, worked_s = await done
         except Exception as e:
             raise self._failure(size, e) from e
         finally:
             self.pending_samples -= size
             self._running -= 1
-        if measures:
-            self._handoffs.append(time.perf_counter() - start - busy_s)
+        if since is not None and idle:
+            self._handoffs.append(time.monotonic() - since - worked_s)
         return answer
 
-    def run_inline(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+    def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """The batch's answer computed on the calling thread (DeviceError if it failed)."""
         try:
-            return self._timed_run(inputs, outputs, size)[0]
+            return self._timed_run(batch, outputs, size)
         except Exception as e:
             raise self._failure(size, e) from e
 
@@ -183,9 +193,11 @@ class DeviceRunner:
     def _serve(self) -> None:
         """An instance thread: runs batches until close(), each answer handed to its loop."""
         while (batch := self._batches.get()) is not None:
-            loop, done, inputs, outputs, size = batch
-            try:
-                result, error = self._timed_run(inputs, outputs, size), None
+            loop, done, work, outputs, size = batch
+            started = time.perf_counter()
+            try:  # the answer, and the thread's work on it (assembly included)
+                result, error = (self._timed_run(work, outputs, size),
+                                 time.perf_counter() - started), None
             except BaseException as e:  # handed to the batch's caller, as an executor does
                 result, error = None, e
             try:
@@ -193,9 +205,9 @@ class DeviceRunner:
             except RuntimeError:  # the loop is closed: nobody waits for this batch
                 pass
 
-    def _timed_run(self, inputs: Tensors, outputs: list[str],
-                   size: int) -> tuple[Answer, float]:
-        """The batch's answer, and the seconds it computed."""
+    def _timed_run(self, batch: Batch, outputs: list[str], size: int) -> Answer:
+        """The batch's answer, its compute (not its assembly) timed and metered."""
+        inputs = batch.inputs(self.rows_for(size))
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
@@ -222,7 +234,7 @@ class DeviceRunner:
         self._flops[partial].inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
         return Answer(result, self._reply_device,
-                      Cost(joules, self.meter.source.source, flops, partial)), busy_s
+                      Cost(joules, self.meter.source.source, flops, partial))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -12,6 +14,16 @@ from service.errors import ConfigError, InvalidInputError
 
 _Group = model_config_pb2.ModelInstanceGroup
 _GROUP_KINDS = {"cpu": _Group.KIND_CPU, "gpu": _Group.KIND_GPU}
+
+
+class Shaped(Protocol):
+    """What validation reads of an input: an array, or a tensor still in shared memory."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,9 @@ class ModelSpec:
         """The shape clients see in metadata: -1 leads when the model batches."""
         return ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
 
-    def validate(self, inputs: dict[str, np.ndarray]) -> int:
-        """Checks names, datatypes and shapes; returns the request's batch size."""
+    def validate(self, inputs: Mapping[str, Shaped]) -> int:
+        """Checks names, datatypes and shapes (its bytes may not have been read yet); returns
+        the request's batch size."""
         expected = [s.name for s in self.inputs]
         for name in inputs:
             if name not in expected:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 
+from service.core.batch_buffers import Batch
 from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.power_budget import PowerBudget
@@ -73,16 +74,14 @@ class DeviceRanking:
         if not runner.healthy:
             runner.mark_healthy()
 
-    def failed(self, runner: DeviceRunner, inputs: Tensors, size: int,
-               error: DeviceError) -> None:
+    def failed(self, runner: DeviceRunner, batch: Batch, error: DeviceError) -> None:
         """`runner` failed a batch: unhealthy until a probe succeeds."""
         runner.mark_failed()
         self._failovers[runner.device.name].inc()
         log.warning("model %r: %s; re-running the batch on the next device, probing again in "
                     "%.1f s", self.model, error, runner.retry_at - time.monotonic())
         # One sample to probe with (a model without a batch axis takes the request whole).
-        self._probe_inputs = {name: (array if size == 1 else array[:1]).copy()
-                              for name, array in inputs.items()}
+        self._probe_inputs = batch.sample()
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe(), name=f"probe-{self.model}")
 
@@ -95,7 +94,7 @@ class DeviceRanking:
                     continue
                 assert self._probe_inputs is not None  # set before the prober starts
                 try:
-                    await runner.run(self._probe_inputs, self._outputs, 1)
+                    await runner.run(Batch.of(self._probe_inputs, 1), self._outputs, 1)
                 except DeviceError as e:
                     runner.mark_failed()
                     log.warning("model %r: probe of %s failed (%s); next in %.1f s", self.model,

@@ -30,18 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from service.core.batch_buffers import BatchBuffers
+from service.core.batch_buffers import Batch, BatchBuffers
 from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Tensors, settle
+from service.core.types import Answer, Inputs, settle
 from service.errors import (
     DeadlineExceededError,
     DeviceError,
@@ -80,10 +81,13 @@ class Device(Protocol):
     def expected_batch_s(self, size: int) -> float | None:
         """How long a batch of `size` computes, from measured batches; None before any."""
 
-    async def run(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
-        """On an instance thread (raises DeviceError)."""
+    async def run(self, batch: Batch, outputs: list[str], size: int,
+                  since: float | None = None) -> Answer:
+        """On an instance thread, which assembles the batch (raises DeviceError). `since`:
+        time.monotonic() when the batch's one request was queued, where nothing else waited
+        on the loop: what running it inline would have saved is measured from then."""
 
-    def run_inline(self, inputs: Tensors, outputs: list[str], size: int) -> Answer:
+    def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """On this thread (raises DeviceError)."""
 
 
@@ -94,7 +98,7 @@ class Ranking(Protocol):
     def candidates(self, size: int) -> Sequence[Device]:
         ...
 
-    def failed(self, device: Any, inputs: Tensors, size: int, error: DeviceError) -> None:
+    def failed(self, device: Any, batch: Batch, error: DeviceError) -> None:
         ...
 
     def succeeded(self, device: Any) -> None:
@@ -106,7 +110,7 @@ class Ranking(Protocol):
 
 @dataclass(eq=False)
 class _Pending:
-    inputs: Tensors
+    inputs: Inputs
     size: int
     level: int
     future: asyncio.Future
@@ -156,11 +160,11 @@ class Scheduler:
     def queued(self) -> int:
         return sum(self._queued)
 
-    async def submit(self, inputs: Tensors, size: int,
+    async def submit(self, inputs: Inputs, size: int,
                      options: RequestOptions = DEFAULT_OPTIONS) -> Answer:
         return await self.enqueue(inputs, size, options)
 
-    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions = DEFAULT_OPTIONS,
+    def enqueue(self, inputs: Inputs, size: int, options: RequestOptions = DEFAULT_OPTIONS,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """`submit` without waiting: queues the request now (QueueFullError refuses it) and
         returns its answer's future; cancelling the future takes the request out of the queue.
@@ -209,13 +213,16 @@ class Scheduler:
         if not _runs_inline(device, pending.size):
             return False
         started = time.monotonic()
+        batch = self._batch([pending])
         try:
-            answer = device.run_inline(pending.inputs, self._outputs, pending.size)
+            answer = device.run_inline(batch, self._outputs, pending.size)
         except DeviceError as e:  # the queue runs it on the next device
-            self._ranking.failed(device, pending.inputs, pending.size, e)
+            self._ranking.failed(device, batch, e)
             return False
-        self._idle_since = ran = time.monotonic()
-        self._answer([pending], answer, pending.size, started, started, ran)
+        finally:
+            batch.release()
+        self._idle_since = time.monotonic()
+        self._answer([pending], answer, batch, started)
         return True
 
     def _takeable(self) -> int:
@@ -281,11 +288,11 @@ class Scheduler:
         while True:
             await self._slots.acquire()
             try:
-                batch = await self._next_batch()
+                batch, waited = await self._next_batch()
             except BaseException:
                 self._slots.release()
                 raise
-            task = asyncio.create_task(self._run(batch))
+            task = asyncio.create_task(self._run(batch, waited))
             self._running.add(task)
             task.add_done_callback(self._ran)
 
@@ -298,10 +305,12 @@ class Scheduler:
             log.error("model %r: a batch failed unexpectedly", self.model,
                       exc_info=task.exception())
 
-    async def _next_batch(self) -> list[_Pending]:
+    async def _next_batch(self) -> tuple[list[_Pending], bool]:
+        """The next batch, and whether it waited out a window."""
         while True:
             while not self._takeable():
                 await self._wait_for(1)
+            waited = False
             if self._worth_waiting():
                 oldest = min(q[0].enqueued for q in (*self._levels, self._delayed) if q)
                 close_at = oldest + self.policy.max_queue_delay_s
@@ -309,11 +318,12 @@ class Scheduler:
                 if queued < self.policy.dispatch_size and close_at > self._loop.time():
                     await self._wait_until(close_at, self.policy.dispatch_size)
                     self._waited(grew=self._takeable() > queued)
+                    waited = True
             elif self._busy_lately():  # but waits lately did not pay
                 self._waits_skipped += 1
             batch = self._take()
             if batch:
-                return batch
+                return batch, waited
 
     def _worth_waiting(self) -> bool:
         """Whether waiting out the window can grow the batch to good effect: while a batch runs
@@ -391,49 +401,68 @@ class Scheduler:
                 total += pending.size
         return batch
 
-    async def _run(self, batch: list[_Pending]) -> None:
+    def _batch(self, pending: list[_Pending]) -> Batch:
+        """The requests' batch; one whose inputs cannot be read (its client's shared memory
+        shrank) is answered with the reason, from whichever thread assembles the batch."""
+        loop_thread = threading.get_ident()
+
+        def failed(i: int, error: HetserveError) -> None:
+            if threading.get_ident() == loop_thread:
+                settle(pending[i].future, error=error)
+            else:
+                self._loop.call_soon_threadsafe(settle, pending[i].future, None, error)
+        return self._buffers.batch([p.inputs for p in pending], sum(p.size for p in pending),
+                                   failed)
+
+    async def _run(self, pending: list[_Pending], waited: bool) -> None:
+        """Runs a batch taken from the queue (`waited`: after its window)."""
         started = time.monotonic()
-        total = sum(p.size for p in batch)
-        inputs, buffers = self._buffers.assemble([p.inputs for p in batch], total)
-        assembled = time.monotonic()
+        batch = self._batch(pending)
+        # A lone request that found nothing else queued or running, taken at once: its time
+        # until its answer, less the device's work, is what running it inline would save.
+        alone = len(pending) == 1 and not waited and len(self._running) <= 1 and \
+            not self.queued()
         try:
-            answer = await self._execute(inputs, total)
+            answer = await self._execute(batch, pending[0].enqueued if alone else None)
         except HetserveError as e:
-            for pending in batch:
-                settle(pending.future, error=e)
+            for request in pending:
+                settle(request.future, error=e)
             return
         except BaseException:  # a bug or the batcher closing: nobody may wait forever
-            for pending in batch:
-                settle(pending.future, error=ModelUnavailableError(
+            for request in pending:
+                settle(request.future, error=ModelUnavailableError(
                     f"model {self.model!r}: the batch was not run to the end"))
             raise
         finally:
-            self._buffers.release(buffers)
-        self._answer(batch, answer, total, started, assembled, time.monotonic())
+            batch.release()
+        self._answer(pending, answer, batch, started)
 
-    async def _execute(self, inputs: Tensors, size: int) -> Answer:
-        """The batch's answer from the first device in the ranking's order that runs it."""
+    async def _execute(self, batch: Batch, since: float | None = None) -> Answer:
+        """The batch's answer from the first device in the ranking's order that runs it;
+        `since`: Device.run's."""
         errors = []
+        size = batch.size
         for device in self._ranking.candidates(size):
             try:
                 if _runs_inline(device, size):
-                    answer = device.run_inline(inputs, self._outputs, size)
+                    answer = device.run_inline(batch, self._outputs, size)
                 else:
-                    answer = await device.run(inputs, self._outputs, size)
+                    answer = await device.run(batch, self._outputs, size, since)
             except DeviceError as e:
                 errors.append(str(e))
-                self._ranking.failed(device, inputs, size, e)
+                self._ranking.failed(device, batch, e)
                 continue
             self._ranking.succeeded(device)
             return answer
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
 
-    def _answer(self, batch: list[_Pending], answer: Answer, total: int, started: float,
-                assembled: float, ran: float) -> None:
-        """Answers a batch's requests with their rows of `answer`, and records the batch (times
-        from time.monotonic(): taken from the queue, inputs assembled, run)."""
+    def _answer(self, batch: list[_Pending], answer: Answer, run: Batch, started: float) -> None:
+        """Answers a batch's requests with their rows of `answer`, and records the batch
+        (`started`: time.monotonic() when it left the queue)."""
+        ran = time.monotonic()
         self._last_run_s = ran - started
+        total = run.size
         for pending in batch:
             self._observe_queue_s(started - pending.enqueued)
         self._stats.queue.add(sum(started - p.enqueued for p in batch), len(batch))
@@ -447,16 +476,17 @@ class Scheduler:
                      for name, array in answer.outputs.items()},
                     answer.device, answer.cost.share(pending.size, total)))
                 offset += pending.size
-        self._stats.record_batch(len(batch), total, assembled - started, ran - assembled,
-                                 time.monotonic() - ran)
+        self._stats.record_batch(len(batch), total, run.assembly_s,
+                                 ran - started - run.assembly_s, time.monotonic() - ran)
 
 
 def _runs_inline(device: Device, size: int) -> bool:
     """Whether a batch costs the event loop less run on its thread than handed to the device's
     instance threads: the device healthy and idle, and the batch's measured time below the
-    measured hand-off. Any longer batch runs on a thread, so that the loop goes on reading the
-    requests that come meanwhile and they can form the next batch; a rule on the batch's time
-    alone would lock batching off wherever a batch takes a little longer than that time."""
+    hand-off's, measured while nothing else waited on the loop. Any longer batch runs on a
+    thread, so that the loop goes on reading the requests that come meanwhile and they can form
+    the next batch; a rule on the batch's time alone would lock batching off wherever a batch
+    takes a little longer than that time."""
     if not (device.healthy and device.idle):
         return False
     handoff_s, batch_s = device.handoff_s, device.expected_batch_s(size)

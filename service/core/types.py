@@ -1,11 +1,12 @@
-"""The core's vocabulary, shared by every room: tensors by name, a request's answer, and what
-the data plane needs of a served model and of the table it looks models up in (the device
-owner's registry, or a front-end's catalog of the owner's models)."""
+"""The core's vocabulary, shared by every room: tensors by name, a request's inputs (some read
+only where their batch is assembled), a request's answer, and what the data plane needs of a
+served model and of the table it looks models up in (the device owner's registry, or a
+front-end's catalog of the owner's models)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,7 +17,28 @@ from service.core.model import ModelSpec
 from service.core.queue_policy import RequestOptions
 from service.core.statistics import ModelStatistics
 
-Tensors = dict[str, np.ndarray]  # tensors by name: a request's inputs, a model's outputs
+Tensors = dict[str, np.ndarray]  # tensors by name: a batch's inputs, a model's outputs
+
+
+class DeferredTensor(Protocol):
+    """An input whose bytes are read only where its batch is assembled, straight into the batch
+    buffer: a region of a client's shared memory (service/grpc/shared_memory.py)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Fills `out` (contiguous, of this shape and dtype); InvalidInputError if the bytes
+        are no longer there."""
+
+
+Inputs = Mapping[str, "np.ndarray | DeferredTensor"]  # a request's inputs by name
 
 
 @dataclass(frozen=True)
@@ -45,7 +67,7 @@ class Answer:
 
 
 class Batcher(Protocol):
-    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions,
+    def enqueue(self, inputs: Inputs, size: int, options: RequestOptions,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """Queues a request now (raising what refuses it); its answer's future. Cancelling the
         future withdraws the request. `alone` false says that others came with it."""

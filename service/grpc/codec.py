@@ -17,9 +17,9 @@ from service import contract
 from service.core.model import ModelSpec
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import Duration, ModelStatistics
-from service.core.types import Answer, Tensors
+from service.core.types import Answer
 from service.errors import InvalidInputError, shown
-from service.grpc.shared_memory import Caller, SharedMemoryRegions
+from service.grpc.shared_memory import Caller, RegionTensor, SharedMemoryRegions
 
 M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
@@ -45,9 +45,9 @@ def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
 
 
 def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
-                  caller: Caller | None) -> Tensors:
-    """Each input from `caller`'s shared memory (copied), raw bytes (one entry per input not in
-    shared memory, in order; no copy) or typed contents."""
+                  caller: Caller | None) -> dict[str, np.ndarray | RegionTensor]:
+    """Each input from `caller`'s shared memory (read only where its batch is assembled), raw
+    bytes (one entry per input not in shared memory, in order; no copy) or typed contents."""
     raw = request.raw_input_contents
     inputs = list(request.inputs)
     in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
@@ -57,7 +57,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
         raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
                                 f"{expected_raw} expected (one per input not in shared memory)")
     raw_entries = iter(raw)
-    arrays: Tensors = {}
+    arrays: dict[str, np.ndarray | RegionTensor] = {}
     for t, place in zip(inputs, in_memory):
         field = f"input {shown(t.name)}"
         if t.name in arrays:
@@ -85,8 +85,10 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
                 raise InvalidInputError(
                     f"{field}: parameters['shared_memory_byte_size'] {place[2]} received, "
                     f"{expected} expected for {t.datatype} {list(shape)}")
-            data = regions.read(*place, caller, field) if place is not None \
-                else next(raw_entries)
+            if place is not None:  # read where its batch is assembled
+                arrays[t.name] = regions.tensor(*place, caller, field, dtype, shape)
+                continue
+            data = next(raw_entries)
             if len(data) != expected:
                 raise InvalidInputError(
                     f"{field}: {where} holds {len(data)} bytes, {expected} expected "

@@ -16,6 +16,7 @@ write permission."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 import pwd
 import re
@@ -89,6 +90,18 @@ class Limits:
         return cls(settings.max_shm_regions, settings.max_shm_regions_per_client)
 
 
+class _Descriptor:
+    """An open shared memory object, closed once nothing refers to it: a region unregistered
+    while requests that name it still wait keeps its object open until they have been read (a
+    number reused by another file meanwhile would read that file)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
 @dataclass(frozen=True)
 class Region:
     name: str
@@ -96,11 +109,34 @@ class Region:
     offset: int
     byte_size: int
     caller: Caller
-    fd: int
+    descriptor: _Descriptor
     writable: bool  # by the caller, as the object's mode says, and by the daemon
 
-    def close(self) -> None:
-        os.close(self.fd)
+
+@dataclass(frozen=True)
+class RegionTensor:
+    """An input in a client's region, read only where its batch is assembled, straight into
+    the batch buffer (service/core/types.DeferredTensor)."""
+
+    region: Region
+    at: int  # in the object
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    field: str  # the request's, for errors
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def read_into(self, out: np.ndarray) -> None:
+        nbytes = self.nbytes
+        # numpy declares the buffer protocol from Python 3.12 on
+        into = memoryview(out).cast("B")  # type: ignore[arg-type]
+        if nbytes and os.preadv(self.region.descriptor.fd, [into], self.at) != nbytes:
+            raise InvalidInputError(
+                f"{self.field}: shared memory region {self.region.name!r} no longer holds "
+                f"{nbytes} bytes at offset {self.at - self.region.offset} (its object shrank "
+                "after it was registered)")
 
 
 class RegionNames:
@@ -190,12 +226,11 @@ class SharedMemoryRegions:
         except BaseException:
             os.close(fd)
             raise
-        return Region(name, key, offset, byte_size, caller, fd,
+        return Region(name, key, offset, byte_size, caller, _Descriptor(fd),
                       daemon_writes and _may(info, caller, _WRITE))
 
     def add(self, region: Region) -> None:
         if region.name in self._regions:
-            region.close()
             raise AlreadyExistsError(f"name: shared memory region {region.name!r} is already "
                                      "registered; unregister it first, or choose another name")
         self.names.add(region.name, region.caller.name)
@@ -208,7 +243,7 @@ class SharedMemoryRegions:
         """Releases `caller`'s region `name` (all of them for an empty name); the names."""
         released = self.names.release(name, caller.name)
         for name in released:
-            self._regions.pop(name).close()
+            del self._regions[name]
         return released
 
     def drop(self, names: list[str]) -> None:
@@ -237,17 +272,16 @@ class SharedMemoryRegions:
                                     f"region {name!r} holds {region.byte_size} bytes")
         return region, region.offset + offset
 
-    def read(self, name: str, offset: int, byte_size: int, caller: Caller | None,
-             field: str) -> bytearray:
-        """A copy of `byte_size` bytes at `offset` within `caller`'s region; `field` names the
-        request field in errors."""
+    def tensor(self, name: str, offset: int, byte_size: int, caller: Caller | None, field: str,
+               dtype: np.dtype, shape: tuple[int, ...]) -> RegionTensor:
+        """The tensor of `byte_size` bytes at `offset` within `caller`'s region, to be read where
+        its batch is assembled; `field` names the request field in errors."""
         region, at = self._place(name, offset, byte_size, caller, field)
-        data = bytearray(byte_size)
-        if byte_size and os.preadv(region.fd, [data], at) != byte_size:
+        if os.fstat(region.descriptor.fd).st_size < at + byte_size:
             raise InvalidInputError(f"{field}: shared memory region {name!r} no longer holds "
                                     f"offset {offset} + byte_size {byte_size} (its object shrank "
                                     "after it was registered)")
-        return data
+        return RegionTensor(region, at, shape, dtype, field)
 
     def write(self, name: str, offset: int, array: np.ndarray, caller: Caller | None,
               field: str) -> None:
@@ -258,12 +292,12 @@ class SharedMemoryRegions:
                                         f"written by uid {region.caller.uid}; register an "
                                         "object it may write for outputs")
         # pwrite past the end would grow the object, not fail: check its size first.
-        if os.fstat(region.fd).st_size < at + array.nbytes:
+        if os.fstat(region.descriptor.fd).st_size < at + array.nbytes:
             raise InvalidInputError(f"{field}: shared memory region {name!r} no longer holds "
                                     f"offset {offset} + {array.nbytes} bytes (its object shrank "
                                     "after it was registered)")
         # numpy declares the buffer protocol from Python 3.12 on
-        os.pwrite(region.fd, np.ascontiguousarray(  # type: ignore[arg-type]
+        os.pwrite(region.descriptor.fd, np.ascontiguousarray(  # type: ignore[arg-type]
             array).reshape(-1).view(np.uint8), at)
 
     def close(self) -> None:

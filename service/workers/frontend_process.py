@@ -54,12 +54,8 @@ class FrontendServicer(InferenceServicer):
         caller = self._caller(context)
         region = self._regions.open(request.name, request.key, request.offset,
                                     request.byte_size, caller)
-        try:
-            await self._owner.register(request.name, request.key, request.offset,
-                                       request.byte_size, caller)
-        except BaseException:
-            region.close()
-            raise
+        await self._owner.register(request.name, request.key, request.offset, request.byte_size,
+                                   caller)  # a refusal drops the region, which closes it
         self._regions.add(region)
         return pb.SystemSharedMemoryRegisterResponse()
 

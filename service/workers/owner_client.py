@@ -19,7 +19,7 @@ from service.core.model import ModelSpec
 from service.core.model_table import ModelTable
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Cost, Tensors
+from service.core.types import Answer, Cost, Inputs
 from service.errors import ModelUnavailableError, QueueFullError, Status, StatusError
 from service.grpc.shared_memory import Caller
 from service.workers import messages as msg
@@ -88,7 +88,7 @@ class OwnerClient:
             case msg.Done():
                 future.set_result(None)
 
-    def enqueue(self, name: str, version: int, generation: int, inputs: Tensors, size: int,
+    def enqueue(self, name: str, version: int, generation: int, inputs: Inputs, size: int,
                 options: RequestOptions) -> asyncio.Future[Answer]:
         """Hands a validated request to the owner now; the future of its answer. Cancelling the
         future withdraws the request (the owner still answers, and only then is its block
@@ -104,12 +104,20 @@ class OwnerClient:
                     "too full now; retry later" if nbytes <= self._arena.size else
                     "smaller; send smaller requests, or serve with --workers 1"))
         places, view, at = [], self._arena.view(block), 0
-        for tensor, array in inputs.items():
-            # numpy declares the buffer protocol from Python 3.12 on
-            view[at:at + array.nbytes] = np.ascontiguousarray(  # type: ignore[call-overload]
-                array).reshape(-1).view(np.uint8)
-            places.append((tensor, array.dtype.str, array.shape, block[0] + at, array.nbytes))
-            at += array.nbytes
+        try:
+            for tensor, array in inputs.items():
+                # A client's shared memory is read straight into the arena.
+                into = np.ndarray(array.shape, array.dtype, buffer=view, offset=at)
+                if isinstance(array, np.ndarray):
+                    into[...] = array
+                else:
+                    array.read_into(into)
+                places.append((tensor, array.dtype.str, array.shape, block[0] + at,
+                               array.nbytes))
+                at += array.nbytes
+        except BaseException:
+            self._arena.free(block)
+            raise
         request_id, future = self._request(lambda i: msg.Infer(
             i, name, version, generation, size, places, options.priority, options.timeout_us,
             options.deadline), block)
@@ -185,7 +193,7 @@ class RemoteBatcher:
     version: int  # as the owner is asked for it: 0 for the latest
     generation: int
 
-    def enqueue(self, inputs: Tensors, size: int, options: RequestOptions = DEFAULT_OPTIONS,
+    def enqueue(self, inputs: Inputs, size: int, options: RequestOptions = DEFAULT_OPTIONS,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """Hands the request to the owner, which sees for itself what comes together (its
         frames)."""

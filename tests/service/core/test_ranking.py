@@ -4,6 +4,7 @@ cpu0); measured speeds are set by hand where a policy's choice depends on them."
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from accelerators.engine_factory import DeviceSpec
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from accelerators.power.meter import PowerMonitor
 from accelerators.power.model import ModelEstimate
-from service.core.batch_buffers import BatchBuffers
+from service.core.batch_buffers import Batch, BatchBuffers
 from service.core.device_runner import BatchTimes, DeviceRunner
 from service.core.metrics import Metrics
 from service.core.queue_policy import BatchPolicy
@@ -119,19 +120,22 @@ def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, hol
     assert result.device == "cpu0"  # the batch that fpga0 failed ran on cpu0
 
 
-def test_a_runner_measures_its_batch_times_and_its_hand_off(workers, holdout) -> None:
+def test_a_runner_measures_its_batch_times_and_a_lone_requests_hand_off(workers, holdout) -> None:
     fpga, cpu = workers
     images = {"image": holdout[0][:4]}
 
     async def main():
         before = (cpu.expected_batch_s(4), cpu.handoff_s, cpu.expected_completion_s(4))
-        running = asyncio.ensure_future(cpu.run(images, ["logits"], 4))
+        running = asyncio.ensure_future(cpu.run(Batch.of(images, 4), ["logits"], 4))
         await asyncio.sleep(0)  # handed over: unmeasured, it takes no more batches
         busy = cpu.expected_completion_s(4)
-        await running
-        return before, busy
-    (batch_s, handoff_s, first), busy = asyncio.run(main())
+        answer = await running  # others were waiting on the loop: its hand-off is not its own
+        unmeasured = cpu.handoff_s
+        await cpu.run(Batch.of(images, 4), ["logits"], 4, since=time.monotonic())
+        return before, busy, answer, unmeasured
+    (batch_s, handoff_s, first), busy, answer, unmeasured = asyncio.run(main())
     assert batch_s is None and handoff_s is None and first == 0.0 and busy == float("inf")
+    assert answer.outputs["logits"].shape == (4, 10) and unmeasured is None
     assert cpu.handoff_s is not None and cpu.handoff_s > 0
     assert 0 < cpu.expected_batch_s(1) <= cpu.expected_batch_s(4) < cpu.expected_batch_s(8)
 

@@ -16,7 +16,7 @@ from service.core.queue_policy import BatchPolicy, RequestOptions
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost
-from service.errors import ConfigError, DeadlineExceededError, QueueFullError
+from service.errors import ConfigError, DeadlineExceededError, InvalidInputError, QueueFullError
 
 
 def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microseconds: 50000",
@@ -49,7 +49,8 @@ class _Device:
     def expected_batch_s(self, size):
         return self.delay_s
 
-    async def run(self, inputs, outputs, size):
+    async def run(self, batch, outputs, size, since=None):
+        inputs = batch.inputs()
         self.runs.append(inputs["x"].tolist())
         self.inline.append(False)
         self.running += 1
@@ -59,7 +60,8 @@ class _Device:
             self.running -= 1
         return self._answer(inputs, size)
 
-    def run_inline(self, inputs, outputs, size):
+    def run_inline(self, batch, outputs, size):
+        inputs = batch.inputs()
         self.runs.append(inputs["x"].tolist())
         self.inline.append(True)
         time.sleep(self.delay_s)
@@ -79,7 +81,7 @@ class _Only:
     def candidates(self, size):
         return [self.device]
 
-    def failed(self, device, inputs, size, error):
+    def failed(self, device, batch, error):
         raise AssertionError(f"no device fails here: {error}")
 
     def succeeded(self, device):
@@ -269,14 +271,40 @@ def test_delay_timeout_moves_a_request_behind_the_others() -> None:
     assert asyncio.run(main()) == [[0], [2], [3], [1]]
 
 
-def test_batches_are_assembled_in_reused_buffers() -> None:
+def _unreadable(i, error):
+    raise AssertionError(f"part {i}: {error}")
+
+
+def test_batches_are_assembled_in_reused_buffers_with_zero_padding() -> None:
     buffers = BatchBuffers({"x": ((2,), np.dtype(np.float32))}, 8, 1)
     parts = [{"x": np.ones((1, 2), np.float32)}, {"x": np.full((2, 2), 2, np.float32)}]
-    first, held = buffers.assemble(parts, 3)
-    assert first["x"].tolist() == [[1, 1], [2, 2], [2, 2]]
-    buffers.release(held)
-    second, _ = buffers.assemble(parts[::-1], 3)
-    assert np.shares_memory(first["x"], second["x"])  # the same memory, filled again
+    first = buffers.batch(parts, 3, _unreadable)
+    assert first.inputs()["x"].tolist() == [[1, 1], [2, 2], [2, 2]]
+    padded = first.inputs(4)["x"]  # a device whose bucket is 4
+    assert padded.tolist() == [[1, 1], [2, 2], [2, 2], [0, 0]]
+    first.release()
+    second = buffers.batch(parts[::-1], 3, _unreadable).inputs()["x"]
+    assert np.shares_memory(padded, second)  # the same memory, filled again
+    alone = {"x": np.ones((1, 2), np.float32)}
+    assert buffers.batch([alone], 1, _unreadable).inputs()["x"] is alone["x"]  # no copy
+
+
+class _Shrunk:
+    """A shared-memory input whose object shrank after the request was validated."""
+
+    shape, dtype, nbytes = (1, 2), np.dtype(np.float32), 8
+
+    def read_into(self, out):
+        raise InvalidInputError("input 'x': shared memory region 'r' no longer holds 8 bytes")
+
+
+def test_an_input_that_cannot_be_read_fails_its_request_alone() -> None:
+    failed = {}
+    buffers = BatchBuffers({"x": ((2,), np.dtype(np.float32))}, 8, 1)
+    batch = buffers.batch([{"x": np.ones((1, 2), np.float32)}, {"x": _Shrunk()}], 2,
+                          lambda i, e: failed.setdefault(i, str(e)))
+    assert batch.inputs()["x"].tolist() == [[1, 1], [0, 0]]
+    assert failed == {1: "input 'x': shared memory region 'r' no longer holds 8 bytes"}
 
 
 def test_policy_from_config_and_the_effective_config() -> None:
