@@ -72,8 +72,11 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
             raise ValueError(f"device {str(spec)!r}: the model names no parameters."
                              "simulated_curve, the file of its per-batch times")
         curve = BatchCurve.read(model_path.parent.parent, ort_options.simulated_curve)
-        return SimulatedEngine(spec.device, model_path, curve)
+        return SimulatedEngine(spec.device, model_path, curve, ort_options)
     if spec.engine == "opencl":
+        if ort_options is not None and ort_options.uint8_inputs:
+            raise ValueError("parameters.uint8_inputs: ONNX Runtime normalises uint8 inputs; "
+                             "the OpenCL engine takes the model's float inputs")
         from accelerators.opencl.engine import OpenCLEngine  # needs onnx and a device
         from accelerators.opencl.plans import DEFAULT_SHAPES
 

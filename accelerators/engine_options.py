@@ -10,6 +10,7 @@ reads them, plus hetserve's precision switches and the simulated engine's curve:
         parameters { key: "precision_mode" value: "FP16" } } ] } }
     optimization { cuda { graphs: true } }   # a CUDA graph per bucket (needs fixed shapes)
     parameters { key: "simulated_curve" value: { string_value: "h200.curve" } }  # simulated:
+    parameters { key: "uint8_inputs" value: { string_value: "image" } }  # input_normalization.py
 
 Any other parameter that looks like a provider option (cudnn_*, cuda_*, gpu_*, arena_*, trt_*)
 is an error naming the accepted ones, so that a typo never silently changes nothing.
@@ -20,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2
+
+from accelerators import input_normalization
+from accelerators.input_normalization import Normalization
 
 # Triton's numeric values, and ONNX Runtime's names for them.
 _CHOICES = {
@@ -48,6 +52,8 @@ class EngineOptions:
     tensorrt_fp16: bool = False
     cuda_graphs: bool = False
     simulated_curve: str = ""  # a file in the model's folder (accelerators/simulated_engine.py)
+    # uint8 inputs normalised on the device (accelerators/input_normalization.py)
+    uint8_inputs: dict[str, Normalization] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> EngineOptions:
@@ -81,7 +87,7 @@ class EngineOptions:
             trt_fp16 = mode == "FP16"
         return cls(cuda, params.get("tf32", "on") == "on", params.get("precision") == "fp16",
                    tensorrt, trt_fp16, config.optimization.cuda.graphs,
-                   params.get("simulated_curve", ""))
+                   params.get("simulated_curve", ""), _uint8_inputs(params.get("uint8_inputs", "")))
 
     def providers(self, available: list[str], device_id: int,
                   use_gpu: bool) -> list[str | tuple[str, dict[str, str]]]:
@@ -109,6 +115,13 @@ class EngineOptions:
         if self.fp16 or (on_gpu and self.tensorrt_fp16):
             return TOLERANCE["fp16"]
         return TOLERANCE["tf32"] if on_gpu and self.tf32 else TOLERANCE["fp32"]
+
+
+def _uint8_inputs(text: str) -> dict[str, Normalization]:
+    try:
+        return input_normalization.parse(text)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
 
 
 def _choice(key: str, value: str, names: tuple[str, ...]) -> str:

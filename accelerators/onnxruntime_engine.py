@@ -53,7 +53,7 @@ class OnnxRuntimeEngine:
         # Idle pool threads would spin for work, taking CPU from gRPC on small machines.
         self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._providers = options.providers(ort.get_available_providers(), device_id, use_gpu)
-        self._model = _fp16_model(model_path) if options.fp16 else str(model_path)
+        self._model = _model(model_path, options)
         self._session = self._new_session()
         # onnxruntime-gpu lists CUDA even without a GPU and silently falls back: ask what it took.
         taken = self._session.get_providers()
@@ -100,15 +100,25 @@ class OnnxRuntimeEngine:
         return session.run(inputs, outputs)
 
 
-def _fp16_model(path: Path) -> bytes:
-    """The model converted to FP16 by onnxconverter-common, inputs and outputs kept FP32."""
+def _model(path: Path, options: EngineOptions) -> str | bytes:
+    """The model file's path, or the model as the options change it: converted to FP16 by
+    onnxconverter-common (inputs and outputs kept FP32), uint8 inputs normalised first."""
+    if not options.fp16 and not options.uint8_inputs:
+        return str(path)
     import onnx
-    from onnxconverter_common import float16
 
-    with warnings.catch_warnings():  # one warning per weight clipped to FP16's range
-        warnings.simplefilter("ignore", UserWarning)
-        return float16.convert_float_to_float16(onnx.load(str(path)),
-                                                keep_io_types=True).SerializeToString()
+    from accelerators.input_normalization import normalized
+
+    model = onnx.load(str(path))
+    if options.fp16:
+        from onnxconverter_common import float16
+
+        with warnings.catch_warnings():  # one warning per weight clipped to FP16's range
+            warnings.simplefilter("ignore", UserWarning)
+            model = float16.convert_float_to_float16(model, keep_io_types=True)
+    if options.uint8_inputs:
+        model = normalized(model, options.uint8_inputs)
+    return model.SerializeToString()
 
 
 def _signature(arg) -> TensorSignature:

@@ -20,6 +20,7 @@ import numpy as np
 
 from accelerators import safe_files
 from accelerators.engine import Device, TensorSignature, parse_device_name
+from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 
 _NUMPY = {"FP16": "float16", "FP32": "float32", "FP64": "float64"}  # else the name, lower-case
@@ -74,13 +75,16 @@ class BatchCurve:
 
 
 class SimulatedEngine:
-    def __init__(self, device: str, model_path: Path, curve: BatchCurve) -> None:
+    def __init__(self, device: str, model_path: Path, curve: BatchCurve,
+                 options: EngineOptions) -> None:
         parsed = parse_device_name(device)
         if parsed is None:
             raise ValueError(f"simulated:{device}: name the device it stands for, as in "
                              "'simulated:gpu0'")
         self.device = Device(device, parsed[0], "simulated")
-        signature = OnnxRuntimeEngine(model_path, 1, use_gpu=False)  # its signature only
+        # The model's signature only (with its uint8 inputs, where the options say so).
+        signature = OnnxRuntimeEngine(model_path, 1, use_gpu=False,
+                                      options=EngineOptions(uint8_inputs=options.uint8_inputs))
         self.inputs, self.outputs = signature.inputs, signature.outputs
         for output in self.outputs:
             if any(d < 0 for d in output.shape[1:]):

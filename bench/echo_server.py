@@ -2,7 +2,9 @@
 stubs as the daemon, answering ModelInfer and ModelStreamInfer with a fixed reply and no model,
 and the example model's metadata and config, which Triton's perf_analyzer reads before it runs.
 
-    python -m bench.echo_server PORT
+    python -m bench.echo_server PORT [SOCKET]
+
+With SOCKET it also answers on that unix socket (the daemon's clients on its node use its own).
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ class EchoServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             yield pb.ModelStreamInferResponse(infer_response=self._reply(request))
 
 
-async def serve_echo(port: int) -> None:
+async def serve_echo(port: int, socket: str = "") -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoServicer(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
+    if socket:
+        server.add_insecure_port(f"unix:{socket}")
     await server.start()
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    asyncio.run(serve_echo(int(sys.argv[1])))
+    asyncio.run(serve_echo(int(sys.argv[1]), *sys.argv[2:3]))

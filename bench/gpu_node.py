@@ -9,13 +9,19 @@ throughput target (ResNet-50 at concurrency 64 >= 0.8x; docs/BENCHMARKS.md, GPU 
 the MNIST hold-out accuracy of each precision the engine offers on that device (FP32, TF32 on
 GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
+With --shared-memory system the clients talk to the daemon's unix socket and each request names
+one registered region that holds its image (bench/shared_inputs.py): the bytes never cross the
+messages, so the client is not what limits the daemon.
+
     .venv/bin/python -m bench.gpu_node [--models mnist,resnet50] [--concurrency 1,16,64,256]
-        [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime] [--json out.json]
+        [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime]
+        [--shared-memory none|system] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -23,12 +29,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
 
 from accelerators import safe_files
 from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
-from service.clients.load_client import ClientPool
+from bench.shared_inputs import shared_request
+from service.clients.load_client import ClientPool, infer_request
 from service.clients.top import fetch
 from service.local_daemon import DaemonProcess, free_port
 
@@ -65,19 +71,23 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
 
 # --- the client processes ---------------------------------------------------------------------
 
-def load(url: str, model: str, concurrency: int, seconds: float, clients: int) -> dict:
-    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py)."""
+def load(url: str, model: str, concurrency: int, seconds: float, clients: int,
+         socket_url: str = "") -> dict:
+    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py); with
+    `socket_url`, over the daemon's unix socket with the image in shared memory."""
     inp, dims, _, _ = SHAPES[model]
-    request = pb.ModelInferRequest(model_name=model)
-    request.inputs.add(name=inp, datatype="FP32", shape=[1, *dims])
-    request.raw_input_contents.append(np.random.default_rng(0).random(
-        (1, *dims), np.float32).tobytes())
-    pool = ClientPool(min(clients, concurrency), {"daemon": url}, request)
-    try:
-        pool.wait_ready()
-        return pool.run("daemon", "closed", concurrency, seconds)
-    finally:
-        pool.close()
+    image = np.random.default_rng(0).random((1, *dims), np.float32)
+    with contextlib.ExitStack() as stack:
+        if socket_url:
+            request = stack.enter_context(shared_request(socket_url, model, inp, image))
+        else:
+            request = infer_request(model, {inp: image})
+        pool = ClientPool(min(clients, concurrency), {"daemon": socket_url or url}, request)
+        try:
+            pool.wait_ready()
+            return pool.run("daemon", "closed", concurrency, seconds)
+        finally:
+            pool.close()
 
 
 def _sum(snapshot, name: str, model: str) -> float:
@@ -85,9 +95,9 @@ def _sum(snapshot, name: str, model: str) -> float:
 
 
 def through_daemon(url: str, metrics_url: str, model: str, concurrency: int, seconds: float,
-                   clients: int) -> dict:
+                   clients: int, socket_url: str = "") -> dict:
     before = fetch(metrics_url)
-    result = load(url, model, concurrency, seconds, clients)
+    result = load(url, model, concurrency, seconds, clients, socket_url)
     after = fetch(metrics_url)
     d = {n: _sum(after, n, model) - _sum(before, n, model) for n in (
         "hetserve_batch_size_sum", "hetserve_batch_size_count",
@@ -149,6 +159,9 @@ def main() -> None:
     parser.add_argument("--devices", default="onnxruntime",
                         help="the models' devices (onnxruntime: every GPU; onnxruntime:gpu0 "
                              "compares one GPU with the in-process engine, which runs on gpu0)")
+    parser.add_argument("--shared-memory", choices=("none", "system"), default="none",
+                        help="where the requests' images travel: in the messages, or in a "
+                             "system shared-memory region over the daemon's unix socket")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     models = args.models.split(",")
@@ -156,7 +169,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-gpu-bench-"))
     repo = repository(tmp / "models", models, args.buckets, args.devices)
     port, metrics_port = free_port(), free_port()
-    daemon = DaemonProcess(["--models", str(repo), "--port", str(port), "--socket", "",
+    socket = tmp / "daemon.sock"
+    socket_url = f"unix:{socket}" if args.shared_memory == "system" else ""
+    daemon = DaemonProcess(["--models", str(repo), "--port", str(port), "--socket", str(socket),
                             "--metrics-port", str(metrics_port), "--log-level", "WARNING"],
                            f"127.0.0.1:{port}", tmp / "daemon.log")
     started = time.perf_counter()
@@ -167,13 +182,15 @@ def main() -> None:
     try:
         for model in models:
             ref = in_process(repo / model / "1" / "model.onnx", model, sizes, args.seconds / 4)
-            served = {c: through_daemon(url, metrics_url, model, c, args.seconds, args.clients)
+            served = {c: through_daemon(url, metrics_url, model, c, args.seconds, args.clients,
+                                        socket_url)
                       for c in map(int, args.concurrency.split(","))}
             results["models"][model] = {"in_process": ref, "daemon": served}
     finally:
         daemon.stop()
     print(f"daemon load + warm-up of {models}: {results['load_and_warmup_s']:.1f} s; "
-          f"batch_buckets {args.buckets}")
+          f"batch_buckets {args.buckets}; images in "
+          + ("system shared memory" if socket_url else "the messages"))
     print("MNIST hold-out accuracy: " + ", ".join(
         f"{k} {v:.3f}" for k, v in results["mnist_holdout_accuracy"].items()))
     for model, r in results["models"].items():
