@@ -87,8 +87,9 @@ class Settings:
                                       "the token's holders over TCP"})
     max_connections_per_peer: int = field(
         default=64, metadata={"doc": "connections open at once from one peer (a uid on the unix "
-                                     "socket, an address over TCP), per listener and front-end "
-                                     "process; beyond them a new one is refused "
+                                     "socket and over loopback TCP, whatever loopback address "
+                                     "it uses; an address over other TCP), per listener and "
+                                     "front-end process; beyond them a new one is refused "
                                      "(RESOURCE_EXHAUSTED naming the flag)"})
     shm_uid_for_token: int = field(
         default=-1, metadata={"doc": "system shared memory over TCP: token holders may use the "

@@ -2,8 +2,10 @@
 
 gRPC tells a server nothing of a unix-socket peer's uid (grpc/grpc#15511), and it bounds neither
 connections per peer nor in all. So each listener is a door: an asyncio server that accepts a
-connection, learns who it is from the kernel (SO_PEERCRED and SO_PEERGROUPS on the socket; the
-address over TCP), admits it within the door's bounds, and then forwards its bytes to the gRPC
+connection, learns who it is from the kernel (SO_PEERCRED and SO_PEERGROUPS on the socket; over
+loopback TCP the uid owning the client's socket, service/grpc/socket_owner.py, as any local user
+may connect from any loopback address; the address over other TCP), admits it within the door's
+bounds (per peer and in all), and then forwards its bytes to the gRPC
 server on a private socket (a folder only the daemon's user may enter). The forwarding socket is
 bound to a random abstract address before it connects, and gRPC reports that address as the
 call's peer: `Peers.identify` turns it back into who called. TLS passes through the door and
@@ -36,7 +38,9 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
+from service.grpc.auth import is_loopback
 from service.grpc.resets import ResetWatch
+from service.grpc.socket_owner import loopback_uid
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,15 @@ class Peer:
     process's uid and groups; over TCP its address (uid None)."""
 
     listener: str  # "unix" or "tcp"
-    address: str  # what per-peer limits count: "uid 1000", or the TCP peer's address
-    uid: int | None = None
+    address: str  # "uid 1000" on the unix socket, the peer's address over TCP
+    uid: int | None = None  # the unix socket's: whose rights its calls have
     gids: tuple[int, ...] = ()
+    owner: int | None = None  # over loopback TCP: the uid owning the client's socket
+
+    @property
+    def key(self) -> str:
+        """What per-peer limits count: a uid wherever the kernel names one."""
+        return f"uid {self.owner}" if self.owner is not None else self.address
 
 
 @dataclass(frozen=True)
@@ -104,13 +114,21 @@ class Door:
         self._total = 0
         self._server: asyncio.Server | None = None
 
+    @property
+    def backlog(self) -> int:
+        """Connections the kernel queues before the door admits or refuses them: as many as the
+        door may hold, so that a burst is answered (admitted, or refused with a reason) rather
+        than dropped by a full queue."""
+        return max(128, self.bounds.total)
+
     async def open_unix(self, path: Path) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(
-            lambda: _Connection(self), str(path), backlog=1024)
+            lambda: _Connection(self), str(path), backlog=self.backlog)
 
     async def open_tcp(self, host: str, port: int, reuse_port: bool) -> None:
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Connection(self), host, port, reuse_port=reuse_port or None, backlog=1024)
+            lambda: _Connection(self), host, port, reuse_port=reuse_port or None,
+            backlog=self.backlog)
 
     def close(self) -> None:
         """Accepts no more connections; those open stay until gRPC closes them."""
@@ -123,26 +141,28 @@ class Door:
         if self._total >= self.bounds.total:
             return None, (f"{self._total} connections are open on the daemon's "
                           f"{self.listener} listener, its limit ({self.bounds.total_flag})")
-        if self._open[peer.address] >= self.bounds.per_peer:
-            return None, (f"{self._open[peer.address]} connections are open from "
-                          f"{peer.address}, the limit per peer (--max-connections-per-peer); "
-                          "close some or share one channel")
-        self._open[peer.address] += 1
+        if self._open[peer.key] >= self.bounds.per_peer:
+            return None, (f"{self._open[peer.key]} connections are open from {peer.key}, the "
+                          "limit per peer (--max-connections-per-peer); close some or share one "
+                          "channel")
+        self._open[peer.key] += 1
         self._total += 1
         return peer, ""
 
     def _identify(self, sock: socket.socket) -> Peer:
         if self.listener != "unix":
-            return Peer(self.listener, sock.getpeername()[0])
+            host = sock.getpeername()[0]
+            return Peer(self.listener, host,
+                        owner=loopback_uid(sock) if is_loopback(host) else None)
         _, uid, gid = struct.unpack("3i", sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         return Peer("unix", f"uid {uid}", uid, tuple(sorted({gid, *_peer_groups(sock)})))
 
     def _closed(self, peer: Peer) -> None:
         self._total -= 1
-        self._open[peer.address] -= 1
-        if not self._open[peer.address]:
-            del self._open[peer.address]
+        self._open[peer.key] -= 1
+        if not self._open[peer.key]:
+            del self._open[peer.key]
 
 
 def _peer_groups(sock: socket.socket) -> list[int]:

@@ -91,7 +91,8 @@ class HttpFront:
         await self._runner.setup()
         cleanup.push_async_callback(self._runner.cleanup)
         await web.UnixSite(self._runner, str(self._door.inner), ssl_context=tls,
-                           shutdown_timeout=s.shutdown_grace_s).start()
+                           shutdown_timeout=s.shutdown_grace_s,
+                           backlog=self._door.backlog).start()
         target = f"{s.grpc_host}:{s.http_port}"
         try:
             await self._door.open_tcp(s.grpc_host, s.http_port, self._reuseport)

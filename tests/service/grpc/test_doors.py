@@ -1,11 +1,16 @@
 """The daemon's doors (service/grpc/door.py): connections per peer and per listener are bounded,
 a refused connection's calls get RESOURCE_EXHAUSTED naming the limit, the socket's users keep
-their own share while TCP is full, and a closed connection leaves no trace."""
+their own share while TCP is full, a local user's loopback aliases count as that user, and a
+closed connection leaves no trace."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -60,7 +65,7 @@ def test_connections_per_peer_are_bounded_and_the_refusal_names_the_limit(
         assert len(refused) >= 1 and len(codes) - len(refused) >= PER_PEER, codes
         code, details = refused[0]
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
-        assert "from 127.0.0.1" in details and "--max-connections-per-peer" in details
+        assert f"from uid {os.getuid()}" in details and "--max-connections-per-peer" in details
         _unix_serves(daemon, holdout)  # another listener, another share
     _serves_again(daemon)
 
@@ -77,22 +82,69 @@ def _serves_again(daemon: Daemon) -> None:
     assert code == grpc.StatusCode.OK
 
 
-def test_idle_connections_fill_only_their_listener(daemon, holdout) -> None:
-    """Connections that send nothing, from several addresses, up to the listener's limit: the
-    next is refused at once, and the socket's users are served meanwhile."""
+def _connect_from_aliases(held: contextlib.ExitStack, count: int, port: int) -> None:
+    """`count` idle connections from loopback aliases, PER_PEER from each address."""
+    for i in range(count):
+        sock = held.enter_context(socket.socket())
+        sock.bind((f"127.0.0.{2 + i // PER_PEER % 200}", 0))
+        sock.connect(("127.0.0.1", port))
+
+
+def test_a_local_users_loopback_aliases_count_as_that_user(daemon, holdout) -> None:
+    """Idle connections from 127.0.0.2, .3, ... are one uid's (the kernel says whose): beyond
+    PER_PEER they are refused, and another local user's first TCP call is served."""
     with contextlib.ExitStack() as held:
-        # Thrice the limit (with several front-ends, the kernel spreads them over every door),
-        # twice: the second fills what the earlier tests' connections, closing meanwhile, free.
-        for i in range(6 * TOTAL * daemon.workers):
-            if i == 3 * TOTAL * daemon.workers:
-                time.sleep(0.5)
-            sock = held.enter_context(socket.socket())
-            sock.bind((f"127.0.0.{2 + i // PER_PEER % 200}", 0))  # PER_PEER from each address
-            sock.connect(("127.0.0.1", daemon.port))
+        _connect_from_aliases(held, 6 * TOTAL * daemon.workers, daemon.port)
         time.sleep(0.5)  # every one accepted or refused
-        _unix_serves(daemon, holdout)
         with _channel(daemon.url) as channel:
             code, details = _live(channel)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-        assert "(--max-connections-tcp)" in details
+        assert f"from uid {os.getuid()}" in details, details
+        run = _as_nobody(f"""
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+channel = grpc.insecure_channel("127.0.0.1:{daemon.port}")
+stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+print(stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=10).live)
+""")
+        assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
+        _unix_serves(daemon, holdout)
     _serves_again(daemon)
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory) -> Iterator[Daemon]:
+    """A daemon whose TCP listener, not a peer's share, is what fills."""
+    d = Daemon(tmp_path_factory.mktemp("roomy"), MODELS, "--workers", "1",
+               "--max-connections-per-peer", "1000", "--max-connections-tcp", str(TOTAL))
+    time.sleep(1.0)
+    yield d
+    assert d.stop() == 0
+
+
+def test_idle_connections_fill_only_their_listener(roomy, holdout) -> None:
+    """Connections that send nothing, up to the listener's limit: the next is refused at once,
+    and the socket's users are served meanwhile."""
+    with contextlib.ExitStack() as held:
+        _connect_from_aliases(held, 3 * TOTAL, roomy.port)
+        time.sleep(0.5)  # every one accepted or refused
+        _unix_serves(roomy, holdout)
+        with _channel(roomy.url) as channel:
+            code, details = _live(channel)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "(--max-connections-tcp)" in details
+    _serves_again(roomy)
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    """`code` run by another local user (nobody), with this Python."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is not installed")
+    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
+        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
+    return run
