@@ -137,6 +137,28 @@ def read_at(folder_fd: int, name: str) -> bytes:
         return handle.read()
 
 
+def check_trusted(folder: Path, what: str) -> None:
+    """Raises UnsafeFolderError unless `folder` and every folder above it belong to this
+    process's user or root and no other user may write in them (a sticky folder, as /tmp, lets
+    none of them rename another's entries): `what` is loaded from there (kernel binaries), and a
+    file planted in it would run as this process."""
+    real = Path(os.path.realpath(folder))
+    for place in (real, *real.parents):
+        try:
+            info = os.stat(place)
+        except FileNotFoundError:
+            continue  # made later by this process
+        writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
+            place != real and info.st_mode & stat.S_ISVTX)
+        if info.st_uid not in (0, os.geteuid()) or writable_by_others:
+            owner = user_name(info.st_uid)
+            raise UnsafeFolderError(
+                f"{what} {folder}: {place} belongs to {owner} with mode "
+                f"{stat.S_IMODE(info.st_mode):04o}; another user could plant what this process "
+                f"loads: use a folder of {user_name(os.geteuid())} or root that only they may "
+                "write in")
+
+
 def is_file_at(folder_fd: int, name: str) -> bool:
     """Whether `name` in the folder is a regular file itself (a link is not)."""
     try:

@@ -4,6 +4,7 @@ each with its input shape and FLOPs per image."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from functools import cached_property
@@ -87,10 +88,10 @@ def write_repository(root: Path, models: list[BenchModel], devices: str, max_bat
         folder = root / m.name
         (folder / "1").mkdir(parents=True, exist_ok=True)
         target = folder / "1" / "model.onnx"
-        if not target.exists():
+        if not target.exists():  # the daemon reads no model file through a link
             try:
-                target.symlink_to(m.path)
-            except OSError:
+                os.link(m.path, target)
+            except OSError:  # another file system
                 shutil.copyfile(m.path, target)
         config = _CONFIG.format(
             name=m.name, max_batch=max_batch, dims=", ".join(map(str, m.dims)),

@@ -104,6 +104,7 @@ class ProgramCache:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _built(self, dev: OpenCLDevice, source: str, options: str) -> cl.Program:
+        safe_files.check_trusted(self.cache_dir, f"the OpenCL program cache (${CACHE_DIR_ENV})")
         path = self.cache_dir / f"{self.key(dev, source, options)}.bin"
         if path.exists():
             try:
@@ -126,6 +127,7 @@ class ProgramCache:
                 f"{dev.name} is an FPGA: set {FPGA_BINARIES_ENV} to the folder holding its "
                 f"precompiled kernels ({' or '.join(FPGA_BINARY_SUFFIXES)}; `hetserve fpga "
                 f"build` writes them, docs/opencl.md)")
+        safe_files.check_trusted(self.binary_dir, f"the FPGA binaries (${FPGA_BINARIES_ENV})")
         return fpga_binary(self.binary_dir, dev.device.name)
 
     @staticmethod

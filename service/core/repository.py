@@ -1,12 +1,19 @@
 """The model repository on disk, in Triton's layout: `<root>/<name>/config.pbtxt`,
-`<root>/<name>/<version>/model.onnx`."""
+`<root>/<name>/<version>/model.onnx`.
+
+Every file a model names (its config, labels, warm-up data, model files) is a plain file in the
+model's folders, read as its owner would allow: never through a symbolic link, which a user who
+may write in a model's folder could point at a file only the daemon's user may read (the daemon
+often runs as root), whose lines would then come back in any caller's replies or errors."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +60,11 @@ class ModelRepository:
         folder = self.root / check_model_name(name)
         config_path = folder / "config.pbtxt"
         shared, folders = stamp(folder)  # before reading: a change meanwhile shows next time
-        if not config_path.is_file():
+        if not os.path.lexists(config_path):
             raise ConfigError(f"model {name!r}: {config_path} is missing")
+        text = read_model_file(config_path, f"model {name!r}:").decode(errors="replace")
         try:
-            config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+            config = text_format.Parse(text, model_config_pb2.ModelConfig())
         except text_format.ParseError as e:
             raise ConfigError(f"model {name!r}: {config_path}: {e}") from e
         if config.name and config.name != name:
@@ -66,7 +74,11 @@ class ModelRepository:
         filename = file_name(config.default_model_filename or "model.onnx", name,
                              "default_model_filename", "each version folder")
         found = {int(p.name): p / filename for p in folder.iterdir()
-                 if p.is_dir() and p.name.isdigit() and (p / filename).is_file()}
+                 if p.is_dir() and p.name.isdigit() and os.path.lexists(p / filename)}
+        for path in found.values():
+            if path.is_symlink() or not path.is_file():
+                raise ConfigError(f"model {name!r}: {path} is a symbolic link or not a file; "
+                                  "the daemon reads only plain files of the model's folders")
         versions = {v: found[v] for v in _policy_versions(config.version_policy, sorted(found))}
         if not versions:
             raise ConfigError(f"model {name!r}: no version folder holds {shown(filename)} "
@@ -99,10 +111,27 @@ def stamp(folder: Path) -> tuple[tuple, dict[int, tuple]]:
                 continue
             into.append((str(relative / name), s.st_size, s.st_mtime_ns))
     try:
-        shared.append(hashlib.sha256((folder / "config.pbtxt").read_bytes()).hexdigest())
-    except OSError:
+        shared.append(hashlib.sha256(read_model_file(folder / "config.pbtxt",
+                                                     "")).hexdigest())
+    except ConfigError:  # missing or refused: the load says why
         pass
     return tuple(sorted(shared, key=str)), {v: tuple(sorted(f)) for v, f in versions.items()}
+
+
+def read_model_file(path: Path, where: str) -> bytes:
+    """A file of a model's folder, never read through a link and only if it is a plain file (a
+    FIFO would hang the load); ConfigError starts with `where` (the model and the field) and
+    never quotes the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        reason = (" is a symbolic link, which the daemon does not follow: put the file itself "
+                  "in the model's folder") if e.errno == errno.ELOOP else f": {e.strerror}"
+        raise ConfigError(f"{where} {path}{reason}") from None
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{where} {path} is not a plain file")
+        return file.read()
 
 
 def file_name(value: str, model: str, field: str, where: str) -> str:
@@ -124,11 +153,11 @@ def _labels(folder: Path, config: model_config_pb2.ModelConfig) -> dict[str, tup
         path = folder / file_name(output.label_filename, config.name, field,
                                   "the model's folder")
         try:
-            with open(path, encoding="utf-8") as file:
-                labels[output.name] = tuple(line.rstrip("\r\n") for line in file)
-        except (OSError, UnicodeDecodeError) as e:
+            text = read_model_file(path, f"model {config.name!r}: {field}").decode("utf-8")
+        except UnicodeDecodeError as e:
             raise ConfigError(f"model {config.name!r}: {field} {output.label_filename!r}: "
-                              f"{getattr(e, 'strerror', None) or e}") from e
+                              f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        labels[output.name] = tuple(line.rstrip("\r") for line in text.splitlines())
     return labels
 
 

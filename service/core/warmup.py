@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 from service import contract
 from service.core.buckets import Buckets
 from service.core.model import ModelSpec
-from service.core.repository import file_name
+from service.core.repository import file_name, read_model_file
 from service.core.types import Tensors
 from service.errors import ConfigError
 
@@ -81,10 +81,8 @@ def _configured(spec: ModelSpec, index: int, warmup: model_config_pb2.ModelWarmu
 def _from_file(where: str, name: str, path: Path, dims: tuple[int, ...], dtype: np.dtype,
                shape: tuple[int, ...]) -> np.ndarray:
     """One sample's raw bytes, repeated over the batch as Triton does."""
-    try:
-        sample = np.frombuffer(path.read_bytes(), dtype)
-    except OSError as e:
-        raise ConfigError(f"{where}: inputs[{name!r}].input_data_file: {e}") from e
+    sample = np.frombuffer(read_model_file(path, f"{where}: inputs[{name!r}].input_data_file"),
+                           dtype)
     if sample.size != int(np.prod(dims)):
         raise ConfigError(f"{where}: inputs[{name!r}].input_data_file {path.name!r} holds "
                           f"{sample.size} values; expected {int(np.prod(dims))} for dims "

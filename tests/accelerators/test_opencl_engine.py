@@ -3,6 +3,7 @@ device choice."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_dev
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
+from accelerators.safe_files import UnsafeFolderError
 from tests.accelerators.conftest import single_op
 
 
@@ -72,6 +74,27 @@ def test_program_binaries_are_cached_per_device_and_options(tmp_path, opencl_dev
     (next(tmp_path.glob("*.bin"))).write_bytes(b"garbage")  # a bad file is rebuilt
     for c in (ProgramCache(tmp_path), ProgramCache(tmp_path, options=other.options)):
         c.program(dev, {"gemm_tile"})
+
+
+@pytest.mark.parametrize("planted_by", ["others may write", "another user's"])
+def test_a_folder_another_user_could_plant_binaries_in_is_refused(tmp_path, opencl_device,
+                                                                  planted_by) -> None:
+    dev = open_device(opencl_device)
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    if planted_by == "others may write":
+        folder.chmod(0o777)
+    elif os.geteuid() == 0:
+        os.chown(folder, 65534, 65534)  # nobody's
+    else:
+        pytest.skip("needs root, to give the folder to another user")
+    fpga = OpenCLDevice("fpga0", "fpga", dev.device, dev.context, dev.queue)
+    for cache, device, name in ((ProgramCache(folder), dev, "HETSERVE_OPENCL_CACHE_DIR"),
+                                (ProgramCache(tmp_path / "cache", binary_dir=folder), fpga,
+                                 "HETSERVE_FPGA_BINARIES")):
+        with pytest.raises(UnsafeFolderError, match=rf"\${name}\) {folder}: {folder} belongs"):
+            cache.program(device, set())
+    assert not list(folder.iterdir())  # nothing was read or written there
 
 
 def test_the_engine_asks_for_the_kernels_of_one_sample_and_of_several(

@@ -4,6 +4,7 @@ first (a recording engine, computing with real ONNX Runtime, stands in for a GPU
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,8 +70,8 @@ def _repository(root: Path) -> Path:
                 {"devices": "recording:gpu0"}, instances=2)
     bad = root / "bad_buckets"
     (bad / "1").mkdir(parents=True)
-    (bad / "1" / "model.onnx").symlink_to(MODELS / MODEL / "1" / "model.onnx")
-    (bad / "labels.txt").symlink_to(MODELS / MODEL / "labels.txt")
+    shutil.copy(MODELS / MODEL / "1" / "model.onnx", bad / "1")
+    shutil.copy(MODELS / MODEL / "labels.txt", bad)
     (bad / "config.pbtxt").write_text(
         (root / MODEL / "config.pbtxt").read_text().replace(MODEL, "bad_buckets")
         .replace("preferred_batch_size: [1, 2, 4]", "preferred_batch_size: [4, 16]"))

@@ -3,6 +3,7 @@ config that cannot leave the model's folder."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from service.core.model import ModelSpec
 from service.core.repository import ModelRepository, check_model_name
+from service.core.warmup import warmup_batches
 from service.errors import ConfigError, ModelNotFoundError
 from tests.conftest import MODEL, MODELS, Daemon, image_input
 
@@ -116,3 +119,35 @@ def test_config_paths_leading_outside_a_model_fail_it_and_others_serve(tmp_path,
             "plain file name" in index["warmup_file"]["reason"]
     finally:
         assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("planted", ["labels.txt", "config.pbtxt", "1/model.onnx",
+                                     "warmup/sample"])
+def test_a_file_the_model_names_is_never_read_through_a_link(tmp_path, planted) -> None:
+    """A link to a file only the daemon's user may read: the load fails naming the file, and
+    the secret appears in no error (the index shows load errors to every caller)."""
+    secret = tmp_path / "secret"
+    secret.write_text("root:$6$hash\n" * 784)  # as many bytes as a 28x28 fp32 sample
+    (tmp_path / "repo").mkdir()
+    warmup = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "image" value: { '
+              'data_type: TYPE_FP32 dims: [ 1, 28, 28 ] input_data_file: "sample" } } } ]')
+    _copy_model(tmp_path / "repo", "m", [1], _config("m", warmup))
+    folder = tmp_path / "repo" / "m"
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "sample").write_bytes(bytes(784 * 4))
+    (folder / planted).unlink()
+    (folder / planted).symlink_to(secret)
+    with pytest.raises(ConfigError) as refused:
+        entry = ModelRepository(tmp_path / "repo").load("m")
+        warmup_batches(ModelSpec.from_config(entry.config, 1), None, folder)
+    message = str(refused.value)
+    assert planted.split("/")[-1] in message and "symbolic link" in message, message
+    assert "root:" not in message
+
+
+def test_a_label_file_that_is_a_fifo_is_refused_without_waiting(tmp_path) -> None:
+    _copy_model(tmp_path, "m", [1])
+    (tmp_path / "m" / "labels.txt").unlink()
+    os.mkfifo(tmp_path / "m" / "labels.txt")
+    with pytest.raises(ConfigError, match="labels.txt is not a plain file"):
+        ModelRepository(tmp_path).load("m")

@@ -53,7 +53,7 @@ def test_model_warmup_is_honoured_as_written(tmp_path) -> None:
     (_warmup("data_type: TYPE_FP32 dims: [1, 2, 2] zero_data: true", batch_size=9),
      "batch_size 9 is outside 1 to max_batch_size 8"),
     (_warmup('data_type: TYPE_FP32 dims: [1, 2, 2] input_data_file: "absent"'),
-     r"input_data_file: .*No such file"),
+     r"input_data_file .*: No such file"),
 ])
 def test_a_warmup_that_does_not_fit_the_model_is_refused(tmp_path, warmup, message) -> None:
     with pytest.raises(ConfigError, match=message):
