@@ -21,6 +21,7 @@ import os
 import pwd
 import re
 import stat
+import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +216,7 @@ class SharedMemoryRegions:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInputError(f"key: {key!r} is not a shared memory object")
-            if not _may(info, caller, _READ):
+            if not _may(fd, info, caller, _READ):
                 raise PermissionDeniedError(
                     f"key: shared memory {key!r} (uid {info.st_uid}, gid {info.st_gid}, mode "
                     f"{stat.S_IMODE(info.st_mode):04o}) cannot be read by uid {caller.uid}; the "
@@ -227,7 +228,7 @@ class SharedMemoryRegions:
             os.close(fd)
             raise
         return Region(name, key, offset, byte_size, caller, _Descriptor(fd),
-                      daemon_writes and _may(info, caller, _WRITE))
+                      daemon_writes and _may(fd, info, caller, _WRITE))
 
     def add(self, region: Region) -> None:
         if region.name in self._regions:
@@ -305,15 +306,46 @@ class SharedMemoryRegions:
 
 
 _READ, _WRITE = 4, 2  # permission bits of the class that applies (owner, group, others)
+# POSIX ACL entry tags (linux/posix_acl.h), as the system.posix_acl_access attribute stores them
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_ACL_ENTRY = struct.Struct("<HHI")  # tag, permissions, uid or gid
 
 
-def _may(info: os.stat_result, caller: Caller, access: int) -> bool:
-    """Whether `caller` may open the object `info` describes for `access`, as the kernel would
-    judge by its mode (root may always)."""
+def _may(fd: int, info: os.stat_result, caller: Caller, access: int) -> bool:
+    """Whether `caller` may open the object (`fd`, `info`) for `access`, as the kernel judges
+    it: by its access ACL where it has one (a named user's or group's entry, within the
+    mask, may deny what the mode bits seem to allow), else by its mode; root may always."""
     if caller.uid == 0:
         return True
-    shift = 6 if caller.uid == info.st_uid else 3 if info.st_gid in caller.gids else 0
-    return (info.st_mode >> shift) & access == access
+    entries = _acl(fd)
+    if entries is None:
+        shift = 6 if caller.uid == info.st_uid else 3 if info.st_gid in caller.gids else 0
+        return (info.st_mode >> shift) & access == access
+
+    def allows(perm: int) -> bool:
+        return perm & access == access
+    by_tag: dict[int, int] = {tag: perm for tag, perm, _ in entries}
+    if caller.uid == info.st_uid:
+        return allows(by_tag.get(_USER_OBJ, 0))
+    mask = by_tag.get(_MASK, 7)
+    for tag, perm, who in entries:
+        if tag == _USER and who == caller.uid:
+            return allows(perm & mask)
+    groups = [perm for tag, perm, who in entries
+              if (tag == _GROUP_OBJ and info.st_gid in caller.gids)
+              or (tag == _GROUP and who in caller.gids)]
+    if groups:  # a group entry matches: the others' entry no longer applies
+        return any(allows(perm & mask) for perm in groups)
+    return allows(by_tag.get(_OTHER, 0))
+
+
+def _acl(fd: int) -> list[tuple[int, int, int]] | None:
+    """The object's access ACL entries, None where it has none beyond its mode."""
+    try:
+        raw = os.getxattr(fd, "system.posix_acl_access")
+    except OSError:  # ENODATA: none; ENOTSUP: a file system without ACLs
+        return None
+    return [_ACL_ENTRY.unpack_from(raw, at) for at in range(4, len(raw), _ACL_ENTRY.size)]
 
 
 def _open(key: str, path: Path) -> tuple[int, bool]:

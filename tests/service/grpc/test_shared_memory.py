@@ -5,6 +5,7 @@ only with the daemon's token: tests/service/grpc/test_hostile_clients.py)."""
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.errors import PermissionDeniedError
 from service.grpc.door import Peer
-from service.grpc.shared_memory import SHM_ROOT, Caller, caller
+from service.grpc.shared_memory import SHM_ROOT, Caller, Limits, SharedMemoryRegions, caller
 from tests.conftest import MODEL
 from tests.service.conftest import assert_served
 
@@ -126,3 +127,35 @@ def test_shared_memory_callers_are_socket_uids_or_the_token_s_holders_as_allowed
         caller(Peer("tcp", "10.1.2.3"), token=True, token_uid=0)
     with pytest.raises(PermissionDeniedError, match="connection has closed"):
         caller(None, token=True, token_uid=0)
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, permissions, id) entries."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_an_acl_that_denies_a_user_is_the_kernels_answer() -> None:
+    """The object's mode lets every user read and write it; its ACL names uid 65534 with no
+    rights, so the kernel refuses that user, and so does the daemon; another user may."""
+    key = f"/hetserve-test-acl-{os.getpid()}"
+    path = SHM_ROOT / key[1:]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+        os.ftruncate(fd, 64)
+        undefined = 0xFFFFFFFF
+        try:
+            os.setxattr(fd, "system.posix_acl_access", _acl(
+                (0x01, 6, undefined), (0x02, 0, 65534), (0x04, 6, undefined),
+                (0x10, 6, undefined), (0x20, 6, undefined)))
+        except OSError as e:
+            pytest.skip(f"/dev/shm takes no POSIX ACL here: {e.strerror}")
+        regions = SharedMemoryRegions(Limits(8, 8))
+        denied = Caller("uid 65534", 65534, (65534,))
+        with pytest.raises(PermissionDeniedError, match="cannot be read by uid 65534"):
+            regions.open("r", key, 0, 64, denied)
+        allowed = regions.open("r", key, 0, 64, Caller("uid 1000", 1000, (1000,)))
+        assert allowed.writable
+    finally:
+        os.close(fd)
+        os.unlink(path)
