@@ -19,6 +19,7 @@ from service.errors import InvalidInputError, shown
 from service.grpc.codec import SHM_KEYS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
@@ -52,20 +53,20 @@ def infer_request(body: bytes, header_length: str | None, model: str,
     document = parse_json(header, "the request body")
     request = pb.ModelInferRequest(model_name=model, model_version=version,
                                    id=_text(document.get("id", ""), "id"))
-    parameters = _object(document.get("parameters", {}), "parameters")
+    parameters = object_field(document.get("parameters", {}), "parameters")
     binary_outputs: set[str] | None = (None if parameters.get("binary_data_output") is True
                                        else set())
     _set_parameters(request.parameters, parameters, "parameters")
     at = 0
     for i, tensor in enumerate(_list(document.get("inputs"), "inputs")):
-        at += _input(request, _object(tensor, f"inputs[{i}]"), i, binary[at:])
+        at += _input(request, object_field(tensor, f"inputs[{i}]"), i, binary[at:])
     if at != len(binary):
         raise InvalidInputError(f"body: {len(binary) - at} bytes after the inputs' binary data "
                                 "are left over")
     for i, output in enumerate(_list(document.get("outputs", []), "outputs")):
-        output = _object(output, f"outputs[{i}]")
+        output = object_field(output, f"outputs[{i}]")
         name = _text(output.get("name"), f"outputs[{i}].name")
-        wanted = _object(output.get("parameters", {}), f"outputs[{i}].parameters")
+        wanted = object_field(output.get("parameters", {}), f"outputs[{i}].parameters")
         if binary_outputs is not None and wanted.get("binary_data") is True:
             binary_outputs.add(name)
         _set_parameters(request.outputs.add(name=name).parameters, wanted,
@@ -79,10 +80,11 @@ def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memo
     name = _text(tensor.get("name"), f"{where}.name")
     datatype = _text(tensor.get("datatype"), f"{where}.datatype")
     shape = _list(tensor.get("shape"), f"{where}.shape")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _INT64[1]
+               for d in shape):
         raise InvalidInputError(f"{where}.shape: {shown(shape)} received, expected "
-                                "non-negative integers")
-    parameters = _object(tensor.get("parameters", {}), f"{where}.parameters")
+                                f"non-negative integers up to {_INT64[1]}")
+    parameters = object_field(tensor.get("parameters", {}), f"{where}.parameters")
     _set_parameters(request.inputs.add(name=name, datatype=datatype, shape=shape).parameters,
                     parameters, f"{where}.parameters")
     size = parameters.get("binary_data_size")
@@ -156,6 +158,9 @@ def _set_parameters(into, given: dict, where: str) -> None:
         if isinstance(value, bool):
             into[key].bool_param = value
         elif isinstance(value, int):
+            if not _INT64[0] <= value <= _INT64[1]:
+                raise InvalidInputError(f"{where}.{key}: {shown(value)} received, expected an "
+                                        f"integer from {_INT64[0]} to {_INT64[1]}")
             into[key].int64_param = value
         elif isinstance(value, float):
             into[key].double_param = value
@@ -195,7 +200,7 @@ def _json_value(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-def _object(value: Any, where: str) -> dict:
+def object_field(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise InvalidInputError(f"{where}: a JSON object expected, {shown(value)} received")
     return value

@@ -163,7 +163,7 @@ class HttpFront:
     async def _load(self, request: web.Request) -> web.Response:
         body = codec.parse_json(await request.read(), "the request body")
         message = pb.RepositoryModelLoadRequest(model_name=request.match_info["model"])
-        for key, value in body.get("parameters", {}).items():
+        for key, value in codec.object_field(body.get("parameters", {}), "parameters").items():
             message.parameters[key].string_param = str(value)
         await self._servicer.RepositoryModelLoad(message, _Call(request))
         return web.Response(status=200)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
 
+from service import daemon_log
 from service.clients.tune.command import add_arguments as add_tune_arguments
 from service.ops.fpga_command import add_arguments as add_fpga_arguments
 from service.ops.fpga_command import run as run_fpga
@@ -202,8 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"hetserve serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    daemon_log.configure(settings.log_level)
     try:
         asyncio.run(serve(settings))
     except StartupError as e:

@@ -20,6 +20,7 @@ import sys
 
 from tritonclient.grpc import service_pb2 as pb
 
+from service import daemon_log
 from service.contract import worker_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
@@ -136,8 +137,7 @@ def main(argv: list[str]) -> int:
     if settings.unix_socket:
         settings = dataclasses.replace(settings,
                                        unix_socket=worker_socket(settings.unix_socket, index))
-    logging.basicConfig(level=settings.log_level.upper(), format=(
-        f"%(asctime)s %(levelname)s front-end {index} %(name)s: %(message)s"))
+    daemon_log.configure(settings.log_level, f"front-end {index}")
     arena = Arena(arena_fd, arena_bytes)
     os.close(arena_fd)
     try:

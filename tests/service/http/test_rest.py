@@ -110,6 +110,21 @@ def test_plain_json_as_curl_sends_it(rest, holdout) -> None:
      400, "shared memory is not offered over REST"),
     ("/v2/models/no-such-model/infer", b'{"inputs": []}', 404, "no such model"),
     ("/v2/nowhere", b"", 404, "Not Found"),
+    # Integers beyond the protocol's 64 bits, wrong JSON types: each a 400 naming the field.
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [{
+        "name": "image", "shape": [2 ** 64, 1, 28, 28], "datatype": "FP32", "data": [1.0]}]}
+     ).encode(), 400, "inputs[0].shape: [18446744073709551616, 1, 28, 28] received"),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"parameters": {"priority": 2 ** 70}, "inputs": []}
+                                             ).encode(), 400, "parameters.priority: "),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [], "outputs": [{
+        "name": "logits", "parameters": {"classification": -2 ** 64}}]}).encode(), 400,
+     "outputs[0].parameters.classification: "),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [{
+        "name": "image", "shape": [1], "datatype": "FP32", "data": [1.0],
+        "parameters": {"binary_data_size": 2 ** 80}}]}).encode(), 400,
+     "inputs[0].parameters.binary_data_size: "),
+    (f"/v2/repository/models/{MODEL}/load", b'{"parameters": [1, 2]}', 400,
+     "parameters: a JSON object expected"),
 ])
 def test_errors_are_json_with_their_http_status(rest, path, body, status, message) -> None:
     got, _, reply = _post(rest.http, path, body)
@@ -167,3 +182,20 @@ def test_the_token_guards_all_but_health_and_the_admin_token_loads(tmp_path, hol
         assert plain.is_model_ready(MODEL, headers=user)
     finally:
         assert d.stop() == 0
+
+
+def test_malformed_http_is_answered_and_logged_in_a_few_lines_without_tracebacks(rest) -> None:
+    log = rest.process.log_path
+    before = log.stat().st_size
+    host, port = rest.http.split(":")
+    answers = []
+    for i in range(60):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -%d\r\n\r\n" % i)
+            answers.append(sock.recv(100))
+    time.sleep(0.5)
+    written = log.read_bytes()[before:].decode(errors="replace")
+    assert all(a.split(b" ")[1] == b"400" for a in answers), answers[:3]
+    assert "Traceback" not in written
+    # At most 10 lines per 10 s, per process.
+    assert written.count("\n") <= 10 * rest.workers, written

@@ -1,0 +1,51 @@
+"""The daemon's log, the same in each of its processes: one format, and errors a client causes
+(a malformed HTTP request, which aiohttp logs with a traceback) cut to one warning line each, at
+most a few per window, so that bad requests cannot flood the log or fill its disk."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+_CLIENT_ERRORS = ("aiohttp.server",)  # loggers whose errors are a client's malformed request
+
+
+class ClientErrors(logging.Filter):
+    """One line per record, no traceback, at most `burst` lines per `window_s`; the first line
+    after a window that dropped some says how many."""
+
+    def __init__(self, burst: int = 10, window_s: float = 10.0) -> None:
+        super().__init__()
+        self._burst, self._window_s = burst, window_s
+        self._window_start = float("-inf")
+        self._lines = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._window_start >= self._window_s:
+            self._window_start, self._lines = now, 0
+        if self._lines >= self._burst:
+            self._dropped += 1
+            return False
+        self._lines += 1
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            detail = " ".join(str(error).split())[:200]
+            message = f"{message}: {type(error).__name__}: {detail}"
+        if self._dropped:
+            message += f" ({self._dropped} more such lines were not logged)"
+            self._dropped = 0
+        record.msg, record.args = message, None
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def configure(level: str, process: str = "") -> None:
+    """This process's log at `level`; `process` names it among the daemon's processes."""
+    logging.basicConfig(level=level.upper(), format=(
+        f"%(asctime)s %(levelname)s {process + ' ' if process else ''}%(name)s: %(message)s"))
+    for name in _CLIENT_ERRORS:
+        logging.getLogger(name).addFilter(ClientErrors())
