@@ -20,7 +20,7 @@ PLACES = [("image", "<f4", (1, 1, 28, 28), 4096, 3136)]
 
 
 def typed() -> None:
-    data = _encode(msg.Infer(12345, "mnist_cnn", 1, 1, 1, PLACES, 0, 0, None))
+    data = _encode(msg.Infer(12345, "mnist_cnn", 1, 1, 1, PLACES, 0, 0, None, "uid 1000", False))
     _decode(data)
 
 

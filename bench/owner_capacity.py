@@ -53,7 +53,8 @@ async def _frontend(channel_fd: int, arena_fd: int, in_flight: int) -> None:
     ready = asyncio.get_running_loop().create_future()
 
     def infer() -> None:
-        channel.send(msg.Infer(next(ids), MODEL, 1, ready.result(), 1, place, 0, 0, None))
+        channel.send(msg.Infer(next(ids), MODEL, 1, ready.result(), 1, place, 0, 0, None, "",
+                               False))
 
     def on_message(message: msg.ToFrontend, _: memoryview) -> None:
         match message:

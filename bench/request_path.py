@@ -35,6 +35,7 @@ from service.core.registry import ModelRegistry
 from service.grpc.door import Peers
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.uploads import UploadBudget
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,24 @@ async def serving(models: Path) -> AsyncIterator[InferenceServicer]:
     """A servicer on `models`, as the daemon builds it, without gRPC around it."""
     async with data_plane(models) as (plane, metrics, settings):
         yield InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
-                                Peers(), settings, ModelControl(plane.models, settings))
+                                Peers(UploadBudget.from_settings(settings)), settings,
+                                ModelControl(plane.models, settings))
+
+
+class _NoCall:
+    """What the servicer reads of a gRPC call, for a request that comes through no door: no
+    deadline, no caller."""
+
+    @staticmethod
+    def time_remaining() -> None:
+        return None
+
+    @staticmethod
+    def peer() -> str:
+        return ""
+
+
+_NO_CALL = _NoCall()
 
 
 async def measure(models: Path, concurrency: int, seconds: float, image: np.ndarray) -> dict:
@@ -77,7 +95,7 @@ async def measure(models: Path, concurrency: int, seconds: float, image: np.ndar
         async def client(end: float) -> None:
             nonlocal done
             while time.perf_counter() < end:
-                await servicer._infer(request, None, None)
+                await servicer._infer(request, _NO_CALL, None)
                 done += 1
         await asyncio.gather(*[client(time.perf_counter() + 1.0) for _ in range(concurrency)])
         done, cpu, wall = 0, time.process_time(), time.perf_counter()
@@ -99,7 +117,7 @@ async def lone(models: Path, seconds: float, image: np.ndarray) -> dict:
                 if kind == "cold":
                     evict += 1
                 start = time.perf_counter()
-                await servicer._infer(request, None, None)
+                await servicer._infer(request, _NO_CALL, None)
                 runs.append(time.perf_counter() - start)
                 await asyncio.sleep(_APART_S)
         queue = servicer._plane.statistics("", "")[0].stats.queue

@@ -124,6 +124,18 @@ class Settings:
         default=1000, metadata={"doc": "streams a plaintext connection may reset beyond those "
                                        "the daemon completed on it; beyond them it gets GOAWAY "
                                        "and is closed (HTTP/2 rapid reset)"})
+    max_upload_bytes_per_caller: int = field(
+        default=64 << 20, metadata={"doc": "bytes of request bodies still arriving that one "
+                                           "caller (a uid on the socket or over loopback TCP, "
+                                           "else an address) may have the daemon hold, per "
+                                           "process; beyond them its connection is ended "
+                                           "(GOAWAY on gRPC, 429 on REST) naming the flag"})
+    max_buffered_bytes: int = field(
+        default=256 << 20, metadata={"doc": "the same for every caller together, per process"})
+    upload_timeout_s: float = field(
+        default=30.0, metadata={"doc": "a request body still arriving after this long ends its "
+                                       "connection (GOAWAY on gRPC, 408 on REST) naming the "
+                                       "flag; 0: no limit"})
     connection_idle_s: float = field(
         default=300.0, metadata={"doc": "a connection with no call in progress for this long is "
                                         "closed (GOAWAY; clients reconnect when they next call)"})

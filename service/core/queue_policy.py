@@ -36,11 +36,15 @@ class QueuePolicy:
 class RequestOptions:
     """What a request asks for: tritonclient sends `priority` (1 is the highest, 0 the model's
     default) and `timeout` in µs as request parameters; `deadline` is the gRPC deadline as a
-    `time.monotonic()` instant."""
+    `time.monotonic()` instant. `caller` is whose queue places it takes (a uid, the token's
+    holders, a remote address; "" where none is known), `anonymous` true for an
+    unauthenticated TCP caller."""
 
     priority: int = 0
     timeout_us: int = 0
     deadline: float | None = None
+    caller: str = ""
+    anonymous: bool = False
 
 
 DEFAULT_OPTIONS = RequestOptions()

@@ -19,11 +19,13 @@ to idle devices and runs so is answered in the call that queues it.
 
 Requests whose gRPC deadline or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the
 moment it passes and never reach a device; DELAY requests move behind every other request;
-cancelled ones are dropped. A full level refuses at once. Requests that carry several samples
-are packed whole and their outputs split back in order, each with its rows' part of the batch's
-cost. Over the node's power budget (service/core/power_budget.py) priority levels are held back,
-lowest first: their requests wait, within their deadlines, except those already behind the
-others (DELAY).
+cancelled ones are dropped. A full level refuses at once, and so does a level where one caller
+(a uid, the token's holders, an address), or every unauthenticated TCP caller together, would
+hold more than three quarters of its places while holding some already: the others find room.
+Requests that carry several samples are packed whole and their outputs split back in order,
+each with its rows' part of the batch's cost. Over the node's power budget
+(service/core/power_budget.py) priority levels are held back, lowest first: their requests
+wait, within their deadlines, except those already behind the others (DELAY).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -59,6 +61,9 @@ _TOGETHER_S = 100e-6
 # latest waits during which the batch grew (a moving average, the newest weighing 1/8). Below a
 # quarter the window is skipped (one client on a slow device: its next request never has
 # company), but every 8th request still waits, to notice when company comes back.
+# The part of a level's places kept from one caller, or from every unauthenticated TCP caller
+# together, beyond a first request: others find room (a queue of 3 keeps none).
+_RESERVE = 1 / 4
 _PAID_WEIGHT = 1 / 8
 _PAID_MIN = 0.25
 _PROBE_EVERY = 8
@@ -116,6 +121,8 @@ class _Pending:
     future: asyncio.Future
     enqueued: float  # loop.time(), which is time.monotonic()
     expires: float | None  # REJECT: answered DEADLINE_EXCEEDED from then on
+    caller: str  # whose places it holds (RequestOptions)
+    anonymous: bool
     delay_after: float | None  # DELAY: moves behind every other request from then on
     timer: asyncio.TimerHandle | None = None
     taken: bool = False  # left the queue: claimed by a batch, answered, or cancelled
@@ -140,6 +147,8 @@ class Scheduler:
         self._delayed: deque[_Pending] = deque()
         self._queued = [0] * len(policy.levels)  # samples waiting per level
         self._queued_delayed = [0] * len(policy.levels)  # of them, behind the others
+        self._held: list[Counter[str]] = [Counter() for _ in policy.levels]  # by caller
+        self._held_anonymous = [0] * len(policy.levels)  # by unauthenticated TCP callers
         self._budget = budget
         if budget is not None:
             budget.subscribe(self._arrived_now)
@@ -175,6 +184,7 @@ class Scheduler:
             raise QueueFullError(
                 f"model {self.model!r}: priority level {level + 1} queue holds "
                 f"{self._queued[level]} samples and max_queue_size is {limit}; retry later")
+        self._check_share(level, size, options)
         now = self._loop.time()
         timeout_s = self.policy.timeout_s(level, options.timeout_us)
         reject = self.policy.levels[level].reject_on_timeout
@@ -183,7 +193,7 @@ class Scheduler:
         if reject and queue_until is not None and (expires is None or queue_until < expires):
             expires = queue_until
         pending = _Pending(inputs, size, level, self._loop.create_future(), now, expires,
-                           None if reject else queue_until)
+                           options.caller, options.anonymous, None if reject else queue_until)
         alone = alone and \
             now - self._last_arrival >= max(self.policy.max_queue_delay_s, _TOGETHER_S)
         self._last_arrival = now
@@ -194,9 +204,31 @@ class Scheduler:
         pending.future.add_done_callback(lambda _: self._leave(pending))
         self._levels[level].append(pending)
         self._queued[level] += size
+        self._held[level][pending.caller] += size
+        self._held_anonymous[level] += size if pending.anonymous else 0
         if self._takeable() >= self._wanted:
             self._arrived.set()
         return pending.future
+
+    def _check_share(self, level: int, size: int, options: RequestOptions) -> None:
+        """QueueFullError where the caller, or every unauthenticated TCP caller together, would
+        hold more than its share of the level (a caller's first request always fits)."""
+        if not options.caller:
+            return
+        limit = self.policy.levels[level].max_queue_size
+        share = limit - int(limit * _RESERVE)
+        held = self._held[level][options.caller]
+        if held and held + size > share:
+            raise QueueFullError(
+                f"model {self.model!r}: this caller ({options.caller}) holds {held} samples of "
+                f"priority level {level + 1}'s queue, its share ({share} of max_queue_size "
+                f"{limit}, so that other callers find room); retry later")
+        together = self._held_anonymous[level]
+        if options.anonymous and together and together + size > share:
+            raise QueueFullError(
+                f"model {self.model!r}: callers over TCP without a token hold {together} "
+                f"samples of priority level {level + 1}'s queue, their share together "
+                f"({share}; a token, or the unix socket, has places of its own); retry later")
 
     def _runs_now(self, pending: _Pending) -> bool:
         """Runs a request that came alone (none other within the window) at once, in this call,
@@ -272,6 +304,11 @@ class Scheduler:
         if not pending.taken:
             pending.taken = True
             self._queued[pending.level] -= pending.size
+            held = self._held[pending.level]
+            held[pending.caller] -= pending.size
+            if not held[pending.caller]:
+                del held[pending.caller]
+            self._held_anonymous[pending.level] -= pending.size if pending.anonymous else 0
             if pending.delayed:
                 self._queued_delayed[pending.level] -= pending.size
             if self._emptied is not None and not self.queued():

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2
 
 from service import contract
 from service.core.model import ModelSpec
-from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
+from service.core.queue_policy import RequestOptions
 from service.core.statistics import Duration, ModelStatistics
 from service.core.types import Answer
 from service.errors import InvalidInputError, shown
@@ -25,6 +25,8 @@ M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
 _MAX_TENSOR_BYTES = 1 << 40
 # The tensor parameters that place it in shared memory (what REST refuses, too).
+# Typed contents are converted value by value on the event loop: 65,536 take about 4 ms.
+MAX_TYPED_VALUES = 1 << 16
 SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
@@ -96,6 +98,11 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
             arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view of the bytes
         else:
             values = getattr(t.contents, contract.CONTENTS_FIELD.get(t.datatype, ""), ())
+            if len(values) > MAX_TYPED_VALUES:  # refused before any value is converted
+                raise InvalidInputError(
+                    f"{field}: {len(values)} values in contents received; typed contents are "
+                    f"taken up to {MAX_TYPED_VALUES} values (decoding more would stall other "
+                    "callers): send larger tensors as raw_input_contents or shared memory")
             if len(values) != count:
                 raise InvalidInputError(
                     f"{field}: {len(values)} values in contents received, {count} "
@@ -206,16 +213,17 @@ def _natural(parameters, key: str, prefix: str) -> int | None:
     return getattr(param, kind)
 
 
-def request_options(request: service_pb2.ModelInferRequest,
-                    time_remaining_s: float | None) -> RequestOptions:
-    """Priority and queue timeout (µs) as tritonclient sends them, and the gRPC deadline."""
+def request_options(request: service_pb2.ModelInferRequest, time_remaining_s: float | None,
+                    caller: str = "", anonymous: bool = False) -> RequestOptions:
+    """Priority and queue timeout (µs) as tritonclient sends them, the gRPC deadline, and whose
+    queue places the request takes (RequestOptions)."""
     # grpc reports no deadline as None or as a practically infinite time
     deadline = time.monotonic() + time_remaining_s \
         if time_remaining_s is not None and time_remaining_s < 1e7 else None
-    if not request.parameters and deadline is None:
-        return DEFAULT_OPTIONS
+    if not request.parameters:
+        return RequestOptions(deadline=deadline, caller=caller, anonymous=anonymous)
     priority, timeout = (_natural(request.parameters, key, "") for key in ("priority", "timeout"))
-    return RequestOptions(priority=priority or 0, timeout_us=timeout or 0, deadline=deadline)
+    return RequestOptions(priority or 0, timeout or 0, deadline, caller, anonymous)
 
 
 def statistics(name: str, version: int, stats: ModelStatistics) -> service_pb2.ModelStatistics:

@@ -28,6 +28,7 @@ import shutil
 import socket
 import struct
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ import h2.events
 import h2.exceptions
 
 from service.grpc.auth import is_loopback
-from service.grpc.resets import ResetWatch
+from service.grpc.resets import DATA, END_STREAM, HEADERS, RST_STREAM, ResetWatch
 from service.grpc.socket_owner import loopback_uid
+from service.grpc.uploads import UploadBudget
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,12 @@ class Bounds:
 
 
 class Peers:
-    """The live connections of this process's doors, by the abstract address gRPC reports."""
+    """The live connections of this process's doors, by the abstract address gRPC reports, and
+    the budget of the request bodies still arriving on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, uploads: UploadBudget) -> None:
         self._by_address: dict[str, Peer] = {}
+        self.uploads = uploads
 
     def identify(self, grpc_peer: str) -> Peer | None:
         """The peer of a call (`context.peer()`); None for one that did not come through a door
@@ -112,7 +116,9 @@ class Door:
         self.http2 = http2  # gRPC's; else HTTP/1.1 (the REST front)
         self._open: Counter[str] = Counter()  # by peer
         self._total = 0
+        self._connections: set[_Connection] = set()  # admitted and open
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task | None = None
 
     @property
     def backlog(self) -> int:
@@ -124,16 +130,36 @@ class Door:
     async def open_unix(self, path: Path) -> None:
         self._server = await asyncio.get_running_loop().create_unix_server(
             lambda: _Connection(self), str(path), backlog=self.backlog)
+        self._start_sweeping()
 
     async def open_tcp(self, host: str, port: int, reuse_port: bool) -> None:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Connection(self), host, port, reuse_port=reuse_port or None,
             backlog=self.backlog)
+        self._start_sweeping()
+
+    def _start_sweeping(self) -> None:
+        timeout_s = self._peers.uploads.timeout_s
+        if self.http2 and not self.tls and timeout_s:
+            self._sweeper = asyncio.create_task(self._sweep(timeout_s), name="door-uploads")
+
+    async def _sweep(self, timeout_s: float) -> None:
+        """Ends the connections whose oldest body still arriving began `timeout_s` ago."""
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            late = time.monotonic() - timeout_s
+            for connection in list(self._connections):
+                since = connection.arriving_since()
+                if since is not None and since < late:
+                    connection.go_away(f"a request body was still arriving after {timeout_s:g} "
+                                       "s (--upload-timeout-s)")
 
     def close(self) -> None:
         """Accepts no more connections; those open stay until gRPC closes them."""
         if self._server is not None:
             self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
 
     def _admit(self, sock: socket.socket) -> tuple[Peer | None, str]:
         """Who `sock` is, or why it is refused."""
@@ -158,7 +184,8 @@ class Door:
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         return Peer("unix", f"uid {uid}", uid, tuple(sorted({gid, *_peer_groups(sock)})))
 
-    def _closed(self, peer: Peer) -> None:
+    def _closed(self, peer: Peer, connection: _Connection) -> None:
+        self._connections.discard(connection)
         self._total -= 1
         self._open[peer.key] -= 1
         if not self._open[peer.key]:
@@ -190,6 +217,8 @@ class _Connection(asyncio.Protocol):
         self._name = ""
         # Plaintext HTTP/2 only: TLS passes through undecrypted.
         self.resets = ResetWatch(door.bounds.resets) if door.http2 and not door.tls else None
+        self._arriving: dict[int, int] = {}  # stream -> its request's bytes so far
+        self._arriving_since: dict[int, float] = {}  # stream -> when they began
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -208,6 +237,7 @@ class _Connection(asyncio.Protocol):
                     transport, refusal))
             return
         self._name = self._door._peers._add(self._peer)
+        self._door._connections.add(self)
         transport.pause_reading()  # until the upstream connection is there
         asyncio.get_running_loop().create_task(self._connect())
 
@@ -235,19 +265,43 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self._upstream is not None
-        if self.resets is not None and self.resets.from_client(data):
-            self._go_away()
-            return
+        if self.resets is not None:
+            frames = self.resets.from_client(data)
+            refusal = self.resets.reset_refusal() if self.resets.over else self._uploads(frames)
+            if refusal:
+                self.go_away(refusal)
+                return
         self._upstream.write(data)
 
-    def _go_away(self) -> None:
-        """Rapid reset: no more of this client's frames reach gRPC, and it gets GOAWAY."""
+    def _uploads(self, frames: list[tuple[int, int, int, int]]) -> str:
+        """Charges the request bodies still arriving on this connection (DATA of streams the
+        client has not ended) to its caller's budget; the refusal where one is over."""
+        assert self._peer is not None
+        budget = self._door._peers.uploads
+        for kind, flags, stream, length in frames:
+            if kind == DATA and length:
+                refusal = budget.charge(self._peer.key, length)
+                if refusal:
+                    return refusal
+                self._arriving[stream] = self._arriving.get(stream, 0) + length
+                self._arriving_since.setdefault(stream, time.monotonic())
+            if kind in (DATA, HEADERS) and flags & END_STREAM or kind == RST_STREAM:
+                budget.release(self._peer.key, self._arriving.pop(stream, 0))
+                self._arriving_since.pop(stream, None)
+        return ""
+
+    def arriving_since(self) -> float | None:
+        """time.monotonic() when the oldest body still arriving began; None without one."""
+        return min(self._arriving_since.values(), default=None)
+
+    def go_away(self, reason: str) -> None:
+        """No more of this client's frames reach gRPC, and it gets GOAWAY saying why (rapid
+        reset, a body over its budget or too slow)."""
         assert self._client is not None and self._upstream is not None and self.resets
-        log.warning("connection from %s closed: %d streams reset against %d completed "
-                    "(--max-stream-resets)", self._peer.address if self._peer else "?",
-                    self.resets.resets, self.resets.completed)
+        log.warning("connection from %s closed: %s", self._peer.key if self._peer else "?",
+                    reason)
         self._upstream.close()
-        frame = self.resets.goaway()
+        frame = self.resets.goaway(reason)
         if frame is not None:
             self._client.write(frame)
         self._client.close()
@@ -266,8 +320,11 @@ class _Connection(asyncio.Protocol):
             return
         if self._upstream is not None:
             self._upstream.close()
+        self._door._peers.uploads.release(self._peer.key, sum(self._arriving.values()))
+        self._arriving.clear()
+        self._arriving_since.clear()
         self._door._peers._remove(self._name)
-        self._door._closed(self._peer)
+        self._door._closed(self._peer, self)
         self._peer = None
 
     def upstream_lost(self) -> None:

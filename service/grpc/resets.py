@@ -20,8 +20,8 @@ ENHANCE_YOUR_CALM = 0xB
 
 
 class FrameWalk:
-    """One direction of a connection, frame by frame: the type, flags and stream of each frame
-    header as it completes, whatever the chunks it arrives in."""
+    """One direction of a connection, frame by frame: the type, flags, stream and payload
+    length of each frame header as it completes, whatever the chunks it arrives in."""
 
     def __init__(self, skip: int = 0) -> None:
         self._skip = skip  # bytes of a payload (or the preface) still to pass
@@ -31,7 +31,7 @@ class FrameWalk:
     def between_frames(self) -> bool:
         return not self._skip and not self._partial
 
-    def frames(self, data: bytes) -> list[tuple[int, int, int]]:
+    def frames(self, data: bytes) -> list[tuple[int, int, int, int]]:
         found = []
         at, end = 0, len(data)
         while at < end:
@@ -48,7 +48,7 @@ class FrameWalk:
                 break
             length, kind, flags, stream = struct.unpack(">I", b"\0" + header[:3])[0], \
                 header[3], header[4], struct.unpack(">I", header[5:])[0] & 0x7FFFFFFF
-            found.append((kind, flags, stream))
+            found.append((kind, flags, stream, length))
             self._skip = length
         return found
 
@@ -62,27 +62,36 @@ class ResetWatch:
         self._client, self._server = FrameWalk(skip=_PREFACE), FrameWalk()
         self.resets = self.completed = self.last_stream = 0
 
-    def from_client(self, data: bytes) -> bool:
-        """Counts what the client sends; true once it is over the allowance."""
-        for kind, _, stream in self._client.frames(data):
+    def from_client(self, data: bytes) -> list[tuple[int, int, int, int]]:
+        """Counts what the client sends; its frames (type, flags, stream, length)."""
+        frames = self._client.frames(data)
+        for kind, _, stream, _ in frames:
             if kind == RST_STREAM:
                 self.resets += 1
             elif kind == HEADERS:
                 self.last_stream = max(self.last_stream, stream)
+        return frames
+
+    @property
+    def over(self) -> bool:
+        """Whether the client has reset more streams than its allowance."""
         return self.resets > self.completed + self._allowance
 
     def from_server(self, data: bytes) -> None:
-        for kind, flags, _ in self._server.frames(data):
+        for kind, flags, _, _ in self._server.frames(data):
             if kind in (DATA, HEADERS) and flags & END_STREAM:
                 self.completed += 1
 
-    def goaway(self) -> bytes | None:
-        """The GOAWAY frame to end the connection with; None while a server frame is half
-        sent (the connection is then just closed)."""
+    def reset_refusal(self) -> str:
+        return (f"{self.resets} streams reset against {self.completed} completed, more than "
+                f"--max-stream-resets {self._allowance} ahead")
+
+    def goaway(self, reason: str) -> bytes | None:
+        """The GOAWAY frame to end the connection with, `reason` its debug data; None while a
+        server frame is half sent (the connection is then just closed)."""
         if not self._server.between_frames:
             return None
-        debug = (f"{self.resets} streams reset against {self.completed} completed, more than "
-                 f"--max-stream-resets {self._allowance} ahead").encode()
+        debug = reason.encode()
         payload = struct.pack(">II", self.last_stream, ENHANCE_YOUR_CALM) + debug
         return struct.pack(">I", len(payload))[1:] + bytes([GOAWAY, 0]) + \
             struct.pack(">I", 0) + payload

@@ -137,8 +137,18 @@ class InferenceServicer:
         return reply
 
     async def ModelInfer(self, request, context):
-        return await self._infer(request, context.time_remaining(), self._caller_of(
-            request, context))
+        return await self._infer(request, context, self._caller_of(request, context))
+
+    def _queue_caller(self, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+        """Whose queue places a call takes, and whether it is an unauthenticated TCP caller
+        (RequestOptions): the uid on the unix socket, the token's holders where a token guards
+        TCP, else the uid (over loopback) or the address the door counted, over TCP."""
+        peer = self._peers.identify(context.peer())
+        if peer is None:
+            return "", False
+        if peer.listener == "unix":
+            return peer.key, False
+        return ("token", False) if self._token else (f"tcp {peer.key}", True)
 
     def _caller_of(self, request: pb.ModelInferRequest,
                    context: grpc.aio.ServicerContext) -> Caller | None:
@@ -190,7 +200,7 @@ class InferenceServicer:
                         request = pb.ModelInferRequest()
                         try:
                             request = codec.parse_message(pb.ModelInferRequest, data)
-                            call = self._submit(request, context.time_remaining(),
+                            call = self._submit(request, context,
                                                 self._caller_of(request, context))
                         except Exception as e:
                             replies.put_nowait(self._error_reply(request, e))
@@ -231,16 +241,16 @@ class InferenceServicer:
             error_message=f"{status.name}: {message}", infer_response=pb.ModelInferResponse(
                 model_name=request.model_name[:256], id=request.id[:256]))
 
-    async def _infer(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
+    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
                      caller: Caller | None) -> pb.ModelInferResponse:
-        call = self._submit(request, time_remaining_s, caller)
+        call = self._submit(request, context, caller)
         try:
             await call.answer  # a cancelled caller cancels it, which withdraws the request
         except HetserveError:
             pass  # _finish counts it and raises it
         return self._finish(call)
 
-    def _submit(self, request: pb.ModelInferRequest, time_remaining_s: float | None,
+    def _submit(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
                 caller: Caller | None) -> _Call:
         """Decodes, validates and queues a request; raises (and counts) what refuses it.
         `caller` owns the shared memory regions it may name."""
@@ -251,7 +261,8 @@ class InferenceServicer:
             names, answer = self._plane.submit(
                 model, codec.decode_inputs(request, self._regions, caller),
                 [o.name for o in request.outputs],
-                codec.request_options(request, time_remaining_s))
+                codec.request_options(request, context.time_remaining(),
+                                      *self._queue_caller(context)))
         except HetserveError as e:
             # only served names become label values: clients cannot grow the set
             self._count(model.spec.name if model else "", e.status)

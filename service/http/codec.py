@@ -20,11 +20,20 @@ from service.grpc.codec import SHM_KEYS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
+# The JSON part is parsed on the event loop: 512 KiB take about 5 ms; tensors beyond travel as
+# binary data (tritonclient.http's default), which costs nothing to parse.
+MAX_JSON_BYTES = 512 << 10
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
 def parse_json(data: bytes | memoryview, what: str) -> dict:
-    """A JSON object; InvalidInputError naming `what` otherwise (deep nesting included)."""
+    """A JSON object; InvalidInputError naming `what` otherwise (deep nesting included, or
+    more than MAX_JSON_BYTES, refused before parsing)."""
+    if len(data) > MAX_JSON_BYTES:
+        raise InvalidInputError(f"{what}: {len(data)} bytes of JSON received, at most "
+                                f"{MAX_JSON_BYTES} parsed (more would stall other callers): "
+                                "send tensors as binary data (parameters.binary_data_size, "
+                                f"header {HEADER_LENGTH})")
     try:
         document = json.loads(bytes(data) or b"{}")
     except (ValueError, RecursionError) as e:

@@ -7,6 +7,7 @@ once."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import ssl
@@ -123,6 +124,34 @@ class HttpFront:
             status, message = status_of(e, f"{request.method} {request.path[:200]}")
             return _error(HTTP_STATUS.get(status, 500), message)
 
+    async def _body(self, request: web.Request) -> bytes:
+        """The request's body, read within its caller's share of the bodies still arriving
+        (429 beyond it), --max-message-bytes (413) and --upload-timeout-s (408)."""
+        budget, limit = self._peers.uploads, self._settings.max_message_bytes
+        peer = self._peers.identify(_Call(request).peer())
+        caller = peer.key if peer is not None else "?"
+        chunks: list[bytes] = []
+        held = 0
+        try:
+            async with asyncio.timeout(budget.timeout_s or None):
+                async for chunk in request.content.iter_any():
+                    if held + len(chunk) > limit:
+                        raise web.HTTPRequestEntityTooLarge(
+                            max_size=limit, actual_size=held + len(chunk),
+                            reason=f"the body is over --max-message-bytes {limit}")
+                    refusal = budget.charge(caller, len(chunk))
+                    if refusal:
+                        raise web.HTTPTooManyRequests(reason=refusal)
+                    held += len(chunk)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(reason=f"the request body was still arriving after "
+                                                f"{budget.timeout_s:g} s (--upload-timeout-s)"
+                                         ) from None
+        finally:
+            budget.release(caller, held)
+        return b"".join(chunks)
+
     async def _live(self, request: web.Request) -> web.Response:
         reply = await self._servicer.ServerLive(pb.ServerLiveRequest(), _Call(request))
         return web.Response(status=200 if reply.live else 400)
@@ -155,13 +184,13 @@ class HttpFront:
             _Call(request)))
 
     async def _index(self, request: web.Request) -> web.Response:
-        body = codec.parse_json(await request.read(), "the request body")
+        body = codec.parse_json(await self._body(request), "the request body")
         reply = await self._servicer.RepositoryIndex(pb.RepositoryIndexRequest(
             ready=body.get("ready") is True), _Call(request))
         return web.json_response([codec.as_json(m) for m in reply.models])
 
     async def _load(self, request: web.Request) -> web.Response:
-        body = codec.parse_json(await request.read(), "the request body")
+        body = codec.parse_json(await self._body(request), "the request body")
         message = pb.RepositoryModelLoadRequest(model_name=request.match_info["model"])
         for key, value in codec.object_field(body.get("parameters", {}), "parameters").items():
             message.parameters[key].string_param = str(value)
@@ -175,7 +204,7 @@ class HttpFront:
 
     async def _infer(self, request: web.Request) -> web.Response:
         message, binary = codec.infer_request(
-            await request.read(), request.headers.get(codec.HEADER_LENGTH),
+            await self._body(request), request.headers.get(codec.HEADER_LENGTH),
             request.match_info["model"], _version(request))
         body, header_length = codec.infer_response(
             await self._servicer.ModelInfer(message, _Call(request)), binary)

@@ -29,6 +29,7 @@ from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.ops.systemd import notify
 from service.settings import Settings
@@ -64,7 +65,7 @@ async def serve(settings: Settings) -> None:
         if workers == 1:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
-            peers = Peers()
+            peers = Peers(UploadBudget.from_settings(settings))
             servicer = InferenceServicer(plane, metrics, regions, peers, settings, control)
             front: GrpcFront | Frontends = GrpcFront(settings, token, servicer, plane, peers)
             http = HttpFront(settings, token, servicer, peers) if settings.http_port else None

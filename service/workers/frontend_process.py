@@ -30,6 +30,7 @@ from service.grpc.door import Peers
 from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
+from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.parent_death import end_with
 from service.settings import Settings
@@ -101,7 +102,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
 
     owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
-    peers = Peers()
+    peers = Peers(UploadBudget.from_settings(settings))
     servicer = FrontendServicer(plane, Metrics(), regions, peers, owner, settings)
     front = GrpcFront(settings, token, servicer, plane, peers, reuseport=True)
     http = HttpFront(settings, token, servicer, peers, reuseport=True) \

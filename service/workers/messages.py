@@ -34,6 +34,8 @@ class Infer(_Message, frozen=True):
     priority: int
     timeout_us: int
     deadline: float | None  # time.monotonic() (one clock for the node's processes)
+    caller: str  # whose queue places it takes (RequestOptions)
+    anonymous: bool
 
 
 class Cancel(_Message, frozen=True):

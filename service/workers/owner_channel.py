@@ -178,7 +178,8 @@ class OwnerSide:
             # so that it runs on the new version or is refused naming what is expected.
             size = m.size if model.generation == m.generation else model.spec.validate(inputs)
             answer = self._plane.enqueue(
-                model, inputs, size, RequestOptions(m.priority, m.timeout_us, m.deadline),
+                model, inputs, size, RequestOptions(m.priority, m.timeout_us, m.deadline,
+                                                    m.caller, m.anonymous),
                 alone=self.channel.in_frame == 1)
         except Exception as e:
             self.fail(m.id, e)

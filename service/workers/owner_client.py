@@ -120,7 +120,7 @@ class OwnerClient:
             raise
         request_id, future = self._request(lambda i: msg.Infer(
             i, name, version, generation, size, places, options.priority, options.timeout_us,
-            options.deadline), block)
+            options.deadline, options.caller, options.anonymous), block)
         future.add_done_callback(functools.partial(self._withdraw, request_id))
         return future
 

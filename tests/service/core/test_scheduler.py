@@ -505,3 +505,48 @@ def test_batches_grow_with_concurrency_after_an_idle_period(batch_s, handoff_s) 
     alone, batches = asyncio.run(main())
     assert alone == 20 and sum(batches) == 320
     assert sum(batches) / len(batches) > 4, batches
+
+
+def _as(caller: str, anonymous: bool = False) -> RequestOptions:
+    return RequestOptions(caller=caller, anonymous=anonymous)
+
+
+def test_one_caller_or_all_anonymous_ones_hold_at_most_three_quarters_of_a_level() -> None:
+    async def main():
+        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
+                     delay_s=0.3)
+        running = b.enqueue(_x(0), 1, _as("uid 1000"))  # runs: the slot is taken
+        await asyncio.sleep(0.01)
+        held = [b.enqueue(_x(i), 1, _as("uid 1000")) for i in range(6)]  # 6 of 8: its share
+        refusals = []
+        for options in (_as("uid 1000"), _as("127.0.0.2", True)):
+            try:
+                b.enqueue(_x(9), 1, options)
+                refusals.append("")
+            except QueueFullError as e:
+                refusals.append(str(e))
+        other = b.enqueue(_x(7), 1, _as("uid 1001"))  # another caller finds room
+        for f in [running, *held, other]:
+            f.cancel()
+        await b.close()
+        return refusals
+    flooded, anonymous_first = asyncio.run(main())
+    assert "this caller (uid 1000) holds 6 samples" in flooded and "its share (6 of" in flooded
+    assert anonymous_first == ""  # its first request fits
+
+
+def test_unauthenticated_tcp_callers_together_leave_a_quarter_to_the_others() -> None:
+    async def main():
+        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
+                     delay_s=0.3)
+        running = b.enqueue(_x(0), 1)
+        await asyncio.sleep(0.01)
+        # Aliases of one user, or many users: each address holds little, together their share.
+        anonymous = [b.enqueue(_x(i), 1, _as(f"10.0.0.{i}", True)) for i in range(6)]
+        with pytest.raises(QueueFullError, match="callers over TCP without a token hold 6"):
+            b.enqueue(_x(9), 1, _as("10.0.0.9", True))
+        socket_user = b.enqueue(_x(7), 1, _as("uid 1001"))
+        for f in [running, *anonymous, socket_user]:
+            f.cancel()
+        await b.close()
+    asyncio.run(main())

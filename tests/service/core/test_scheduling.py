@@ -148,3 +148,35 @@ def test_engine_instances_run_batches_at_the_same_time(serve, holdout) -> None:
     elapsed = asyncio.run(main())
     # One engine would need 8 x 0.3 s; two share the eight batches.
     assert 4 * delay_s <= elapsed < 7 * delay_s, f"eight batches took {elapsed:.2f} s"
+
+
+def test_a_tcp_flood_without_a_token_leaves_room_for_a_socket_user(serve, holdout) -> None:
+    """A local user floods over TCP (no token), each refused request sent again at once:
+    together such callers hold at most three quarters of the queue, so a socket user's light
+    load is never refused."""
+    daemon, control = serve(4, "max_queue_delay_microseconds: 1000 default_queue_policy { "
+                               "max_queue_size: 32 }", devices="faulty:cpu1")
+    control.set(delay_s=0.05)
+    image = holdout[0][:1]
+
+    async def main():
+        async with aioclient.InferenceServerClient(daemon.url) as flooder, \
+                aioclient.InferenceServerClient(daemon.socket_url) as user:
+            end = time.monotonic() + 1.5
+            refused = [0]
+
+            async def flood() -> None:
+                while time.monotonic() < end:
+                    if (await _timed(flooder, image))[1] == "RESOURCE_EXHAUSTED":
+                        refused[0] += 1
+            flooding = [asyncio.create_task(flood()) for _ in range(64)]
+            await asyncio.sleep(0.3)  # the queue is as full as the flood may make it
+            light = []
+            for _ in range(8):
+                light.append(await _timed(user, image))
+            await asyncio.gather(*flooding)
+            return light, refused[0]
+
+    light, refused = asyncio.run(main())
+    assert [status for _, status in light] == ["OK"] * 8
+    assert refused > 100  # the flood filled its share all along

@@ -7,6 +7,9 @@ floods come from a raw HTTP/2 client; each test takes a few seconds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import Iterator
 
@@ -21,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench import floods
 from bench.raw_h2 import RawH2
-from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.conftest import MODEL, MODELS, Daemon, free_port, image_input
 
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
@@ -180,3 +183,87 @@ def test_calls_beyond_max_rpcs_tcp_are_refused_and_the_socket_is_served(limited,
     assert all(e and f"{RPCS} calls in progress" in e.message() and "--max-rpcs-tcp" in
                e.message() for e in refused)
     _all_right(answers)
+
+
+UPLOAD_BYTES = 1 << 20  # --max-upload-bytes-per-caller
+UPLOAD_S = 1.0  # --upload-timeout-s
+
+
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory) -> Iterator[Daemon]:
+    """Small upload budgets, and a short upload timeout."""
+    d = Daemon(tmp_path_factory.mktemp("uploads"), MODELS, "--workers", "1",
+               "--max-upload-bytes-per-caller", str(UPLOAD_BYTES),
+               "--max-buffered-bytes", str(3 * UPLOAD_BYTES),
+               "--upload-timeout-s", str(UPLOAD_S), "--http-port", str(port := free_port()))
+    d.http_port = port
+    yield d
+    assert d.stop() == 0
+
+
+def _upload(flood: RawH2, streams: int, each: int, seconds: float = 4.0) -> int:
+    """Unary calls whose messages say they are 60 MiB, of which `each` bytes are sent on each,
+    as the server's flow-control windows allow; the bytes sent."""
+    ids = [flood.open("/inference.GRPCInferenceService/ModelInfer") for _ in range(streams)]
+    left = dict.fromkeys(ids, each)
+    for stream in ids:
+        flood.h2.send_data(stream, b"\0" + struct.pack(">I", 60 << 20))
+    end = time.monotonic() + seconds
+    while any(left.values()) and time.monotonic() < end and flood.goaway is None \
+            and not flood.closed:
+        for stream in ids:
+            room = min(left[stream], flood.h2.local_flow_control_window(stream), 1 << 14)
+            if room > 0:
+                flood.h2.send_data(stream, bytes(room))
+                left[stream] -= room
+        flood.flush()
+        flood.read(0.05)
+    return streams * each - sum(left.values())
+
+
+def test_a_body_that_stops_arriving_ends_its_connection_naming_the_timeout(uploads,
+                                                                           holdout) -> None:
+    with socket_users(uploads, holdout) as answers, RawH2(uploads.url) as flood:
+        _upload(flood, 1, 1000)
+        start = time.monotonic()
+        flood.read(UPLOAD_S + 3.0, until=lambda: flood.goaway is not None)
+        waited = time.monotonic() - start
+    assert flood.goaway is not None and b"--upload-timeout-s" in flood.goaway.additional_data
+    assert waited <= UPLOAD_S + 2.0
+    _all_right(answers)
+
+
+@pytest.mark.parametrize("listener", ["tcp", "socket"])
+def test_bodies_over_a_callers_budget_end_the_connection_naming_the_flag(uploads, listener,
+                                                                        holdout) -> None:
+    address = uploads.url if listener == "tcp" else uploads.socket_url
+    with socket_users(uploads, holdout) as answers, RawH2(address) as flood:
+        sent = _upload(flood, 8, 300_000)  # 2.4 MB of unfinished bodies, the budget 1 MiB
+        flood.read(1.0, until=lambda: flood.goaway is not None)
+    assert flood.goaway is not None, f"{sent} bytes sent, no GOAWAY"
+    assert b"--max-upload-bytes-per-caller" in flood.goaway.additional_data
+    assert UPLOAD_BYTES - (1 << 15) <= sent <= UPLOAD_BYTES + (1 << 15)
+    _all_right(answers)
+
+
+def _rest_upload(port: int, declared: int, sent: int) -> socket.socket:
+    """A REST infer request whose body says `declared` bytes, of which `sent` are sent."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
+                 f"Content-Length: {declared}\r\n\r\n".encode() + b" " * sent)
+    return sock
+
+
+def test_rest_bodies_are_bounded_per_caller_and_in_time(uploads) -> None:
+    with contextlib.ExitStack() as held:
+        first = held.enter_context(_rest_upload(uploads.http_port, 2 * UPLOAD_BYTES,
+                                                UPLOAD_BYTES - 1000))
+        time.sleep(0.3)  # read, and charged to this caller
+        second = held.enter_context(_rest_upload(uploads.http_port, 10_000, 10_000 - 1))
+        over = second.recv(1000)
+        start = time.monotonic()
+        late = first.recv(1000)
+        waited = time.monotonic() - start
+    assert over.split(b" ")[1] == b"429" and b"--max-upload-bytes-per-caller" in over, over
+    assert late.split(b" ")[1] == b"408" and b"--upload-timeout-s" in late, late
+    assert waited <= UPLOAD_S + 2.0

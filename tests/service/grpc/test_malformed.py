@@ -86,3 +86,17 @@ def test_cuda_shared_memory_is_unimplemented_without_a_traceback(daemon, method)
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
     assert error.details() == f"{method} is not supported by hetserve (use system shared memory)"
     assert "Traceback" not in daemon.process.log_path.read_text()
+
+
+def test_typed_contents_beyond_the_cap_are_refused_before_decoding(daemon) -> None:
+    """128 digits as typed fp32_contents (100,352 values): refused at once, pointing to raw
+    bytes, instead of being converted value by value on the event loop."""
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    tensor = request.inputs.add(name="image", datatype="FP32", shape=[128, 1, 28, 28])
+    tensor.contents.fp32_contents.extend(np.zeros(128 * 784, np.float32).tolist())
+    with grpc.insecure_channel(daemon.url) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "100352 values in contents received; typed contents are taken up to 65536" in \
+        caught.value.details() and "raw_input_contents" in caught.value.details()

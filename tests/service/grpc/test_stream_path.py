@@ -25,6 +25,7 @@ from service.grpc import handlers
 from service.grpc.door import Peers
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
+from service.grpc.uploads import UploadBudget
 from service.settings import Settings
 from tests.conftest import MODEL
 from tests.service.conftest import Control, assert_served, write_model
@@ -51,7 +52,8 @@ async def _serving(models: Path) -> AsyncIterator[Served]:
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     handlers.add_to_server(InferenceServicer(
-        plane, metrics, SharedMemoryRegions.from_settings(settings), Peers(), settings,
+        plane, metrics, SharedMemoryRegions.from_settings(settings),
+        Peers(UploadBudget.from_settings(settings)), settings,
         ModelControl(registry, settings)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -125,6 +125,10 @@ def test_plain_json_as_curl_sends_it(rest, holdout) -> None:
      "inputs[0].parameters.binary_data_size: "),
     (f"/v2/repository/models/{MODEL}/load", b'{"parameters": [1, 2]}', 400,
      "parameters: a JSON object expected"),
+    (f"/v2/models/{MODEL}/infer", json.dumps({"inputs": [{
+        "name": "image", "shape": [128, 1, 28, 28], "datatype": "FP32",
+        "data": [0.123456] * (128 * 784)}]}).encode(), 400,
+     "bytes of JSON received, at most 524288 parsed"),
 ])
 def test_errors_are_json_with_their_http_status(rest, path, body, status, message) -> None:
     got, _, reply = _post(rest.http, path, body)
