@@ -249,7 +249,7 @@ class DeviceRunner:
         each instance runs the first batch once, which proves the device end to end, and builds
         the plans of the others without running them (an emulator would take minutes over the
         larger ones). Warm-up is not traffic: it counts in no metric and no speed estimate."""
-        if self.device.kind == "fpga":
+        if self.device.kind == "fpga" and batches:
             for engine in self._idle:
                 self._run_on(engine, batches[0].inputs, outputs, batches[0].size)
                 for batch in batches[1:]:

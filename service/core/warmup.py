@@ -1,7 +1,10 @@
 """Warm-up batches run on every engine instance before a model is READY, so that no request pays
 a first-shape cost: Triton's `model_warmup` from config.pbtxt as written (each entry `count`
 times, default once), else one zero batch per bucket (or one sample for models without buckets),
-twice: ONNX Runtime's CUDA provider captures a CUDA graph on a session's second run.
+twice: ONNX Runtime's CUDA provider captures a CUDA graph on a session's second run. Without
+`model_warmup`, a model whose config leaves a dim free (-1) is not warmed, as in Triton: any
+size made up for it (a 1x1 image) may be one the model cannot take, and its failure would drop a
+device that serves every real request.
 `input_data_file` is read, as Triton does, from the model's `warmup/` folder, never outside it."""
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ class WarmupBatch:
 def warmup_batches(spec: ModelSpec, buckets: Buckets | None, folder: Path) -> list[WarmupBatch]:
     if spec.config.model_warmup:
         return [_configured(spec, i, w, folder) for i, w in enumerate(spec.config.model_warmup)]
+    if any(d < 0 for t in spec.inputs for d in t.dims):
+        return []  # no size to warm at that the model is known to take
     sizes = buckets.sizes if buckets else (1,)
     batched = spec.max_batch_size > 0
     return [WarmupBatch(f"bucket {size}", {
-        t.name: np.zeros(((size,) if batched else ()) + tuple(max(d, 1) for d in t.dims),
+        t.name: np.zeros(((size,) if batched else ()) + t.dims,
                          contract.served_dtype(t.datatype)) for t in spec.inputs}, size, 2)
         for size in sizes]
 

@@ -35,6 +35,15 @@ def test_without_model_warmup_every_bucket_gets_zero_batches(tmp_path) -> None:
         (n, (n, 1, 2, 2), 2) for n in (1, 2, 4, 8)]
 
 
+def test_a_model_with_a_free_dim_is_not_warmed_at_a_size_made_up_for_it(tmp_path) -> None:
+    """As in Triton: its first requests pay their shapes' first-use cost, and no device is
+    dropped for failing a 1x1 image the model never takes."""
+    spec = ModelSpec.from_config(text_format.Parse(
+        CONFIG.replace("dims: [ 1, 2, 2 ]", "dims: [ 1, -1, -1 ]"),
+        model_config_pb2.ModelConfig()), 1)
+    assert warmup_batches(spec, Buckets((1, 2, 4, 8)), tmp_path) == []
+
+
 def test_model_warmup_is_honoured_as_written(tmp_path) -> None:
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "digit").write_bytes(np.arange(4, dtype=np.float32).tobytes())
