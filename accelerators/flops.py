@@ -19,13 +19,17 @@ How operations are counted (the figure GFLOP/s per watt is built on):
   two for ReduceL2 and ReduceSumSquare (square and add);
 - Resize: nearest is data movement; linear 2 × 2^k and cubic 2 × 4^k per output, k the
   resized axes (the taps' weighted sum);
+- LSTM, GRU and RNN: per step, direction and sample, 2 × gates × hidden × (input + hidden) for
+  the gates' products, and 4 × gates × hidden for their biases, activations and the state
+  update (4, 3 and 1 gates);
 - data movement and constants (Reshape, Flatten, Transpose, Concat, Constant, ConstantOfShape,
   ...) are free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
 guessed, and the count is then partial. Exporters' shape code (tf2onnx's and paddle2onnx's
 `Shape -> Gather -> Cast -> Slice -> Concat -> Reshape` before a fully connected layer) is
 evaluated first where the shapes it reads are known, so that shape inference reaches the ops
-after it; those nodes are free. Shapes come from ONNX shape inference at the served
+after it; those nodes are free. Small Constant nodes fold too: PyTorch's exporter writes one
+for every literal of its shape code. Shapes come from ONNX shape inference at the served
 shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
 model's config.pbtxt dims where it fixes them; where the config leaves a dim variable (-1), a
 FlopCounter counts each request shape that comes (cached). A count is never negative and never
@@ -69,7 +73,10 @@ GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
 SHAPE_CODE = frozenset((
     "Shape", "Gather", "Cast", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity",
     "Add", "Sub", "Mul", "Div", "Floor", "Ceil", "Min", "Max", "Equal", "Where", "Neg",
-    "ReduceProd", "Size"))
+    "ReduceProd", "Size", "Constant", "ConstantOfShape"))
+# Recurrent layers: gates per step (LSTM: input, output, forget, cell; GRU: update, reset,
+# hidden; RNN: one).
+RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 SHAPE_CODE_VALUES = 64  # at most, in any input of a node evaluated as shape code
 FREE = frozenset((
     "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
@@ -197,8 +204,10 @@ def _fold_shape_code(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _shape_code(node: onnx.NodeProto, known: dict[str, np.ndarray],
                 shapes: dict[str, tuple[int, ...]], opset: int) -> list[np.ndarray] | None:
-    """The values of a shape-code node whose inputs are known, else None."""
-    if node.op_type not in SHAPE_CODE or node.domain not in ("", "ai.onnx") or not node.input:
+    """The values of a shape-code node whose inputs are known, else None. A Constant folds
+    (PyTorch's exporter writes one for every literal of its shape code) where it is small."""
+    if node.op_type not in SHAPE_CODE or node.domain not in ("", "ai.onnx") or (
+            not node.input and node.op_type != "Constant"):
         return None
     if node.op_type == "Shape":
         shape = shapes.get(node.input[0])
@@ -210,7 +219,8 @@ def _shape_code(node: onnx.NodeProto, known: dict[str, np.ndarray],
     if any(i and v is None for i, v in zip(node.input, inputs)) or any(
             v is not None and v.size > SHAPE_CODE_VALUES for v in inputs):
         return None
-    return run_node(node, inputs, opset)
+    values = run_node(node, inputs, opset)
+    return None if any(v.size > SHAPE_CODE_VALUES for v in values) else values
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
@@ -267,7 +277,21 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
         return PER_ELEMENT[op] * outputs
     if op == "LRN":
         return (2 * attrs["size"] + 3) * outputs
+    if op in RECURRENT_GATES:
+        return _recurrent(node, attrs, shapes)
     return None
+
+
+def _recurrent(node: onnx.NodeProto, attrs: dict, shapes: dict[str, tuple[int, ...]]) -> int:
+    """An LSTM, GRU or RNN over its sequence: per step, direction and sample, the gates'
+    products with the input and the hidden state (2 x gates x hidden x (input + hidden)), their
+    two biases, and about as much again for the gates' activations and the state update."""
+    x, w = shapes[node.input[0]], shapes[node.input[1]]  # X; W [directions, gates x hidden, in]
+    steps, batch = (x[1], x[0]) if attrs.get("layout", 0) else (x[0], x[1])
+    directions, gates_hidden, inputs = w
+    hidden = gates_hidden // RECURRENT_GATES[node.op_type]
+    per_step = 2 * gates_hidden * (inputs + hidden) + 4 * gates_hidden
+    return directions * steps * batch * per_step
 
 
 def _summed(equation: str | bytes, operands: list[tuple[int, ...]]) -> int:
