@@ -106,6 +106,7 @@ class DeviceRunner:
         self.seconds_per_sample: float | None = None  # averaged over every size: joules
         self.times = BatchTimes()
         self._running = 0  # batches handed to the instance threads and not answered yet
+        self.known_good: Tensors | None = None  # a sample it has run (Scheduler's check)
         self._handoffs: deque[float] = deque(maxlen=_HANDOFFS)
         self.healthy = True
         self.retry_at = 0.0  # time.monotonic() when an unhealthy device may be probed
@@ -216,6 +217,8 @@ class DeviceRunner:
         finally:
             self._idle.append(engine)
         self._padding.inc(padding)
+        if self.known_good is None:
+            self.known_good = batch.sample()
         # Plain updates from the instance threads (a rare lost update of an average is
         # harmless); the scheduler and the ranking only read them.
         self.times.observe(size, busy_s)

@@ -44,11 +44,12 @@ from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Inputs, settle
+from service.core.types import Answer, Inputs, Tensors, settle
 from service.errors import (
     DeadlineExceededError,
     DeviceError,
     HetserveError,
+    InvalidInputError,
     ModelUnavailableError,
     QueueFullError,
 )
@@ -83,6 +84,10 @@ class Device(Protocol):
         """The measured cost of handing a batch to an instance thread and back; None before
         one was measured."""
 
+    @property
+    def known_good(self) -> Tensors | None:
+        """One sample the device has run; None before its first batch."""
+
     def expected_batch_s(self, size: int) -> float | None:
         """How long a batch of `size` computes, from measured batches; None before any."""
 
@@ -94,6 +99,11 @@ class Device(Protocol):
 
     def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """On this thread (raises DeviceError)."""
+
+
+class _InputsRefused(InvalidInputError):
+    """Every device that failed a batch still runs what it ran before: the batch's inputs are
+    at fault."""
 
 
 class Ranking(Protocol):
@@ -461,6 +471,14 @@ class Scheduler:
             not self.queued()
         try:
             answer = await self._execute(batch, pending[0].enqueued if alone else None)
+        except _InputsRefused as e:
+            batch.release()
+            if len(pending) == 1:
+                settle(pending[0].future, error=e)
+                return
+            for request in pending:  # which request's inputs the devices refuse
+                await self._run([request], waited=True)
+            return
         except HetserveError as e:
             for request in pending:
                 settle(request.future, error=e)
@@ -486,6 +504,11 @@ class Scheduler:
                 else:
                     answer = await device.run(batch, self._outputs, size, since)
             except DeviceError as e:
+                if await self._runs_what_it_ran(device):
+                    shapes = {n: list(a.shape) for n, a in batch.inputs().items()}
+                    raise _InputsRefused(
+                        f"inputs {shapes}: model {self.model!r} cannot run them, though its "
+                        f"device runs the inputs it ran before: {e}") from None
                 errors.append(str(e))
                 self._ranking.failed(device, batch, e)
                 continue
@@ -493,6 +516,19 @@ class Scheduler:
             return answer
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
                           + "; ".join(errors))
+
+    async def _runs_what_it_ran(self, device: Device) -> bool:
+        """Whether `device` still runs a sample it ran before: then a batch it failed failed
+        for its inputs (too small for the model's kernels, say), which is no fault of the
+        device's; it stays healthy and the request gets INVALID_ARGUMENT."""
+        sample = device.known_good
+        if sample is None:
+            return False
+        try:
+            await device.run(Batch.of(sample, 1), self._outputs, 1)
+        except DeviceError:
+            return False
+        return True
 
     def _answer(self, batch: list[_Pending], answer: Answer, run: Batch, started: float) -> None:
         """Answers a batch's requests with their rows of `answer`, and records the batch

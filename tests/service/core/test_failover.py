@@ -83,3 +83,48 @@ def test_the_latency_policy_spreads_load_over_devices(serve, holdout) -> None:
     m = scrape(daemon.metrics_url)
     fpga, cpu = (total(m, "hetserve_inferences_total", device=d) for d in ("fpga0", "cpu0"))
     assert fpga + cpu == 96 and cpu > fpga
+
+
+def _unpadded_conv(repo) -> None:
+    """A 3x3 convolution without padding over any height and width: 2x2 is too small."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accelerators.onnx_models import make_model
+    (repo / "conv" / "1").mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2, "oh", "ow"])
+    w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
+    (repo / "conv" / "1" / "model.onnx").write_bytes(make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+        17).SerializeToString())
+    (repo / "conv" / "config.pbtxt").write_text(
+        'name: "conv"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1, -1, -1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2, -1, -1 ] } ]\n'
+        'dynamic_batching { max_queue_delay_microseconds: 500 }\n'
+        'parameters { key: "devices" value: { string_value: "onnxruntime:cpu0, opencl:cpu0" } }\n')
+
+
+def test_inputs_too_small_for_the_model_are_invalid_and_no_device_is_blamed(tmp_path) -> None:
+    from tests.conftest import Daemon
+    repo = tmp_path / "models"
+    _unpadded_conv(repo)
+    daemon = Daemon(tmp_path, repo)
+
+    def infer(size: int) -> np.ndarray:
+        tensor = grpcclient.InferInput("x", [1, 1, size, size], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1, size, size), np.float32))
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            return client.infer("conv", [tensor]).as_numpy("y")
+    try:
+        assert infer(5).shape == (1, 2, 3, 3)
+        with pytest.raises(InferenceServerException) as small:
+            infer(2)
+        assert infer(6).shape == (1, 2, 4, 4)
+        metrics = scrape(daemon.metrics_url)
+    finally:
+        assert daemon.stop() == 0
+    assert small.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "inputs {'x': [1, 1, 2, 2]}: model 'conv' cannot run them" in small.value.message()
+    assert total(metrics, "hetserve_failovers_total") == 0
+    assert total(metrics, "hetserve_device_healthy", model="conv") == 2
