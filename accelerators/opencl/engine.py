@@ -20,7 +20,7 @@ from accelerators.opencl.executor import Executor, as_float32
 from accelerators.opencl.fpga import board as boards
 from accelerators.opencl.fpga.lowering import STAGES, lower_fpga
 from accelerators.opencl.graph import fix_input_dims, load_graph
-from accelerators.opencl.ir import Graph, UnsupportedModelError
+from accelerators.opencl.ir import Graph, UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.launch import Build, LocalTiling, Lowered, Pipeline, Samples
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.plans import (
@@ -160,6 +160,8 @@ class OpenCLEngine:
                  for name, dims in self.graph.inputs}
         try:
             return lowered_plans(self.graph, self.build, probe)
+        except UnsupportedOpError:
+            raise  # no size helps
         except UnsupportedModelError as e:
             raise UnsupportedModelError(
                 f"{_named(variable)} variable (-1 or absent in config.pbtxt's dims, symbolic in "

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from accelerators.opencl import fusions, qdq
 from accelerators.opencl.host_ops import fold_constants
-from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError, UnsupportedOpError
 
 # "Silu" is no ONNX op: the engine's name for a Mul of a tensor and its Sigmoid. "Gelu" is
 # opset 20's, also what fusions.py makes of GELU's spelled-out forms.
@@ -40,9 +40,9 @@ def load_graph(path: Path) -> Graph:
         # on the host for each batch size, any other is refused by the lowering if it has no
         # kernel (lowering.py), which the engine runs at load for batch 1.
         if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedModelError(
-                f"op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of node {name!r} is not "
-                f"supported by the OpenCL engine")
+            raise UnsupportedOpError(
+                f"op {n.op_type!r} (domain {n.domain!r}) of node {name!r} is not an op of the "
+                "OpenCL engine")
         attrs = {a.name: _attr(a) for a in n.attribute}
         if n.op_type == "Constant":
             consts[n.output[0]] = _constant(attrs, name)

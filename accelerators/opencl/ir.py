@@ -14,6 +14,10 @@ class UnsupportedModelError(ValueError):
     pass
 
 
+class UnsupportedOpError(UnsupportedModelError):
+    """An op the engine does not have, whatever the shapes."""
+
+
 @dataclass
 class Node:
     op: str

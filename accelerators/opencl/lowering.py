@@ -17,7 +17,7 @@ from accelerators.opencl import (
     quant_lowering,
 )
 from accelerators.opencl.host_ops import evaluate, view_shape
-from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.launch import Build, Dyn, Lowered, Samples
 from accelerators.opencl.lowering_state import Lowering, OpLowering
 
@@ -77,8 +77,18 @@ def lower(graph: Graph, batch: int, build: Build = Build(), samples: Samples | N
             batch if dims[0] == -1 else dims[0], *sample)
         lw.values[name] = lw.out.inputs[name] = lw.new(name, shape)
     for node in graph.nodes:
-        if node.name not in lw.done:
+        if node.name in lw.done:
+            continue
+        try:
             _lower_node(lw, node, table, fallback)
+        except UnsupportedModelError:
+            raise
+        except Exception as e:  # a shape a lowering cannot take (size 0 or 1, say): refused
+            shapes = [list(lw.values[i].shape) for i in node.inputs
+                      if isinstance(lw.values.get(i), Dyn)]
+            raise UnsupportedModelError(
+                f"op {node.op!r} of node {node.name!r} (opset {graph.opset}) cannot be planned "
+                f"at input shapes {shapes}: {type(e).__name__}: {e}") from e
     for name, _ in graph.outputs:
         value = lw.values[name]
         if not isinstance(value, Dyn):
@@ -107,10 +117,10 @@ def _lower_node(lw: Lowering, node: Node, table: dict[str, OpLowering],
     elif fallback is not None:
         fallback(lw, node, args)
     else:
-        raise UnsupportedModelError(
-            f"op {node.op!r} (domain 'ai.onnx') of node {node.name!r} is not supported by "
-            f"the OpenCL engine on activations (only where its inputs are constants or "
-            f"shapes)")
+        raise UnsupportedOpError(
+            f"op {node.op!r} (domain 'ai.onnx', opset {lw.graph.opset}) of node {node.name!r} "
+            "is not an op of the OpenCL engine on activations (only where its inputs are "
+            "constants or shapes)")
 
 
 def _fold(lw: Lowering, node: Node, args: list) -> None:

@@ -17,7 +17,7 @@ from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.onnx_models import make_model
 from accelerators.opencl.device import NoSuchDeviceError, OpenCLDevice, find_device, open_device
 from accelerators.opencl.engine import OpenCLEngine
-from accelerators.opencl.ir import UnsupportedModelError
+from accelerators.opencl.ir import UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
 from accelerators.safe_files import UnsafeFolderError
 from tests.accelerators.conftest import single_op
@@ -184,3 +184,37 @@ def test_symbolic_dims_take_the_served_sizes_or_are_planned_per_shape(
                               served=served)
         assert engine.inputs[0].shape == signature
         np.testing.assert_allclose(engine.run({"x": x}, ["y"])["y"], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_an_op_the_engine_lacks_is_named_as_such_even_with_variable_dims(tmp_path,
+                                                                          opencl_device) -> None:
+    """An LSTM on a sequence of any length: the refusal names the op, its node and opset, and
+    gives no advice about sizes, which would not help."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["t", 1, 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((1, 12, 4), np.float32), "w")
+    r = numpy_helper.from_array(np.ones((1, 12, 3), np.float32), "r")
+    onnx.save(make_model(helper.make_graph(
+        [helper.make_node("LSTM", ["x", "w", "r"], ["y"], name="rnn", hidden_size=3)], "g",
+        [x], [y], [w, r]), 14), tmp_path / "lstm.onnx")
+    with pytest.raises(UnsupportedOpError) as refused:
+        OpenCLEngine(tmp_path / "lstm.onnx", opencl_device)
+    assert "op 'LSTM' (domain 'ai.onnx', opset 14) of node 'rnn' is not an op of the OpenCL " \
+        "engine" in str(refused.value)
+    assert "give the dim a size" not in str(refused.value)
+
+
+def test_a_python_error_in_a_lowering_is_a_refusal_naming_the_node(monkeypatch, engine_for
+                                                                   ) -> None:
+    """Whatever a lowering raises at a shape it cannot take becomes a refusal that names the
+    op, node and shapes: the daemon then serves the model on its next device."""
+    from accelerators.opencl import lowering
+
+    def broken(lw, node, args):
+        return 1 // 0
+    monkeypatch.setitem(lowering.LOWERINGS, "Relu", broken)
+    x = np.zeros((1, 4), np.float32)
+    with pytest.raises(UnsupportedModelError, match=r"op 'Relu' of node '.*' \(opset 17\) "
+                                                    r"cannot be planned at input shapes "
+                                                    r"\[\[1, 4\]\]: ZeroDivisionError"):
+        engine_for(single_op("Relu", {"x": x}, {}, x.shape))
