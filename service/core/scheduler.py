@@ -58,13 +58,13 @@ log = logging.getLogger(__name__)
 # Arrivals closer than this come together (one event-loop iteration hands over many: a
 # front-end's frame, several gRPC calls), so a request after so short a gap may have company.
 _TOGETHER_S = 100e-6
+# The part of a level's places kept from one caller, or from every unauthenticated TCP caller
+# together, beyond a first request: others find room (a queue of 3 keeps none).
+_RESERVE = 1 / 4
 # Whether the window still grows batches when the devices were busy lately: the share of the
 # latest waits during which the batch grew (a moving average, the newest weighing 1/8). Below a
 # quarter the window is skipped (one client on a slow device: its next request never has
 # company), but every 8th request still waits, to notice when company comes back.
-# The part of a level's places kept from one caller, or from every unauthenticated TCP caller
-# together, beyond a first request: others find room (a queue of 3 keeps none).
-_RESERVE = 1 / 4
 _PAID_WEIGHT = 1 / 8
 _PAID_MIN = 0.25
 _PROBE_EVERY = 8
@@ -102,8 +102,8 @@ class Device(Protocol):
 
 
 class _InputsRefused(InvalidInputError):
-    """Every device that failed a batch still runs what it ran before: the batch's inputs are
-    at fault."""
+    """A device that failed a batch still runs what it ran before: the batch's inputs are at
+    fault."""
 
 
 class Ranking(Protocol):
