@@ -1,3 +1,3 @@
 """The transport-neutral core: model specs and the repository, the registry of loaded models,
-batching (queue policy, buckets, buffers), routing to device runners, warm-up, statistics and
-metrics. Imports only service's own errors, settings and contract, and accelerators/."""
+the scheduler (queue policy, batching, the device and thread a batch runs on), the ranking of
+devices, device runners, batch buffers and buckets, warm-up, statistics and metrics. Imports only service's own errors, settings and contract, and accelerators/."""
