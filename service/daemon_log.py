@@ -1,11 +1,13 @@
-"""The daemon's log, the same in each of its processes: one format, and errors a client causes
-(a malformed HTTP request, which aiohttp logs with a traceback) cut to one warning line each, at
-most a few per window, so that bad requests cannot flood the log or fill its disk."""
+"""The daemon's log, the same in each of its processes: one format, no third-party build notes,
+and errors a client causes (a malformed HTTP request, which aiohttp logs with a traceback) cut
+to one warning line each, at most a few per window, so that bad requests cannot flood the log or
+fill its disk."""
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 _CLIENT_ERRORS = ("aiohttp.server",)  # loggers whose errors are a client's malformed request
 
@@ -49,3 +51,6 @@ def configure(level: str, process: str = "") -> None:
         f"%(asctime)s %(levelname)s {process + ' ' if process else ''}%(name)s: %(message)s"))
     for name in _CLIENT_ERRORS:
         logging.getLogger(name).addFilter(ClientErrors())
+    # pyopencl warns of every build whose compiler printed anything (PoCL's notes): noise that
+    # would open each log; a failed build still raises.
+    warnings.filterwarnings("ignore", module="pyopencl")

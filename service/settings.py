@@ -13,6 +13,7 @@ from accelerators.power.select import DEFAULT_MODEL_WATTS
 from service.contract import default_socket
 
 ENV_PREFIX = "HETSERVE_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,10 @@ class Settings:
         default=True, metadata={"doc": "each response carries its request's joules, their power "
                                        "source, the attribution method and the FLOPs as "
                                        "parameters (docs/observability.md)"})
+
+    def __post_init__(self) -> None:
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level: {self.log_level!r} is not one of {list(LOG_LEVELS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, /,

@@ -1,3 +1,4 @@
 """The transport-neutral core: model specs and the repository, the registry of loaded models,
 the scheduler (queue policy, batching, the device and thread a batch runs on), the ranking of
-devices, device runners, batch buffers and buckets, warm-up, statistics and metrics. Imports only service's own errors, settings and contract, and accelerators/."""
+devices, device runners, batch buffers and buckets, warm-up, statistics and metrics. Imports
+only service's own errors, settings and contract, and accelerators/."""

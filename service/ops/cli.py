@@ -68,9 +68,26 @@ _SERVE_FLAGS = [
 _REPEATABLE = {"load_model"}  # given several times, the values join with commas
 
 
+class _Version(argparse.Action):
+    """--version: the package's version and the devices its engines find here, as a model's
+    `devices` parameter names them."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from importlib.metadata import version
+
+        from accelerators.devices import inventory
+        from accelerators.engine_factory import device_specs
+
+        found = ", ".join(str(spec) for spec in device_specs(inventory())) or "none"
+        print(f"hetserve {version('hetserve')}; devices found: {found}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetserve", description="Online image recognition on FPGA, GPU and CPU.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and the devices found here, then exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(
@@ -202,8 +219,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env(**{name: _joined(getattr(args, name))
                                         for _, name in _SERVE_FLAGS})
-    except ValueError as e:
-        print(f"hetserve serve: {e}", file=sys.stderr)
+    except ValueError as e:  # "<field>: ...": named as the flag and its variable
+        field, _, reason = str(e).partition(": ")
+        flag = next((f for f, name in _SERVE_FLAGS if name == field), None)
+        named = f"{flag} ({ENV_PREFIX}{field.upper()}): {reason}" if flag else str(e)
+        print(f"hetserve serve: {named}", file=sys.stderr)
         return 2
     daemon_log.configure(settings.log_level)
     try:

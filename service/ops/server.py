@@ -109,6 +109,7 @@ async def serve(settings: Settings) -> None:
         notify("STOPPING=1")
         await asyncio.gather(front.drain(settings.shutdown_grace_s),
                              *([http.drain()] if http else []))
+    log.info("stopped: the listeners closed, the devices released")
 
 
 def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:

@@ -57,3 +57,25 @@ def test_a_broken_model_does_not_take_the_others_down(tmp_path) -> None:
             assert states["broken"][0] == "UNAVAILABLE" and "model.onnx" in states["broken"][1]
     finally:
         assert d.stop() == 0
+
+
+def test_version_and_a_wrong_flag_value_are_one_line_each() -> None:
+    version = subprocess.run([sys.executable, "-m", "service", "--version"],
+                             capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith("hetserve ")
+    assert "devices found: " in version.stdout and "onnxruntime:cpu0" in version.stdout
+    wrong = subprocess.run([sys.executable, "-m", "service", "serve", "--log-level", "debugg"],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip() == (
+        "hetserve serve: --log-level (HETSERVE_LOG_LEVEL): 'debugg' is not one of "
+        "['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL']")
+
+
+def test_the_log_opens_without_build_notes_and_ends_with_a_stopped_line(tmp_path) -> None:
+    served = Daemon(tmp_path, MODELS)
+    assert served.stop() == 0
+    log = (tmp_path / "daemon.log").read_text()
+    assert "CompilerWarning" not in log
+    assert log.rstrip().splitlines()[-1].endswith(
+        "stopped: the listeners closed, the devices released")
