@@ -161,8 +161,14 @@ class HttpFront:
         return web.Response(status=200 if reply.ready else 400)
 
     async def _server_metadata(self, request: web.Request) -> web.Response:
-        return _json(await self._servicer.ServerMetadata(pb.ServerMetadataRequest(),
-                                                         _Call(request)))
+        metadata = pb.ServerMetadataResponse()
+        metadata.CopyFrom(await self._servicer.ServerMetadata(pb.ServerMetadataRequest(),
+                                                              _Call(request)))
+        # REST has no shared-memory endpoints: gRPC on the unix socket offers it.
+        extensions = [e for e in metadata.extensions if e != "system_shared_memory"]
+        del metadata.extensions[:]
+        metadata.extensions.extend(extensions)
+        return _json(metadata)
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
         return _json(await self._servicer.ModelMetadata(pb.ModelMetadataRequest(

@@ -55,7 +55,9 @@ def test_tritonclient_http_serves_metadata_and_inference(rest, holdout) -> None:
     client = httpclient.InferenceServerClient(rest.http)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
     assert not client.is_model_ready("no-such-model")
-    assert "classification" in client.get_server_metadata()["extensions"]
+    extensions = client.get_server_metadata()["extensions"]
+    # what REST offers: shared memory is gRPC's, on the unix socket
+    assert "classification" in extensions and "system_shared_memory" not in extensions
     metadata = client.get_model_metadata(MODEL)
     assert metadata["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}]
     config = client.get_model_config(MODEL)
