@@ -4,9 +4,11 @@ online request with tritonclient and one over REST in plain JSON (the top classe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ import pandas as pd
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.local_daemon import DaemonProcess, free_port, is_ready
+from service.local_daemon import DaemonProcess, DaemonStartError, free_port, is_ready
 from service.settings import Settings
 from spark_jobs import energy
 from spark_jobs.common_scoring import softmax
@@ -38,10 +40,20 @@ def main() -> None:
         print(f"using the daemon already serving at {address}")
     else:
         OUT.mkdir(exist_ok=True)
+        (OUT / "daemon.log").unlink(missing_ok=True)  # this run's log alone
         http_port = http_port or free_port()
-        daemon = DaemonProcess(["--models", str(ROOT / "models"), "--http-port", str(http_port)],
+        grpc_port = _port(settings.grpc_host, settings.grpc_port, "gRPC", "HETSERVE_GRPC_PORT")
+        metrics_port = _port(settings.metrics_host, settings.metrics_port, "metrics",
+                             "HETSERVE_METRICS_PORT")
+        settings = dataclasses.replace(settings, grpc_port=grpc_port, metrics_port=metrics_port)
+        daemon = DaemonProcess(["--models", str(ROOT / "models"), "--http-port", str(http_port),
+                                "--port", str(grpc_port), "--metrics-port", str(metrics_port)],
                                address, OUT / "daemon.log")
-        daemon.wait_ready()
+        try:
+            daemon.wait_ready()
+        except DaemonStartError as e:
+            sys.exit(f"the daemon did not start: {str(e).splitlines()[0]} (its log: "
+                     f"{daemon.log_path})")
         print(f"started the daemon: gRPC {settings.grpc_host}:{settings.grpc_port} and "
               f"{address}, REST :{http_port}, metrics :{settings.metrics_port} "
               f"(log: {daemon.log_path})")
@@ -54,6 +66,18 @@ def main() -> None:
     finally:
         if daemon is not None:
             daemon.stop()
+
+
+def _port(host: str, port: int, what: str, variable: str) -> int:
+    """`port` where it is free, else a free one (another daemon on the default, say)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+            return port
+        except OSError:
+            chosen = free_port()
+            print(f"the {what} port {port} is taken: using {chosen} ({variable} sets it)")
+            return chosen
 
 
 def score_with_spark(address: str) -> None:
