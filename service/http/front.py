@@ -56,7 +56,11 @@ class HttpFront:
     def __init__(self, settings: Settings, token: TokenFile | None,
                  servicer: InferenceServicer, peers: Peers, reuseport: bool = False) -> None:
         self._settings, self._servicer, self._peers = settings, servicer, peers
-        self._tokens = [t for t in (token, admin_token(settings)) if t is not None]
+        # As on gRPC: the token, where one is set, guards all but health checks (the admin
+        # token's holders pass too); the admin token alone guards only model control, which
+        # the servicer checks.
+        self._tokens = [t for t in (token, admin_token(settings)) if t is not None] \
+            if token is not None else []
         self._reuseport = reuseport
         self._runner: web.AppRunner | None = None
         self._door: Door | None = None

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -205,3 +206,31 @@ def test_malformed_http_is_answered_and_logged_in_a_few_lines_without_tracebacks
     assert "Traceback" not in written
     # At most 10 lines per 10 s, per process.
     assert written.count("\n") <= 10 * rest.workers, written
+
+
+def test_the_admin_token_alone_guards_model_control_only_as_on_grpc(tmp_path, holdout) -> None:
+    """--admin-token-file without --token-file: inference and the index are open over REST as
+    over gRPC on TCP, and loading needs the admin token on both."""
+    (tmp_path / "admin").write_text(ADMIN + "\n")
+    port, sock = free_port(), tmp_path / "grpc.sock"
+    grpc_port = free_port()
+    d = DaemonProcess(["--models", str(example_repository(tmp_path, "onnxruntime")),
+                       "--port", str(grpc_port), "--socket", str(sock), "--metrics-port", "0",
+                       "--http-port", str(port), "--model-control-mode", "explicit",
+                       "--load-model", MODEL, "--admin-token-file", str(tmp_path / "admin")],
+                      f"unix:{sock}", tmp_path / "daemon.log")
+    d.wait_ready()
+    try:
+        rest = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        tcp = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert rest.get_model_metadata(MODEL)["name"] == tcp.get_model_metadata(MODEL).name
+        assert [m["name"] for m in rest.get_model_repository_index()] == \
+            [m.name for m in tcp.get_model_repository_index().models]
+        refusals = []
+        for unload in (rest.unload_model, tcp.unload_model):
+            with pytest.raises(InferenceServerException) as refused:
+                unload(MODEL)
+            refusals.append(refused.value.message())
+        assert all("admin token" in m for m in refusals), refusals
+    finally:
+        assert d.stop() == 0
