@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +128,18 @@ def assert_served(reply: np.ndarray, device: str, images: np.ndarray) -> None:
         tolerance = reference.tolerance
     expected = reference.run({"image": np.ascontiguousarray(images)}, ["logits"])["logits"]
     np.testing.assert_allclose(reply, expected, rtol=tolerance, atol=tolerance)
+
+
+def as_nobody(code: str) -> subprocess.CompletedProcess:
+    """`code` run with this Python by another local user (nobody), via setpriv; skipped where
+    this is not root, setpriv is missing or nobody cannot run this checkout's Python."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is not installed")
+    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
+        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
+    return run

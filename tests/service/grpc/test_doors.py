@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -20,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.service.conftest import as_nobody
 
 PER_PEER, TOTAL = 3, 8
 
@@ -110,7 +108,7 @@ def test_a_local_users_loopback_aliases_count_as_that_user(daemon, holdout) -> N
         code, details = _refused_soon(daemon)
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         assert f"from uid {os.getuid()}" in details, details
-        run = _as_nobody(f"""
+        run = as_nobody(f"""
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 channel = grpc.insecure_channel("127.0.0.1:{daemon.port}")
@@ -142,17 +140,3 @@ def test_idle_connections_fill_only_their_listener(roomy, holdout) -> None:
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         assert "(--max-connections-tcp)" in details
     _serves_again(roomy)
-
-
-def _as_nobody(code: str) -> subprocess.CompletedProcess:
-    """`code` run by another local user (nobody), with this Python."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is not installed")
-    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
-                         timeout=60)
-    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
-        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
-    return run

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from service.grpc import handlers
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
 from service.local_daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
-from tests.service.conftest import scrape
+from tests.service.conftest import as_nobody, scrape
 
 IMAGE_BYTES = 28 * 28 * 4
 STREAM_WINDOW = 8
@@ -156,25 +155,12 @@ def test_regions_belong_to_the_caller_that_registered_them(tmp_path, shm) -> Non
         assert d.stop() == 0
 
 
-def _as_nobody(code: str) -> subprocess.CompletedProcess:
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is not installed")
-    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
-                         timeout=60)
-    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
-        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
-    return run
-
-
 def test_another_local_user_reads_no_region_and_unregisters_none(daemon, unix, shm,
                                                                  holdout) -> None:
     key, fd = shm
     os.pwrite(fd, np.ascontiguousarray(holdout[0][:1]).tobytes(), 0)
     unix.register_system_shared_memory("victim", key, IMAGE_BYTES)
-    run = _as_nobody(f"""
+    run = as_nobody(f"""
 import tritonclient.grpc as g
 from tritonclient.utils import InferenceServerException
 c = g.InferenceServerClient({daemon.url!r})
