@@ -89,7 +89,8 @@ class OnnxRuntimeEngine:
                         "session serves every batch size")
             return
         self._sessions = {size: BoundSession(self._ort, self._session if i == 0
-                                             else self._new_session(), size, self._bind_to)
+                                             else self._new_session(), size, self._bind_to,
+                                             self._cuda_graphs)
                           for i, size in enumerate(sizes)}
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
