@@ -15,7 +15,7 @@ messages, so the client is not what limits the daemon.
 
     .venv/bin/python -m bench.gpu_node [--models mnist,resnet50] [--concurrency 1,16,64,256]
         [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime]
-        [--shared-memory none|system] [--json out.json]
+        [--instances N] [--shared-memory none|system] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ SHAPES = {"mnist": ("image", (1, 28, 28), "logits", 10),
           "resnet50": ("image", (3, 224, 224), "logits", 1000)}
 
 
-def repository(folder: Path, models: list[str], buckets: str, devices: str) -> Path:
+def repository(folder: Path, models: list[str], buckets: str, devices: str,
+               instances: int = 0) -> Path:
     import onnx
 
     from tools import cnn_architectures
@@ -64,7 +65,9 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str) -> P
             f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ {classes} ] }} ]\n'
             "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
             f'parameters {{ key: "batch_buckets" value: {{ string_value: "{buckets}" }} }}\n'
-            f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n')
+            f'parameters {{ key: "devices" value: {{ string_value: "{devices}" }} }}\n'
+            + (f"instance_group [ {{ kind: KIND_GPU count: {instances} }} ]\n"
+               if instances else ""))
         safe_files.write_file(folder / name / "config.pbtxt", config, flag=None)
     return folder
 
@@ -159,6 +162,8 @@ def main() -> None:
     parser.add_argument("--devices", default="onnxruntime",
                         help="the models' devices (onnxruntime: every GPU; onnxruntime:gpu0 "
                              "compares one GPU with the in-process engine, which runs on gpu0)")
+    parser.add_argument("--instances", type=int, default=0,
+                        help="engine instances per GPU (instance_group count; 0: the default, 1)")
     parser.add_argument("--shared-memory", choices=("none", "system"), default="none",
                         help="where the requests' images travel: in the messages, or in a "
                              "system shared-memory region over the daemon's unix socket")
@@ -167,7 +172,7 @@ def main() -> None:
     models = args.models.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-gpu-bench-"))
-    repo = repository(tmp / "models", models, args.buckets, args.devices)
+    repo = repository(tmp / "models", models, args.buckets, args.devices, args.instances)
     port, metrics_port = free_port(), free_port()
     socket = tmp / "daemon.sock"
     socket_url = f"unix:{socket}" if args.shared_memory == "system" else ""

@@ -116,3 +116,14 @@ def worker_sockets(socket: Path) -> list[Path]:
     while (next_one := worker_socket(socket, len(found))).exists():
         found.append(next_one)
     return found
+
+
+def front_end_addresses(address: str) -> list[str]:
+    """The addresses a client spreads its calls over: every socket of a daemon with several
+    front-end processes, else the address alone (TCP: the kernel spreads connections over the
+    front-ends' SO_REUSEPORT listeners). A region registered at one of them is known to all
+    (docs/serving.md). Calls on one socket alone queue behind one front-end's event loop."""
+    if not address.startswith("unix:"):
+        return [address]
+    own = Path(address.removeprefix("unix:").removeprefix("//"))
+    return [address] + [f"unix:{path}" for path in worker_sockets(own)[1:]]

@@ -200,16 +200,6 @@ def _status(e: InferenceServerException) -> str:
     return str(e.status())
 
 
-def _worker_addresses(address: str) -> list[str]:
-    """The addresses a call spreads its requests over: every socket of a daemon with several
-    front-end processes (service/contract.worker_sockets), else the address alone. A region
-    registered at one of them is known to all (docs/serving.md)."""
-    if not address.startswith("unix:"):
-        return [address]
-    own = Path(address.removeprefix("unix:").removeprefix("//"))
-    return [address] + [f"unix:{path}" for path in contract.worker_sockets(own)[1:]]
-
-
 def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: int | None,
           inflight: int, priority: int = 0, retry: RetryPolicy = RetryPolicy(),
           recover: Callable[[], str] | None = None,
@@ -225,7 +215,7 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
     step = model.request_batch(batch_size)
     samples = np.ascontiguousarray(samples)
     sample_bytes = samples[:1].nbytes
-    targets = _worker_addresses(address)
+    targets = contract.front_end_addresses(address)
     region: list[str | None] = [None]  # the call's shared memory, while the daemon knows it
 
     def one(start: int) -> grpcclient.InferResult:

@@ -158,17 +158,22 @@ def merge(parts: list[dict]) -> dict:
 
 class ClientPool:
     """`processes` spawned client processes (gRPC objects must not cross a fork), each holding a
-    channel to every target; `run` drives one load point from all of them."""
+    channel to every target; `run` drives one load point from all of them. On a unix socket the
+    processes take the daemon's front-end sockets in turn, as the Spark client's calls do: on the
+    daemon's own socket alone, one front-end carried every call, and ResNet-50 on an H200 at
+    concurrency 64 ran batches of 8-17 where spread it runs 32 (docs/benchmarks/gpu.md)."""
 
     def __init__(self, processes: int, addresses: dict[str, str],
                  request: pb.ModelInferRequest) -> None:
         context = multiprocessing.get_context("spawn")
         self._pipes = []
         self._processes = []
-        for _ in range(processes):
+        spread = {target: contract.front_end_addresses(a) for target, a in addresses.items()}
+        for i in range(processes):
             ours, theirs = context.Pipe()
+            mine = {target: a[i % len(a)] for target, a in spread.items()}
             process = context.Process(target=_client_main,
-                                      args=(theirs, addresses, request.SerializeToString()),
+                                      args=(theirs, mine, request.SerializeToString()),
                                       daemon=True)
             process.start()
             self._pipes.append(ours)

@@ -44,3 +44,12 @@ def test_the_bucket_rule() -> None:
     assert contract.batch_buckets(100) == (1, 2, 4, 8, 16, 32, 64, 100)
     assert contract.batch_buckets(128) == (1, 2, 4, 8, 16, 32, 64, 128)
     assert contract.batch_buckets(128, (48, 16, 48)) == (16, 48)
+
+
+def test_a_unix_address_spreads_over_every_front_end_socket_beside_it(tmp_path) -> None:
+    own = tmp_path / "grpc.sock"
+    for path in (own, contract.worker_socket(own, 1), contract.worker_socket(own, 2)):
+        path.touch()
+    assert contract.front_end_addresses(f"unix:{own}") == [
+        f"unix:{own}", f"unix:{own}.1", f"unix:{own}.2"]
+    assert contract.front_end_addresses("127.0.0.1:8001") == ["127.0.0.1:8001"]
