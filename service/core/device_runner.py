@@ -30,12 +30,13 @@ from service.errors import DeviceError
 _SMOOTHING = 0.2  # weight of the newest batch in a size's time average
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
 _HANDOFFS = 15  # the latest hand-offs measured, whose median is the hand-off's cost
+_CUT_GAIN = 1.05  # a smaller bucket's samples per second over the whole batch's, to cut at it
 
 
 class BatchTimes:
-    """Seconds per batch by batch size, averaged, from the batches a device ran. A size not
-    run yet is estimated from the next larger one run (a batch takes no longer than a larger
-    one), or scaled up from the largest."""
+    """Seconds per batch by the rows it ran (a bucketed device's padding included), averaged,
+    from the batches a device ran. A size not run yet is estimated from the next larger one run
+    (a batch takes no longer than a larger one), or scaled up from the largest."""
 
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
@@ -48,6 +49,10 @@ class BatchTimes:
             bisect.insort(self._sizes, size)
         else:
             self._seconds[size] = previous + _SMOOTHING * (seconds - previous)
+
+    def measured(self, size: int) -> float | None:
+        """The average of batches of exactly `size`; None if none ran."""
+        return self._seconds.get(size)
 
     def estimate(self, size: float) -> float | None:
         """None before any batch ran."""
@@ -125,14 +130,29 @@ class DeviceRunner:
         return statistics.median(self._handoffs) if self._handoffs else None
 
     def expected_batch_s(self, size: int) -> float | None:
-        return self.times.estimate(size)
+        return self.times.estimate(self.rows_for(size))
+
+    def batch_size_for(self, queued: int) -> int:
+        """How many of `queued` samples the next batch takes: all of them, unless a smaller
+        bucket runs clearly more samples per second than they do padded up to theirs. On an
+        H200, ResNet-50's batches of 33-40 were padded to 64 and took twice 32's time: now 32
+        go, and the rest with the next batch. Measured buckets only: an estimate scaled from
+        a smaller bucket would keep a device that ran batches of one cutting at one."""
+        if self.buckets is None or (whole := self.times.measured(self.rows_for(queued))) is None:
+            return queued
+        best, best_rate = queued, _CUT_GAIN * queued / whole
+        for size in self.buckets.sizes:
+            seconds = self.times.measured(size) if size < queued else None
+            if seconds is not None and size / seconds > best_rate:
+                best, best_rate = size, size / seconds
+        return best
 
     def expected_completion_s(self, size: int) -> float:
         """Seconds until a batch of `size` handed over now would be done, from measured speed
         (the instances share the samples already pending). An unmeasured device: 0 while idle
         (it gets tried), unbounded while its first batches run (a slow one must not collect
         every batch before its speed is known)."""
-        batch_s = self.times.estimate(self.pending_samples / self.instances + size)
+        batch_s = self.expected_batch_s(math.ceil(self.pending_samples / self.instances + size))
         if batch_s is None:
             return math.inf if self.pending_samples else 0.0
         return batch_s
@@ -221,7 +241,7 @@ class DeviceRunner:
             self.known_good = batch.sample()
         # Plain updates from the instance threads (a rare lost update of an average is
         # harmless); the scheduler and the ranking only read them.
-        self.times.observe(size, busy_s)
+        self.times.observe(self.rows_for(size), busy_s)
         sample_s = busy_s / size
         previous = self.seconds_per_sample
         self.seconds_per_sample = sample_s if previous is None else \

@@ -91,6 +91,10 @@ class Device(Protocol):
     def expected_batch_s(self, size: int) -> float | None:
         """How long a batch of `size` computes, from measured batches; None before any."""
 
+    def batch_size_for(self, queued: int) -> int:
+        """How many of `queued` samples its next batch should take for the most samples per
+        second (fewer where padding up would waste more than it gains)."""
+
     async def run(self, batch: Batch, outputs: list[str], size: int,
                   since: float | None = None) -> Answer:
         """On an instance thread, which assembles the batch (raises DeviceError). `since`:
@@ -414,7 +418,7 @@ class Scheduler:
 
     def _take(self) -> list[_Pending]:
         """Highest priority first, FIFO within a level, delayed requests last."""
-        limit = max(self.policy.max_batch_size, 1)
+        limit = self._limit()
         now = self._loop.time()
         batch: list[_Pending] = []
         total = 0
@@ -447,6 +451,14 @@ class Scheduler:
                 batch.append(pending)
                 total += pending.size
         return batch
+
+    def _limit(self) -> int:
+        """The samples the next batch may take: up to max_batch_size, as many as the device
+        that would run it runs fastest per sample."""
+        most = max(self.policy.max_batch_size, 1)
+        queued = min(self._takeable(), most)
+        devices = self._ranking.candidates(queued) if queued > 1 else ()
+        return devices[0].batch_size_for(queued) if devices else most
 
     def _batch(self, pending: list[_Pending]) -> Batch:
         """The requests' batch; one whose inputs cannot be read (its client's shared memory

@@ -16,6 +16,7 @@ from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from accelerators.power.meter import PowerMonitor
 from accelerators.power.model import ModelEstimate
 from service.core.batch_buffers import Batch, BatchBuffers
+from service.core.buckets import Buckets
 from service.core.device_runner import BatchTimes, DeviceRunner
 from service.core.metrics import Metrics
 from service.core.queue_policy import BatchPolicy
@@ -158,3 +159,32 @@ def test_a_device_that_fails_an_inline_batch_is_marked_failed_and_the_next_runs_
         return inline_failed, result
     inline_failed, result = asyncio.run(main())
     assert inline_failed and result.device == "cpu0"
+
+
+# ResNet-50 on an H200 (bench/curves/h200_resnet50.curve): seconds per batch by bucket.
+H200 = {1: 0.001715, 2: 0.00173, 4: 0.001754, 8: 0.0025, 16: 0.004015, 32: 0.007702,
+        64: 0.015213}
+
+
+def test_a_bucketed_device_cuts_a_batch_where_padding_up_would_waste_time() -> None:
+    """Batches of 33-40 padded up to 64 took twice 32's time on an H200: the batch is cut at the
+    bucket that runs the most samples per second, and a device without buckets takes all."""
+    path = MODELS / MODEL / "1" / "model.onnx"
+    metrics = Metrics(PowerMonitor(model_watts="cpu=10:65"))
+    bucketed = DeviceRunner(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics,
+                            buckets=Buckets(tuple(H200)))
+    plain = DeviceRunner(MODEL, [OnnxRuntimeEngine(path, 1, use_gpu=False)], metrics)
+    try:
+        assert bucketed.batch_size_for(40) == 40  # nothing measured: no cut
+        bucketed.times.observe(1, H200[1])
+        assert bucketed.batch_size_for(15) == 15  # only batches of one ran: no cut on a guess
+        for rows, seconds in H200.items():
+            bucketed.times.observe(rows, seconds)
+            plain.times.observe(rows, seconds)
+        assert [bucketed.batch_size_for(n) for n in (64, 60, 33, 32, 20, 9, 3, 1)] == \
+            [64, 32, 32, 32, 16, 8, 3, 1]
+        assert bucketed.expected_batch_s(33) == H200[64]
+        assert [plain.batch_size_for(n) for n in (64, 33, 3)] == [64, 33, 3]
+    finally:
+        bucketed.close()
+        plain.close()

@@ -41,6 +41,7 @@ class _Device:
         self.runs, self.delay_s, self.handoff_s = runs, delay_s, handoff_s
         self.inline: list[bool] = []  # per batch, whether it ran on the loop's thread
         self.running = 0
+        self.fastest = 0  # a batch size that runs fastest per sample (0: any)
 
     @property
     def idle(self) -> bool:
@@ -48,6 +49,9 @@ class _Device:
 
     def expected_batch_s(self, size):
         return self.delay_s
+
+    def batch_size_for(self, queued):
+        return min(queued, self.fastest or queued)
 
     async def run(self, batch, outputs, size, since=None):
         inputs = batch.inputs()
@@ -135,6 +139,20 @@ def test_a_full_batch_leaves_without_waiting_and_never_exceeds_max() -> None:
         await b.close()
         return runs
     assert [len(r) for r in asyncio.run(main())] == [4, 4]
+
+
+def test_a_batch_takes_what_its_device_runs_fastest_and_leaves_the_rest_for_the_next() -> None:
+    async def main():
+        runs: list = []
+        device = _Device(runs, 0.0, None)
+        device.fastest = 2
+        b = _scheduler(_policy(8), device)
+        out = await asyncio.gather(*[b.submit(_x(i), 1) for i in range(5)])
+        await b.close()
+        return runs, out
+    runs, out = asyncio.run(main())
+    assert runs == [[0, 1], [2, 3], [4]]
+    assert [o.outputs["y"].tolist() for o in out] == [[0], [2], [4], [6], [8]]
 
 
 def test_cancelled_requests_are_dropped_before_running() -> None:
