@@ -70,7 +70,8 @@ def compare(name: str, path: Path, input_name: str, shape: tuple[int, ...], batc
             top = "; ".join(f"{t.kernel} ({t.node}) {t.seconds * 1e3:.2f} ms"
                             + (f" = {t.flops / t.seconds / 1e9:.0f} GFLOP/s" if t.flops else "")
                             for t in launches[:3])
-            device = contract.reply_device(engine.device.name, engine.device.emulated)
+            device = contract.reply_device(engine.device.engine, engine.device.name,
+                                            engine.device.emulated)
             rows.append(f"| {name} | {device} | {batch} | {ours:,.0f} | "
                         f"{theirs:,.0f} | {ours / theirs:.3f} | {total * 1e3:.1f} ms: {top} |")
             print(rows[-1], flush=True)

@@ -25,13 +25,15 @@ FLOPS_PARTIAL_PARAMETER = "flops_partial"
 # The batch's run time on the device times the device's full-load watts, shared among the
 # batches running on it side by side, split across the batch's rows (padding included).
 ENERGY_METHOD = "busy-time-share"
-# How a reply's `device` marks an emulated FPGA (`fpga0 (emulated)`): never taken for a board.
+# How a reply's `device` marks an emulated FPGA (`opencl:fpga0 (emulated)`): never taken for a
+# board.
 EMULATED = "(emulated)"
 
 
-def reply_device(name: str, emulated: bool) -> str:
-    """The device as replies (and so the Spark job's energy summary) name it."""
-    return f"{name} {EMULATED}" if emulated else name
+def reply_device(engine: str, name: str, emulated: bool) -> str:
+    """The engine and device as replies (and so the Spark job's energy summary) name them, as a
+    model's `devices` parameter and the metrics do: `onnxruntime:cpu0`, `opencl:cpu0`."""
+    return f"{engine}:{name}" + (f" {EMULATED}" if emulated else "")
 
 
 def batch_buckets(max_batch_size: int, preferred: Iterable[int] = ()) -> tuple[int, ...]:

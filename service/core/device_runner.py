@@ -73,7 +73,8 @@ class DeviceRunner:
         self.buckets = buckets
         self.instances = len(engines)
         self.device = engines[0].device
-        self._reply_device = contract.reply_device(self.device.name, self.device.emulated)
+        self._reply_device = contract.reply_device(self.device.engine, self.device.name,
+                                                    self.device.emulated)
         # One thread per instance: engines are not re-entrant, and they release the GIL. With
         # as many threads as engines, a thread always finds an idle engine to pop. Batches reach
         # them through one queue and come back through one wake-up of the event loop: half the

@@ -93,7 +93,8 @@ def test_a_built_binary_is_served_from_hetserve_fpga_binaries(tmp_path, monkeypa
                 got, ref = reply.as_numpy("logits"), _reference(images[lo:hi])
                 assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max()
                 parameters = reply.get_response().parameters
-                assert parameters[contract.DEVICE_PARAMETER].string_param == "fpga0 (emulated)"
+                assert parameters[contract.DEVICE_PARAMETER].string_param == \
+                    "opencl:fpga0 (emulated)"
         samples = scrape(daemon.metrics_url)
         assert total(samples, "hetserve_inferences_total", device="fpga0", kind="fpga-emulator",
                      engine="opencl") == 9
@@ -200,7 +201,7 @@ def test_a_bad_binary_or_a_missing_emulator_leaves_the_next_device_serving(
                 with grpcclient.InferenceServerClient(daemon.url) as client:
                     reply = client.infer(MODEL, image_input(holdout[0][:4]))
                 assert reply.get_response().parameters[
-                    contract.DEVICE_PARAMETER].string_param == "cpu0"
+                    contract.DEVICE_PARAMETER].string_param == "onnxruntime:cpu0"
             finally:
                 assert daemon.stop() == 0
             lines = [line for line in (run / "daemon.log").read_text().splitlines()
@@ -252,7 +253,7 @@ def test_a_board_that_fails_under_load_fails_over_without_losing_a_request(
     finally:
         assert daemon.stop() == 0
     assert errors == [] and len(answers) == 160
-    assert "fpga0 (emulated)" in answers and "cpu0" in answers
+    assert "opencl:fpga0 (emulated)" in answers and "onnxruntime:cpu0" in answers
     assert total(samples, "hetserve_failovers_total", device="fpga0") >= 1
 
 
@@ -268,7 +269,8 @@ def test_a_board_that_fails_its_warm_up_is_dropped_and_the_next_device_serves(
             config = client.get_model_config(MODEL).config
             reply = client.infer(MODEL, image_input(holdout[0][:2]))
         assert config.parameters["devices"].string_value == "onnxruntime:cpu0"
-        assert reply.get_response().parameters[contract.DEVICE_PARAMETER].string_param == "cpu0"
+        assert reply.get_response().parameters[contract.DEVICE_PARAMETER].string_param == \
+            "onnxruntime:cpu0"
     finally:
         assert daemon.stop() == 0
     lines = [line for line in (tmp_path / "daemon.log").read_text().splitlines()

@@ -106,8 +106,10 @@ def node_devices() -> list[str]:
 
 
 def reply_devices() -> list[str]:
-    """node_devices() as replies name them: the emulator as `fpga0 (emulated)`."""
-    return [f"{d} (emulated)" if d.startswith("fpga") else d for d in node_devices()]
+    """node_devices() as replies name them, with their engine: the emulator as
+    `opencl:fpga0 (emulated)`, the others `onnxruntime:gpu0` or `onnxruntime:cpu0`."""
+    return [f"opencl:{d} (emulated)" if d.startswith("fpga") else f"onnxruntime:{d}"
+            for d in node_devices()]
 
 
 @functools.cache
@@ -121,6 +123,7 @@ def assert_served(reply: np.ndarray, device: str, images: np.ndarray) -> None:
     """`reply` equals the example model run in-process by the same engine on the device that
     served it (the reply's `device`), within the tolerance that engine declares (TF32 on GPUs);
     hetserve's OpenCL kernels (the emulated FPGA) within 1e-4 of ONNX Runtime on the CPU."""
+    device = device.partition(":")[2].removesuffix(" (emulated)")  # the engine's device
     if device.startswith("fpga"):
         reference, tolerance = _reference("cpu0"), 1e-4
     else:

@@ -93,11 +93,11 @@ def test_a_job_scores_through_the_emulated_fpga_and_says_so(spark, holdout, tmp_
         assert daemon.stop() == 0
     assert len(scored) == 300 and (scored.sort_values("id")["label"].to_numpy()
                                    == holdout[1][:300]).mean() >= 0.95
-    assert set(scored["device"]) == {"fpga0 (emulated)"}
+    assert set(scored["device"]) == {"opencl:fpga0 (emulated)"}
     summary = _summary(tmp_path)
-    assert list(summary["by_device"]) == ["fpga0 (emulated)"] and summary["estimate"]
+    assert list(summary["by_device"]) == ["opencl:fpga0 (emulated)"] and summary["estimate"]
     described = "\n".join(energy.describe(summary))
-    assert "  device fpga0 (emulated): 300 rows" in described
+    assert "  device opencl:fpga0 (emulated): 300 rows" in described
     assert "(emulated): an FPGA emulator ran these rows on the host's CPU" in described
 
 

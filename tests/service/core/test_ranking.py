@@ -118,7 +118,7 @@ def test_a_failed_device_goes_last_until_a_probe_succeeds(workers, tmp_path, hol
         return result
     result = asyncio.run(main())
     assert result.outputs["logits"].shape == (2, 10) and fpga.healthy
-    assert result.device == "cpu0"  # the batch that fpga0 failed ran on cpu0
+    assert result.device == "onnxruntime:cpu0"  # the batch that fpga0 failed ran on cpu0
 
 
 def test_a_runner_measures_its_batch_times_and_a_lone_requests_hand_off(workers, holdout) -> None:
@@ -158,7 +158,7 @@ def test_a_device_that_fails_an_inline_batch_is_marked_failed_and_the_next_runs_
         await scheduler.close()
         return inline_failed, result
     inline_failed, result = asyncio.run(main())
-    assert inline_failed and result.device == "cpu0"
+    assert inline_failed and result.device == "onnxruntime:cpu0"
 
 
 # ResNet-50 on an H200 (bench/curves/h200_resnet50.curve): seconds per batch by bucket.
