@@ -78,6 +78,10 @@ def latency(prev: Snapshot, cur: Snapshot, q: float) -> dict[str, float]:
     return {model: quantile(q, buckets) for model, buckets in per_model.items()}
 
 
+# The servicer counts a request that names no served model under model="".
+_NO_MODEL = "(no model)"
+
+
 def _fmt(value: float, digits: int = 1) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
 
@@ -93,7 +97,7 @@ def render(prev: Snapshot, cur: Snapshot, url: str) -> str:
              f"{'QUEUE':>7}"]
     for (model,), rps in sorted(requests.items()):
         fails = sum(v for k, v in failed.items() if k[0] == model)
-        lines.append(f"{model:<20} {_fmt(rps):>9} {_fmt(fails):>9} "
+        lines.append(f"{model or _NO_MODEL:<20} {_fmt(rps):>9} {_fmt(fails):>9} "
                      f"{_fmt(p50.get(model, math.nan) * 1e3, 2):>8} "
                      f"{_fmt(p99.get(model, math.nan) * 1e3, 2):>8} "
                      f"{_fmt(queue.get((model,), 0.0), 2):>7}")
@@ -122,8 +126,8 @@ def render(prev: Snapshot, cur: Snapshot, url: str) -> str:
     # joules there are the device's joules per inference times the model's rows per request.
     rows = rate(prev, cur, "hetserve_inferences_total", ("model",))
     answered = {model: v for (model, code), v in by_code.items() if code == "OK"}
-    lines += ["", f"{'MODEL':<20} {'DEVICE':<10} {'INF/S':>9} {'MJ/INFERENCE':>13} "
-                  f"{'MJ/REQUEST':>11} SOURCE"]
+    lines += ["", f"{'MODEL':<20} {'DEVICE':<10} {'INF/S':>9} {'mJ/INFERENCE':>13} "
+                  f"{'mJ/REQUEST':>11} SOURCE"]
     for (model, device, source), joules in sorted(model_joules.items()):
         estimated |= source == "model"
         n = per_model.get((model, device), 0.0)

@@ -121,10 +121,13 @@ def compare(result: SweepResult, written: Measurement, objective: str,
 def comparison_text(comparison: Comparison, objective: str) -> str:
     ratio = comparison.ratio(objective)
     unit = rank.UNITS[objective]
-    ours = rank.figure(comparison.written, objective)
+    digits = 4 if objective == "energy" else 1
+    ours = _num(rank.figure(comparison.written, objective), digits)
     theirs = rank.figure(comparison.shipped, objective) if comparison.shipped else None
-    return (f"{_num(ours, 4 if objective == 'energy' else 1)} {unit} against the shipped "
-            f"config's {_num(theirs, 4 if objective == 'energy' else 1)}: "
+    if theirs is None or ratio is None:  # no point of the shipped config qualified
+        return (f"{ours} {unit}, where the shipped config had no qualifying point "
+                f"({comparison.how}; its row in the table says why)")
+    return (f"{ours} {unit} against the shipped config's {_num(theirs, digits)}: "
             f"{_num(ratio, 2)}x ({comparison.how})")
 
 

@@ -67,7 +67,8 @@ def _snapshot(at: float, joules: float, inferences: float, ok: float, failed: fl
         ("hetserve_inferences_total", labels(model="m", device="cpu0")): inferences,
         ("hetserve_inferences_total", labels(model="m", device="fpga0")): inferences,
         ("hetserve_requests_total", labels(model="m", code="OK")): ok,
-        ("hetserve_requests_total", labels(model="m", code="RESOURCE_EXHAUSTED")): failed})
+        ("hetserve_requests_total", labels(model="m", code="RESOURCE_EXHAUSTED")): failed,
+        ("hetserve_requests_total", labels(model="", code="NOT_FOUND")): failed})
 
 
 def test_joules_per_request_are_per_inference_times_the_models_rows_per_request() -> None:
@@ -78,6 +79,9 @@ def test_joules_per_request_are_per_inference_times_the_models_rows_per_request(
     assert rows["cpu0"][2:] == ["50.0", "20.000", "160.000", "model", "(est.)"]  # 8 rows/request
     assert rows["fpga0"][2:] == ["50.0", "5.000", "40.000", "xrt"]
     assert "model* and model (est.): an estimate" in frame
+    assert "mJ/INFERENCE" in frame and "mJ/REQUEST" in frame  # milli, not mega
+    assert next(line for line in frame.splitlines() if line.startswith("(no model)")).split()[
+        2:4] == ["2.5", "2.5"]  # requests naming no served model: 5 in 2 s, all failed
 
 
 def test_top_reports_an_unreachable_daemon() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.clients.figures import pareto
-from service.clients.tune import rank
+from service.clients.tune import rank, report
 from service.clients.tune.measure import LoadPoint, Measurement
 from service.clients.tune.space import Candidate
 
@@ -47,3 +47,14 @@ def test_ranking_puts_candidates_without_a_qualifying_point_last_in_measured_ord
 def test_the_front_keeps_the_points_nothing_beats_on_both_axes() -> None:
     points = [(100, 1.0), (200, 0.5), (150, 0.4), (50, 1.2), (200, 0.3)]
     assert pareto(points, key=lambda p: (p[1], p[0])) == [(50, 1.2), (100, 1.0), (200, 0.5)]
+
+
+def test_the_comparison_says_so_where_the_shipped_config_had_no_qualifying_point() -> None:
+    written = _point(4, 800.0, 20.0)
+    against = report.comparison_text(report.Comparison(written, _point(4, 400.0, 25.0), "x"),
+                                     "throughput")
+    assert against == "800.0 req/s against the shipped config's 400.0: 2.00x (x)"
+    alone = report.comparison_text(report.Comparison(written, None, "in the sweep"),
+                                   "throughput")
+    assert alone.startswith("800.0 req/s, where the shipped config had no qualifying point")
+    assert "-" not in alone.split("(")[0]

@@ -99,8 +99,9 @@ def test_a_short_sweep_over_both_engines_writes_a_config_as_good_as_the_shipped_
     assert any("power sources: cpu0: model estimate" in line for line in header)
     assert (model_dir / "config.pbtxt").read_bytes() == shipped_text  # untouched without --write
     assert (report / "report.md").is_file() and (report / "front.png").is_file()
-    out = capsys.readouterr().out
-    assert "written:" in out and "against the shipped config's" in out
+    captured = capsys.readouterr()
+    assert "written:" in captured.out and "against the shipped config's" in captured.out
+    assert "s] shipped: " in captured.err  # progress as plain lines where stderr is no terminal
 
     served = _serve_and_infer(tuned, tmp_path)
     assert served["parameters"]["devices"]["string_value"]
