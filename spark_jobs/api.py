@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
 from spark_jobs.common_scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
-from spark_jobs.daemon import ADDRESS_CONF, NodeDaemon, resolve_address
+from spark_jobs.daemon import ADDRESS_CONF, NoDaemonError, NodeDaemon, resolve_address
 from spark_jobs.pandas_scoring import score_frames
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
 
 
 OWNER_CONF = "spark.hetserve.owner"  # names the job in the daemons it starts
+# Spark's own log level; WARN unless the job is submitted with `--conf spark.log.level=INFO`.
+LOG_LEVEL_CONF = "spark.log.level"
 
 
 def node_daemon(spark: SparkSession, address: str | None = None,
@@ -110,9 +113,14 @@ def job_session(app_name: str, address: str | None,
         # A failure here resurfaces, with its reason, when the job asks for the daemon.
         threading.Thread(target=_quietly, args=(NodeDaemon(address, model_repository, owner)
                                                 .ensure,), daemon=True).start()
-    spark = SparkSession.builder.appName(app_name).config(OWNER_CONF, owner).getOrCreate()
+    builder = SparkSession.builder.appName(app_name).config(OWNER_CONF, owner)
+    if not SparkConf().contains(LOG_LEVEL_CONF):  # Spark's INFO lines would bury the job's own
+        builder = builder.config(LOG_LEVEL_CONF, "WARN")
+    spark = builder.getOrCreate()
     try:
         yield spark
+    except NoDaemonError as e:  # the job's own words, not a traceback
+        raise SystemExit(f"{app_name}: {e}") from None
     finally:
         try:
             stop_started_daemons(spark, address)

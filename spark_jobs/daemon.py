@@ -95,6 +95,10 @@ def _spark_jvm_pid() -> int:
     return os.getpid()
 
 
+class NoDaemonError(RuntimeError):
+    """No daemon answers on this node, and the job may not or could not start one."""
+
+
 @dataclass(frozen=True)
 class NodeDaemon:
     """Which daemon a job uses on each node; shipped to the executors.
@@ -116,8 +120,10 @@ class NodeDaemon:
         if is_ready(address):
             return address
         if self.model_repository is None:
-            raise RuntimeError(f"no hetserve daemon answers at {address} and the job was "
-                               "not allowed to start one (no model repository given)")
+            raise NoDaemonError(f"no hetserve daemon answers at {address}, and this job starts "
+                                "none: it has no model repository to start one with "
+                                "(score.py and stream.py: --no-start-daemon, or a daemon "
+                                "reached over TLS)")
         socket = _node_socket(address)
         deadline = time.monotonic() + timeout_s
         with _locked(socket.parent) as folder_fd:
@@ -127,7 +133,7 @@ class NodeDaemon:
                     self._start(address, socket, folder_fd, timeout_s)
                     break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the hetserve daemon at {address} (pid "
+                    raise NoDaemonError(f"the hetserve daemon at {address} (pid "
                                        f"{local_daemon.holder(socket)}) runs but has not been "
                                        f"ready for {timeout_s:.0f} s")
                 time.sleep(0.2)

@@ -141,6 +141,9 @@ def write(spark: SparkSession, scored: DataFrame, args: argparse.Namespace,
         summary = energy.write_parquet(spark, both.filter(~failed).drop("error"), args.output,
                                        energy_meter)
         output.write_parquet(spark, both.filter(failed).select("id", "error"), args.errors)
+        count = spark.read.parquet(args.errors).count()
+        log.info("%d row%s could not be scored: in %s, with the reason of each", count,
+                 "" if count == 1 else "s", args.errors)
         return summary
     finally:
         output.delete(spark, staging)

@@ -15,7 +15,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -84,8 +83,7 @@ def score_with_spark(address: str) -> None:
     images, labels = mnist_digits.holdout_split()
     OUT.mkdir(exist_ok=True)
     source, scored = OUT / "digits.parquet", OUT / "scored.parquet"
-    pd.DataFrame({"id": np.arange(len(labels)),
-                  "tensor": [x.tobytes() for x in images], "label": labels}).to_parquet(source)
+    mnist_digits.write_parquet(source, images, labels)
     print(f"\n== Spark: spark-submit spark_jobs/score.py on {len(labels)} held-out digits")
     job = subprocess.run(
         [Path(sys.executable).parent / "spark-submit", "--master", "local[2]",

@@ -3,14 +3,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
 from spark_jobs import staging
+from tools.mnist_digits import write_parquet as write_digits  # noqa: F401 (the tests' input)
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
               "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -26,11 +24,3 @@ def spark() -> Iterator[SparkSession]:
     yield session
     session.stop()
     staging.unlink_orphans()  # the regions its stopped Python workers kept (docs/spark.md)
-
-
-def write_digits(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
-    """The Parquet layout score.py reads: id, tensor (raw float32 bytes), and the label."""
-    pd.DataFrame({"id": np.arange(len(labels), dtype=np.int64),
-                  "tensor": [np.ascontiguousarray(x, np.float32).tobytes() for x in images],
-                  "label": labels}).to_parquet(path)
-    return path

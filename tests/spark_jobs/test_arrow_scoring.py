@@ -14,7 +14,7 @@ from pyspark import Accumulator
 from spark_jobs.arrow_scoring import score_batches
 from spark_jobs.client import ModelInterface
 from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions
-from spark_jobs.daemon import NodeDaemon
+from spark_jobs.daemon import NoDaemonError, NodeDaemon
 from spark_jobs.energy import TallyParam
 from tests.service.conftest import reply_devices
 
@@ -89,8 +89,8 @@ def test_a_task_whose_node_has_no_daemon_and_may_not_start_one_fails_naming_it(o
     nobody = f"unix:{tmp_path / 'nobody.sock'}"
     batch = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64()),
                                         "tensor": pa.array([holdout[0][0].tobytes()])})
-    with pytest.raises(RuntimeError, match=f"no hetserve daemon answers at {nobody} and the "
-                                           "job was not allowed to start one"):
+    with pytest.raises(NoDaemonError, match=f"no hetserve daemon answers at {nobody}, and "
+                                            "this job starts none"):
         _score(ScoreOptions(NodeDaemon(nobody, None, "test"), options.model), batch)
 
 

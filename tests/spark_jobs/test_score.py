@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -190,10 +191,12 @@ def test_a_malformed_row_fails_the_job_naming_its_id_and_leaves_no_output(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet"]  # nothing partial
 
 
-def test_malformed_rows_go_to_the_error_output_when_asked(spark, daemon, tmp_path):
+def test_malformed_rows_go_to_the_error_output_when_asked(spark, daemon, tmp_path, caplog):
     errors = tmp_path / "errors.parquet"
-    scored = _run(spark, daemon, tmp_path, "--input", str(_malformed(tmp_path)),
-                  "--errors", str(errors))
+    with caplog.at_level(logging.INFO, logger="hetserve.score"):
+        scored = _run(spark, daemon, tmp_path, "--input", str(_malformed(tmp_path)),
+                      "--errors", str(errors))
+    assert f"1 row could not be scored: in {errors}, with the reason of each" in caplog.text
     assert sorted(scored["id"]) == [1, 3] and "error" not in scored.columns
     assert _summary(tmp_path)["rows"] == 2  # the rows scored, not the malformed one
     failed = pd.read_parquet(errors)
@@ -223,3 +226,23 @@ def test_spark_submit_starts_a_daemon_when_none_answers_and_stops_it(holdout, tm
     assert json.loads((out / ENERGY_FILE).read_text())["rows"] == 200
     leftovers = subprocess.run(["pgrep", "-f", str(socket)], capture_output=True)
     assert leftovers.returncode == 1, "the daemon the job started is still running"
+
+
+def test_spark_submit_without_a_daemon_it_may_start_says_why_in_one_line(holdout, tmp_path):
+    source = write_digits(tmp_path / "digits.parquet", holdout[0][:10], holdout[1][:10])
+    socket = tmp_path / "none.sock"
+    conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
+    result = subprocess.run(
+        [Path(sys.executable).parent / "spark-submit", "--master", "local[1]", *conf,
+         str(ROOT / "spark_jobs" / "score.py"), "--input", str(source), "--output",
+         str(tmp_path / "scored.parquet"), "--daemon", f"unix:{socket}", "--no-start-daemon"],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True,
+        timeout=240)
+    output = result.stdout + result.stderr  # spark-submit passes Python's stderr to stdout
+    assert result.returncode == 1
+    assert (f"hetserve-score: no hetserve daemon answers at unix:{socket}, and this job starts "
+            "none: it has no model repository to start one with (score.py and stream.py: "
+            "--no-start-daemon, or a daemon reached over TLS)") in output.splitlines()
+    assert "Traceback" not in output
+    # Spark's own log is at WARN once its context starts: its first 3 lines, not 120 of them.
+    assert sum(" INFO " in line for line in output.splitlines()) <= 5, output
