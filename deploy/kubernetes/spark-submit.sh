@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scores a Parquet dataset or a folder of images on a Spark-on-Kubernetes cluster through the hetserve daemon of each
 # executor's node. The image holds Spark, Python 3.11+ and hetserve's Python package (no ONNX
-# Runtime needed: the daemons run the models); the job's Parquet lands in object storage.
+# Runtime needed: the daemons run the models); the job's Parquet lands in object storage. The
+# namespace and service account it runs under come from spark-jobs.yaml (kubectl apply -f, once).
 #   K8S_API=https://api.cluster.example.com:6443 deploy/kubernetes/spark-submit.sh \
 #     s3a://datasets/digits.parquet s3a://results/scored.parquet
 set -euo pipefail

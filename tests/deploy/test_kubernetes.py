@@ -42,7 +42,8 @@ ACCELERATOR_RESOURCES = {"gpu": "nvidia.com/gpu", "fpga-xilinx": "amd.com/xilinx
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_manifest_validates_against_the_kubernetes_schemas(version: str) -> None:
     found = manifests()
-    assert {"DaemonSet", "ConfigMap", "Namespace", "ServiceAccount", "Pod"} <= {
+    assert {"DaemonSet", "ConfigMap", "Namespace", "ServiceAccount", "Pod", "Role",
+            "RoleBinding"} <= {
         doc["kind"] for docs in found.values() for doc in docs}
     for name, docs in found.items():
         for doc in docs:
@@ -60,9 +61,10 @@ def test_the_validation_is_strict() -> None:
         kubernetes_validate.validate(ds, VERSIONS[-1], strict=True)
 
 
-def test_kustomize_applies_every_manifest_but_the_spark_template() -> None:
+def test_kustomize_applies_every_manifest_but_the_spark_ones() -> None:
     kustomization = yaml.safe_load((FOLDER / "kustomization.yaml").read_text())
-    assert set(kustomization["resources"]) == set(manifests()) - {"spark-executor-template.yaml"}
+    assert set(kustomization["resources"]) == set(manifests()) - {
+        "spark-executor-template.yaml", "spark-jobs.yaml"}
 
 
 def test_one_daemonset_per_kind_of_node_with_its_devices() -> None:
@@ -167,6 +169,19 @@ def test_the_spark_submit_example_targets_kubernetes_with_the_template(tmp_path:
             options[key] = value
     assert options["--master"] == "k8s://https://api.example.com:6443"
     assert options["--deploy-mode"] == "cluster"
+    # Its namespace and service account exist in spark-jobs.yaml, bound to a role that may
+    # create the executors' pods.
+    namespace = conf["spark.kubernetes.namespace"]
+    account = conf["spark.kubernetes.authenticate.driver.serviceAccountName"]
+    spark_jobs = manifests()["spark-jobs.yaml"]
+    assert {(d["kind"], d["metadata"]["name"]) for d in spark_jobs} >= {
+        ("Namespace", namespace), ("ServiceAccount", account)}
+    (binding,) = [d for d in spark_jobs if d["kind"] == "RoleBinding"]
+    (role,) = [d for d in spark_jobs if d["kind"] == "Role"
+               and d["metadata"]["name"] == binding["roleRef"]["name"]]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                    "namespace": namespace}]
+    assert any("pods" in r["resources"] and "create" in r["verbs"] for r in role["rules"])
     assert Path(conf["spark.kubernetes.executor.podTemplateFile"]) == \
         FOLDER / "spark-executor-template.yaml"
     assert conf[ADDRESS_CONF] == f"unix:{daemon_settings(daemonsets()['cpu']).unix_socket}"
