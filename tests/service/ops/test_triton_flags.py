@@ -78,6 +78,27 @@ def test_strict_readiness_waits_for_every_model_asked_for(tmp_path: Path, worker
         assert process.stop() == 0
 
 
+def test_strict_readiness_follows_a_model_repaired_while_serving(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"127.0.0.1:{port}"
+    models = _with_broken_model(tmp_path)
+    process = DaemonProcess(
+        ["--models", str(models), "--port", str(port), "--socket", "", "--metrics-port", "0",
+         "--strict-readiness=true", "--model-control-mode", "poll",
+         "--repository-poll-secs", "0.5"], url, tmp_path / "daemon.log")
+    try:
+        _until(lambda: process.poll() is not None or _model_ready(url))
+        assert _health(url) == health_pb2.HealthCheckResponse.NOT_SERVING
+        shutil.copy(MODELS / MODEL / "labels.txt", models / "broken")
+        (models / "broken" / "config.pbtxt").write_text(
+            (MODELS / MODEL / "config.pbtxt").read_text().replace(MODEL, "broken"))
+        _until(lambda: _health(url) == health_pb2.HealthCheckResponse.SERVING)
+        with grpcclient.InferenceServerClient(url) as client:
+            assert client.is_server_ready() and client.is_model_ready("broken")
+    finally:
+        assert process.stop() == 0
+
+
 def test_without_strict_readiness_the_good_model_makes_it_ready(tmp_path: Path) -> None:
     http_port = free_port()
     daemon = Daemon(tmp_path, _with_broken_model(tmp_path), "--strict-readiness=false",
