@@ -59,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                     f"--grpc-port: {env_name('--grpc-port')}); the older {ENV_PREFIX}<FIELD> "
                     f"names still work ({field_env_name('unix_socket')} for --socket). A flag "
                     "wins over a variable; two variables for one setting must agree. Triton's "
-                    "flag names are accepted beside ours; switches take true or false (alone: "
-                    "true).")
+                    "flag names are accepted beside ours (--http-port and --metrics-port are "
+                    "the same in both); switches take true or false (alone: true).")
     _add_serve_flags(serve)
 
     devices = commands.add_parser(

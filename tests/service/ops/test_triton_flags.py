@@ -37,10 +37,10 @@ def _until(condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def _rest_ready(port: int) -> int:
+def _rest_ready(port: int, path: str = "/v2/health/ready") -> int:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
-        connection.request("GET", "/v2/health/ready")
+        connection.request("GET", path)
         return connection.getresponse().status
     finally:
         connection.close()
@@ -121,11 +121,12 @@ def test_exit_on_error_names_the_model_and_why(tmp_path: Path) -> None:
     assert MODEL not in lines[0]
 
 
-def test_a_rest_only_daemon_serves(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_rest_only_daemon_serves(tmp_path: Path, workers: str) -> None:
     http_port = free_port()
     process = DaemonProcess(["--models", str(MODELS), "--port", "0", "--socket", "",
-                             "--metrics-port", "0", "--http-port", str(http_port)],
-                            "", tmp_path / "daemon.log")
+                             "--metrics-port", "0", "--http-port", str(http_port),
+                             "--workers", workers], "", tmp_path / "daemon.log")
 
     def ready() -> bool:
         assert process.poll() is None, (tmp_path / "daemon.log").read_text()
@@ -135,6 +136,7 @@ def test_a_rest_only_daemon_serves(tmp_path: Path) -> None:
             return False
     try:
         _until(ready)
+        assert _rest_ready(http_port, f"/v2/models/{MODEL}/ready") == 200
     finally:
         assert process.stop() == 0
 
