@@ -1,10 +1,12 @@
-"""The daemon's log, the same in each of its processes: one format, no third-party build notes,
+"""The daemon's log, the same in each of its processes: one format (text lines, or one JSON
+object per line for log collectors), no third-party build notes,
 and errors a client causes (a malformed HTTP request, which aiohttp logs with a traceback) cut
 to one warning line each, at most a few per window, so that bad requests cannot flood the log or
 fill its disk."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -45,10 +47,34 @@ class ClientErrors(logging.Filter):
         return True
 
 
-def configure(level: str, process: str = "") -> None:
-    """This process's log at `level`; `process` names it among the daemon's processes."""
+class JsonLines(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, the process
+    among the daemon's (when not the main one), and the exception's text when there is one."""
+
+    def __init__(self, process: str = "") -> None:
+        super().__init__()
+        self._process = process
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                 + f".{int(record.msecs):03d}Z",
+                 "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if self._process:
+            entry["process"] = self._process
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure(level: str, process: str = "", log_format: str = "text") -> None:
+    """This process's log at `level` in `log_format` (text or json); `process` names it among
+    the daemon's processes."""
     logging.basicConfig(level=level.upper(), format=(
         f"%(asctime)s %(levelname)s {process + ' ' if process else ''}%(name)s: %(message)s"))
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLines(process))
     for name in _CLIENT_ERRORS:
         logging.getLogger(name).addFilter(ClientErrors())
     # pyopencl warns of every build whose compiler printed anything (PoCL's notes): noise that

@@ -1,4 +1,5 @@
-"""Daemon settings: declared once, typed, overridable by `HETSERVE_*` environment variables."""
+"""Daemon settings: declared once, typed, overridable by `HETSERVE_*` environment variables (named
+in service/setting_names.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 
 from accelerators.power.select import DEFAULT_MODEL_WATTS
 from service.contract import default_socket
+from service.setting_names import ENV_PREFIX, env_name, field_env_name, flag, sources
 
-ENV_PREFIX = "HETSERVE_"
+__all__ = ["ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "Settings"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Settings:
     grpc_port: int = field(
         default=8001, metadata={"doc": "TCP port for gRPC; 0 disables TCP"})
     http_port: int = field(
-        default=0, metadata={"doc": "TCP port for KServe V2 over HTTP/REST, on grpc_host with the "
+        default=0, metadata={"doc": "TCP port for KServe V2 over HTTP/REST, on --host with the "
                                     "same TLS and token; 0 disables it (Triton's 8000 is the "
                                     "usual choice)"})
     unix_socket: Path | None = field(
@@ -35,10 +38,10 @@ class Settings:
         default="", metadata={"doc": "group (name or id) whose members may also connect to the "
                                      "unix socket; empty: the daemon's user alone"})
     tls_cert: Path | None = field(
-        default=None, metadata={"doc": "PEM certificate chain for gRPC over TCP (with tls_key); "
+        default=None, metadata={"doc": "PEM certificate chain for gRPC over TCP (with --tls-key); "
                                        "required, with a token, when the host is not loopback"})
     tls_key: Path | None = field(
-        default=None, metadata={"doc": "PEM private key of tls_cert"})
+        default=None, metadata={"doc": "PEM private key of --tls-cert"})
     token_file: Path | None = field(
         default=None, metadata={"doc": "file holding the bearer token that gRPC calls over TCP "
                                        "must send as 'authorization: Bearer <token>' (the unix "
@@ -54,7 +57,7 @@ class Settings:
     metrics_port: int = field(
         default=8002, metadata={"doc": "port of the Prometheus /metrics endpoint; 0 disables it"})
     health_port: int = field(
-        default=0, metadata={"doc": "plaintext port on metrics_host serving only grpc.health.v1, "
+        default=0, metadata={"doc": "plaintext port on --metrics-host serving only grpc.health.v1, "
                                     "for probes that send neither TLS nor a token (Kubernetes "
                                     "grpc probes); 0 disables it"})
     model_control_mode: str = field(
@@ -67,6 +70,15 @@ class Settings:
     load_model: str = field(
         default="", metadata={"doc": "models to load at start in explicit mode, comma-separated "
                                      "or the flag repeated; '*': all"})
+    strict_readiness: bool = field(
+        default=False, metadata={"doc": "the daemon is ready (ServerReady, /v2/health/ready, "
+                                         "grpc.health.v1) only while every model it was asked "
+                                         "to load serves, none failed; off: ready once loading "
+                                         "is done, whatever failed (Triton's default is on)"})
+    exit_on_error: bool = field(
+        default=False, metadata={"doc": "exit (status 2, one line naming the models and why) when "
+                                        "a model fails to load at start (Triton's default is "
+                                        "on); off: serve the others"})
     workers: int = field(
         default=0, metadata={"doc": "front-end processes doing gRPC, decoding and replies, "
                                     "sharing the port; the devices stay in one process that "
@@ -142,11 +154,11 @@ class Settings:
                                         "closed (GOAWAY; clients reconnect when they next call)"})
     connection_age_s: float = field(
         default=3600.0, metadata={"doc": "a connection this old is asked to close (GOAWAY): no "
-                                         "new calls on it, and connection_age_grace_s for those "
+                                         "new calls on it, and --connection-age-grace-s for those "
                                          "in progress"})
     connection_age_grace_s: float = field(
         default=60.0, metadata={"doc": "how long calls in progress on a connection past "
-                                       "connection_age_s may go on before they are cancelled"})
+                                       "--connection-age-s may go on before they are cancelled"})
     min_ping_interval_s: float = field(
         default=60.0, metadata={"doc": "shortest interval between a client's pings with nothing "
                                        "sent by the daemon in between (two hours while the "
@@ -164,7 +176,11 @@ class Settings:
         default="",
         metadata={"doc": "comma-separated Python modules to import at start-up that register "
                          "extra engines (accelerators.engine_factory.register_engine)"})
-    log_level: str = field(default="INFO", metadata={"doc": "Python logging level"})
+    log_level: str = field(default="INFO", metadata={"doc": "Python logging level, one of "
+                                                            + ", ".join(LOG_LEVELS)})
+    log_format: str = field(
+        default="text", metadata={"doc": "text: one line per record; json: one JSON object per "
+                                         "line (time, level, logger, message, exception)"})
     power_sources: str = field(
         default="", metadata={"doc": "power source per device or kind, e.g. "
                                      "'gpu0=nvml:0,cpu=rapl,fpga0=hwmon:/sys/class/hwmon/hwmon3'"
@@ -187,27 +203,56 @@ class Settings:
     def __post_init__(self) -> None:
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: {self.log_level!r} is not one of {list(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format: {self.log_format!r} is not one of "
+                             f"{list(LOG_FORMATS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, /,
                  **overrides: str | None) -> Settings:
-        """Defaults, then `HETSERVE_<FIELD>` variables, then explicit overrides (command-line
-        flags); both are strings, parsed alike. An empty socket path disables the socket."""
+        """Defaults, then the variables that set each field (setting_names.sources), then
+        explicit overrides (command-line flags): flag > variable > default. Values are strings,
+        parsed alike; a ValueError names the flag and the variable. An empty socket path
+        disables the socket."""
         environ = os.environ if environ is None else environ
-        raw = {f.name: environ.get(ENV_PREFIX + f.name.upper()) for f in dataclasses.fields(cls)}
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**{f.name: _parse(f, value)
-                      for f in dataclasses.fields(cls) if (value := raw[f.name]) is not None})
+        origins = {f.name: env_name(flag(f.name)) for f in dataclasses.fields(cls)}
+        try:
+            raw = {f.name: _variable(f.name, environ, origins) for f in dataclasses.fields(cls)}
+            for name, value in overrides.items():
+                if value is not None:
+                    raw[name], origins[name] = value, env_name(flag(name))
+            return cls(**{f.name: _parse(f, value)
+                          for f in dataclasses.fields(cls) if (value := raw[f.name]) is not None})
+        except ValueError as e:  # "<field>: why"
+            name, _, reason = str(e).partition(": ")
+            raise ValueError(f"{flag(name)} ({origins[name]}): {reason}") from None
 
     def to_env(self) -> dict[str, str]:
         """The `HETSERVE_<FIELD>` variables that from_env reads back as these settings (how
         front-end processes get theirs)."""
-        return {ENV_PREFIX + f.name.upper(): "" if getattr(self, f.name) is None
+        return {field_env_name(f.name): "" if getattr(self, f.name) is None
                 else str(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def docs(cls) -> dict[str, str]:
         return {f.name: f.metadata["doc"] for f in dataclasses.fields(cls)}
+
+
+def _variable(name: str, environ: Mapping[str, str], origins: dict[str, str]) -> str | None:
+    """The value the environment gives field `name`, if any; `origins` learns which variable
+    gave it. Two variables that disagree are an error: neither would be right to ignore."""
+    given: dict[str, str] = {}
+    for var, convert in sources(name).items():
+        if var in environ:
+            origins[name] = var  # an error converting it names this variable
+            try:
+                given[var] = convert(environ[var])
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+    if len(set(given.values())) > 1:
+        raise ValueError(f"{name}: " + " and ".join(f"{var}={value!r}" for var, value in
+                                                     sorted(given.items())) + " disagree")
+    return next(iter(given.values()), None)
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:  # a value of f's type

@@ -31,7 +31,7 @@ def group_id(group: str) -> int | None:
     try:
         return int(group) if group.isdecimal() else grp.getgrnam(group).gr_gid
     except KeyError:
-        raise ValueError(f"socket_group: no group {group!r} on this node") from None
+        raise ValueError(f"--socket-group: no group {group!r} on this node") from None
 
 
 def prepare_folder(socket: Path, gid: int | None) -> None:

@@ -135,7 +135,7 @@ class SourcePicker:
         if watts is not None:
             return ModelEstimate(*watts, "an emulated FPGA, configured")
         log.warning("%s is an emulated FPGA: its energy is the host CPU's estimated added watts, "
-                    "and routing by energy ranks it last (power_model %s=IDLE_W:BUSY_W prices "
+                    "and routing by energy ranks it last (--power-model %s=IDLE_W:BUSY_W prices "
                     "it)", device.name, device.kind_label)
         idle, busy = cpu_model_watts()  # the CPU's idle watts are cpu0's: not counted twice
         return ModelEstimate(0.0, busy - idle, "an emulated FPGA: the host CPU's added watts",

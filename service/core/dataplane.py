@@ -23,9 +23,10 @@ class ModelState:
 
 
 class DataPlane:
-    def __init__(self, models: ServedModels) -> None:
+    def __init__(self, models: ServedModels, strict_readiness: bool = False) -> None:
         self.models = models
         self.ready = False  # true once models are loaded, false again while draining
+        self._strict = strict_readiness
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -34,6 +35,11 @@ class DataPlane:
         if not self.ready:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         return self.models.get(name, version)
+
+    def server_ready(self) -> bool:
+        """ServerReady, /v2/health/ready and health: serving, and with strict readiness every
+        model asked for serves."""
+        return self.ready and not (self._strict and self.models.failed())
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

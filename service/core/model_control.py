@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from service.core.model_table import NOT_LOADED
 from service.core.registry import ModelRegistry
 from service.errors import (
     ConfigError,
@@ -22,20 +23,19 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 MODES = ("none", "poll", "explicit")
-NOT_LOADED = "not loaded (model_control_mode explicit: RepositoryModelLoad loads it)"
 
 
 def check_settings(settings: Settings) -> None:
     """Start-up checks (StartupError)."""
     mode, poll_s = settings.model_control_mode, settings.repository_poll_secs
     if mode not in MODES:
-        raise StartupError(f"model_control_mode: {mode!r} received, expected one of "
+        raise StartupError(f"--model-control-mode: {mode!r} received, expected one of "
                            f"{list(MODES)}")
     if not poll_s > 0:
-        raise StartupError(f"repository_poll_secs: {poll_s:g} received, expected seconds "
+        raise StartupError(f"--repository-poll-secs: {poll_s:g} received, expected seconds "
                            "above 0")
     if settings.load_model.strip() and mode != "explicit":
-        raise StartupError("load_model: only with model_control_mode explicit (the other "
+        raise StartupError("--load-model: only with --model-control-mode explicit (the other "
                            "modes load every model of the repository)")
 
 
@@ -56,7 +56,7 @@ class ModelControl:
         else:
             missing = sorted(set(self._named) - set(names))
             if missing:
-                raise StartupError(f"load_model: {missing} not in the model repository, which "
+                raise StartupError(f"--load-model: {missing} not in the model repository, which "
                                    f"holds {names}")
             chosen = self._named
             self._registry.failures.update({n: NOT_LOADED for n in names if n not in chosen})

@@ -11,6 +11,9 @@ from service.core.repository import check_model_name
 from service.errors import ModelNotFoundError, shown
 
 M = TypeVar("M")
+# Reasons of models that are not served because nobody asked for them, not because they failed.
+UNLOADED = "unloaded"
+NOT_LOADED = "not loaded (model_control_mode explicit: RepositoryModelLoad loads it)"
 _VERSION = re.compile(r"[0-9]{1,18}")
 
 
@@ -34,6 +37,12 @@ class ModelTable(Generic[M]):
             raise ModelNotFoundError(f"model_version {shown(version)} of model {name!r} is not "
                                      f"served; expected one of {sorted(versions)}")
         return versions[int(version)]
+
+    def failed(self) -> dict[str, str]:
+        """The models asked for that serve no version, and why: strict readiness waits for
+        them. One that failed to reload while its versions still serve is not among them."""
+        return {name: reason for name, reason in self.failures.items()
+                if reason not in (UNLOADED, NOT_LOADED) and name not in self._models}
 
     def loaded(self) -> list[M]:
         return [m for versions in self._models.values() for m in versions.values()]

@@ -32,7 +32,7 @@ from service.core.batch_buffers import BatchBuffers
 from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.model import ModelSpec
-from service.core.model_table import ModelTable
+from service.core.model_table import UNLOADED, ModelTable
 from service.core.power_budget import PowerBudget
 from service.core.queue_policy import BatchPolicy
 from service.core.ranking import POLICIES, DeviceRanking
@@ -107,7 +107,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
             versions = self._models.pop(name, None)
             if versions is None and name not in self.failures:
                 return  # never loaded: nothing to do (as Triton answers)
-            self.failures[name] = "unloaded"
+            self.failures[name] = UNLOADED
             await self._retire(list((versions or {}).values()))
 
     async def _load_versions(self, entry: RepositoryEntry,
@@ -129,16 +129,20 @@ class ModelRegistry(ModelTable[LoadedModel]):
         if serving:
             reason += f" (versions {sorted(serving)} still serve)"
         self.failures[name] = reason
+        self._tell()  # front-ends' indexes and strict readiness see it
         if isinstance(error, ConfigError):
             log.error("model %r not loaded: %s", name, reason)
         else:  # any failure of one model (a sensor, a graph) is its own
             log.exception("model %r not loaded", name)
 
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
+
     async def _retire(self, models: list[LoadedModel]) -> None:
         """Tells the listeners what serves now, then lets the versions that no longer serve
         finish what they hold (within the shutdown grace), and closes them."""
-        for listener in self.listeners:
-            listener()
+        self._tell()
 
         async def retire(model: LoadedModel) -> None:
             if not await model.batcher.drain(self._settings.shutdown_grace_s):

@@ -104,6 +104,10 @@ class ServedModels(Protocol):
     def loaded(self) -> Sequence[ServedModel]:
         ...
 
+    def failed(self) -> dict[str, str]:
+        """Models asked for that serve no version, and why (service/core/model_table.py)."""
+        ...
+
 
 class ModelControls(Protocol):
     """RepositoryModelLoad / Unload, once the transport has checked the caller: the device

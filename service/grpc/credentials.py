@@ -24,7 +24,7 @@ class ExposureError(Exception):
     """TCP would be reachable from other hosts without TLS and a token."""
 
 
-def read_token(path: Path, setting: str = "token_file") -> str:
+def read_token(path: Path, setting: str = "--token-file") -> str:
     try:
         token = path.read_text().strip()
     except OSError as e:
@@ -62,7 +62,7 @@ class TokenFile:
     """The bearer token in force, from `path` (the file that `setting` names). Raises
     ExposureError at start-up if unusable."""
 
-    def __init__(self, path: Path, setting: str = "token_file") -> None:
+    def __init__(self, path: Path, setting: str = "--token-file") -> None:
         self._path, self._setting = path, setting
         self._watched = _Watched(path)
         self._bearer = f"Bearer {read_token(path, setting)}".encode()
@@ -108,7 +108,7 @@ class TlsFiles:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self._cert, self._key)
             pair = (self._key.read_bytes(), self._cert.read_bytes())
         except OSError as e:  # ssl.SSLError included
-            raise ExposureError(f"tls_cert {str(self._cert)!r} / tls_key {str(self._key)!r}: "
+            raise ExposureError(f"--tls-cert {str(self._cert)!r} / --tls-key {str(self._key)!r}: "
                                 f"cannot use the pair: {e}") from None
         return grpc.ssl_server_certificate_configuration([pair])
 
@@ -116,7 +116,7 @@ class TlsFiles:
 def admin_token(settings: Settings) -> TokenFile | None:
     """The token of --admin-token-file, whose holders may load and unload models."""
     path = settings.admin_token_file
-    return TokenFile(path, "admin_token_file") if path else None
+    return TokenFile(path, "--admin-token-file") if path else None
 
 
 def sent_bearer(context: grpc.aio.ServicerContext) -> bytes:

@@ -47,8 +47,6 @@ class GrpcFront:
         if settings.unix_socket:
             socket = Listener.socket(settings)
             self._servers[socket] = self._server(socket, servicer, [])
-        if not self._servers:
-            raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
 
     def _server(self, listener: Listener, servicer: object,
                 interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
@@ -101,7 +99,8 @@ class GrpcFront:
         return target + (" (TLS)" if s.tls_cert else "")
 
     async def serving(self) -> None:
-        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+        """Models are loaded, or what serves changed: health says whether the daemon is ready."""
+        await set_health(self.health, health_status(self._plane))
 
     async def drain(self, grace_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -111,6 +110,12 @@ class GrpcFront:
             log.warning("requests still in flight after %.1f s are cancelled", grace_s)
         left = max(grace_s - (loop.time() - started), 0.0)
         await asyncio.gather(*(server.stop(left) for server in self._servers.values()))
+
+
+def health_status(plane: DataPlane) -> int:
+    """SERVING while the data plane is ready (with strict readiness: every model asked for)."""
+    return health_pb2.HealthCheckResponse.SERVING if plane.server_ready() else \
+        health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:

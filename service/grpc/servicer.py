@@ -71,7 +71,7 @@ class InferenceServicer:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self._plane.ready)
+        return pb.ServerReadyResponse(ready=self._plane.server_ready())
 
     async def ModelReady(self, request, context):
         return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))

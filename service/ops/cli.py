@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -13,57 +16,15 @@ from service import daemon_log
 from service.clients.tune.command import add_arguments as add_tune_arguments
 from service.ops.fpga_command import add_arguments as add_fpga_arguments
 from service.ops.fpga_command import run as run_fpga
+from service.setting_names import (
+    ALIASES,
+    FLAGS,
+    env_name,
+    field_env_name,
+    flag,
+    unknown_variables,
+)
 from service.settings import ENV_PREFIX, Settings
-
-# serve's flags and the settings fields they set; each flag's help is the field's doc.
-_SERVE_FLAGS = [
-    ("--models", "model_repository"),
-    ("--host", "grpc_host"),
-    ("--port", "grpc_port"),
-    ("--http-port", "http_port"),
-    ("--socket", "unix_socket"),
-    ("--socket-group", "socket_group"),
-    ("--tls-cert", "tls_cert"),
-    ("--tls-key", "tls_key"),
-    ("--token-file", "token_file"),
-    ("--admin-token-file", "admin_token_file"),
-    ("--metrics-host", "metrics_host"),
-    ("--metrics-port", "metrics_port"),
-    ("--health-port", "health_port"),
-    ("--model-control-mode", "model_control_mode"),
-    ("--repository-poll-secs", "repository_poll_secs"),
-    ("--load-model", "load_model"),
-    ("--workers", "workers"),
-    ("--max-message-bytes", "max_message_bytes"),
-    ("--max-queue-size", "max_queue_size"),
-    ("--max-shm-regions", "max_shm_regions"),
-    ("--max-shm-regions-per-client", "max_shm_regions_per_client"),
-    ("--shm-uid-for-token", "shm_uid_for_token"),
-    ("--max-stream-inflight", "max_stream_inflight"),
-    ("--max-connections-per-peer", "max_connections_per_peer"),
-    ("--stream-idle-s", "stream_idle_s"),
-    ("--max-rpcs-tcp", "max_rpcs_tcp"),
-    ("--max-rpcs-socket", "max_rpcs_socket"),
-    ("--max-connections-tcp", "max_connections_tcp"),
-    ("--max-connections-socket", "max_connections_socket"),
-    ("--max-streams-per-connection", "max_streams_per_connection"),
-    ("--max-stream-resets", "max_stream_resets"),
-    ("--max-upload-bytes-per-caller", "max_upload_bytes_per_caller"),
-    ("--max-buffered-bytes", "max_buffered_bytes"),
-    ("--upload-timeout-s", "upload_timeout_s"),
-    ("--connection-idle-s", "connection_idle_s"),
-    ("--connection-age-s", "connection_age_s"),
-    ("--connection-age-grace-s", "connection_age_grace_s"),
-    ("--min-ping-interval-s", "min_ping_interval_s"),
-    ("--intra-op-threads", "intra_op_threads"),
-    ("--shutdown-grace-s", "shutdown_grace_s"),
-    ("--engine-modules", "engine_modules"),
-    ("--log-level", "log_level"),
-    ("--power-sources", "power_sources"),
-    ("--power-model", "power_model"),
-    ("--power-budget-w", "power_budget_w"),
-    ("--response-energy", "response_energy"),
-]
 
 _REPEATABLE = {"load_model"}  # given several times, the values join with commas
 
@@ -92,13 +53,15 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve", help="run the accelerator daemon (KServe V2 / Triton gRPC)",
-        description="Serve a model repository over gRPC. Every flag can also be set by its "
-                    f"{ENV_PREFIX}<FIELD> environment variable, e.g. {ENV_PREFIX}GRPC_PORT.")
-    docs, defaults = Settings.docs(), Settings()
-    for flag, name in _SERVE_FLAGS:
-        serve.add_argument(flag, dest=name, metavar=name.upper(),
-                           action="append" if name in _REPEATABLE else "store",
-                           help=f"{docs[name]} (default: {getattr(defaults, name)})")
+        description="Serve a model repository over gRPC. Every flag can also be set by an "
+                    f"environment variable named after it: {ENV_PREFIX}, then the flag's name "
+                    f"upper-cased with dashes as underscores (--port: {env_name('--port')}, "
+                    f"--grpc-port: {env_name('--grpc-port')}); the older {ENV_PREFIX}<FIELD> "
+                    f"names still work ({field_env_name('unix_socket')} for --socket). A flag "
+                    "wins over a variable; two variables for one setting must agree. Triton's "
+                    "flag names are accepted beside ours (--http-port and --metrics-port are "
+                    "the same in both); switches take true or false (alone: true).")
+    _add_serve_flags(serve)
 
     devices = commands.add_parser(
         "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
@@ -126,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                     "joules per inference and per request per model and device among them. "
                     "Power figures say their source; 'model*' and 'model (est.)' mark an "
                     "estimate.")
+    defaults = Settings()
     top.add_argument("--url", help="the daemon's metrics endpoint (default: from the "
                                    f"{ENV_PREFIX}METRICS_HOST/PORT settings, "
                                    f"http://{defaults.metrics_host}:{defaults.metrics_port}"
@@ -145,6 +109,24 @@ def _parser() -> argparse.ArgumentParser:
                     "candidate meets the p99 bound.")
     add_tune_arguments(tune)
     return parser
+
+
+def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
+    """One option per setting, Triton's same-meaning names as its aliases; each flag's help is
+    the field's doc."""
+    docs, defaults = Settings.docs(), Settings()
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(Settings)}
+    for option, name in FLAGS.items():
+        same = [alias for alias, (target, convert) in ALIASES.items()
+                if target == option and convert is str]
+        switch = kinds[name] == "bool"
+        serve.add_argument(option, *same, dest=name, metavar="true|false" if switch else
+                           name.upper(), nargs="?" if switch else None,
+                           const="true" if switch else None,
+                           action="append" if name in _REPEATABLE else "store",
+                           help=f"{docs[name]} (default: {getattr(defaults, name)})")
+    serve.add_argument("--log-verbose", metavar="N", dest="log_verbose",
+                       help="Triton's name: 0 is --log-level INFO, 1 or more DEBUG")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,23 +195,41 @@ def _joined(value: str | list[str] | None) -> str | None:
     return ",".join(value) if isinstance(value, list) else value
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    """The settings the flags give, as strings; --log-verbose becomes --log-level."""
+    given = {name: _joined(getattr(args, name)) for name in FLAGS.values()}
+    if args.log_verbose is not None:
+        if given["log_level"] is not None:
+            raise ValueError("--log-verbose: give it or --log-level, not both")
+        try:
+            given["log_level"] = ALIASES["--log-verbose"][1](args.log_verbose)
+        except ValueError as e:
+            raise ValueError(f"--log-verbose: {e}") from None
+    return given
+
+
+def _named_by_flag(message: str) -> str:
+    """A start-up error that opens with a settings field ("workers: ...") opens with its flag,
+    the name the user knows."""
+    name, colon, rest = message.partition(": ")
+    return f"{flag(name)}: {rest}" if colon and name in FLAGS.values() else message
+
+
 def _serve(args: argparse.Namespace) -> int:
     from service.ops.server import StartupError, serve
 
     try:
-        settings = Settings.from_env(**{name: _joined(getattr(args, name))
-                                        for _, name in _SERVE_FLAGS})
-    except ValueError as e:  # "<field>: ...": named as the flag and its variable
-        field, _, reason = str(e).partition(": ")
-        flag = next((f for f, name in _SERVE_FLAGS if name == field), None)
-        named = f"{flag} ({ENV_PREFIX}{field.upper()}): {reason}" if flag else str(e)
-        print(f"hetserve serve: {named}", file=sys.stderr)
+        settings = Settings.from_env(**_overrides(args))
+    except ValueError as e:  # one line naming the flag (and its variable)
+        print(f"hetserve serve: {e}", file=sys.stderr)
         return 2
-    daemon_log.configure(settings.log_level)
+    daemon_log.configure(settings.log_level, log_format=settings.log_format)
+    for line in unknown_variables(os.environ):
+        logging.getLogger("service.settings").warning("%s", line)
     try:
         asyncio.run(serve(settings))
     except StartupError as e:
-        print(f"hetserve: {e}", file=sys.stderr)
+        print(f"hetserve: {_named_by_flag(str(e))}", file=sys.stderr)
         return 2
     # Drained and stopped: a repeated SIGTERM while the interpreter exits must not turn the
     # clean exit into a kill.

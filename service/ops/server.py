@@ -26,7 +26,7 @@ from service.errors import StartupError
 from service.grpc.auth import check_exposure
 from service.grpc.credentials import ExposureError, TokenFile, admin_token
 from service.grpc.door import Peers
-from service.grpc.front import GrpcFront, add_port
+from service.grpc.front import GrpcFront, add_port, health_status, set_health
 from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
 from service.grpc.uploads import UploadBudget
@@ -61,7 +61,7 @@ async def serve(settings: Settings) -> None:
         cleanup.push_async_callback(registry.close)
         control = ModelControl(registry, settings)
         cleanup.push_async_callback(control.close)  # before the registry closes
-        plane = DataPlane(registry)
+        plane = DataPlane(registry, settings.strict_readiness)
         if workers == 1:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
@@ -93,6 +93,10 @@ async def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, stop.set)
 
         await control.start()
+        failed = registry.failed()
+        if settings.exit_on_error and failed:
+            raise StartupError("--exit-on-error: models failed to load: " + "; ".join(
+                f"{name!r}: {' '.join(reason.split())}" for name, reason in sorted(failed.items())))
         if budget is not None:
             try:
                 check_budget(budget.budget_w, power)
@@ -100,6 +104,8 @@ async def serve(settings: Settings) -> None:
                 raise StartupError(str(e)) from None
         plane.ready = True
         await front.serving()
+        if settings.strict_readiness:
+            _follow_readiness(front.health, plane, control)
         log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
         notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
 
@@ -112,6 +118,20 @@ async def serve(settings: Settings) -> None:
     log.info("stopped: the listeners closed, the devices released")
 
 
+def _follow_readiness(servicer: health.aio.HealthServicer, plane: DataPlane,
+                      control: ModelControl) -> None:
+    """Health changes whenever what serves does (a model loaded, failed or unloaded later),
+    since strict readiness depends on it; draining sets it apart."""
+    pending: set[asyncio.Task] = set()
+
+    def refresh() -> None:
+        if plane.ready:
+            task = asyncio.create_task(set_health(servicer, health_status(plane)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+    control.listeners.append(refresh)
+
+
 def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
     """Start-up checks that need no port: engines, repository, TLS, exposure, power."""
     for module in filter(None, (m.strip() for m in settings.engine_modules.split(","))):
@@ -120,10 +140,12 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
         except ImportError as e:
             raise StartupError(f"engine_modules: cannot import {module!r}: {e}") from e
     if not settings.model_repository.is_dir():
-        raise StartupError(f"model repository {str(settings.model_repository)!r} is not a "
-                           "directory")
+        raise StartupError(f"--models: {str(settings.model_repository)!r} is not a directory; "
+                           "expected a Triton-layout model repository")
+    if not (settings.grpc_port or settings.unix_socket or settings.http_port):
+        raise StartupError("--port, --socket and --http-port are all off: nothing to listen on")
     if bool(settings.tls_cert) != bool(settings.tls_key):
-        raise StartupError("tls_cert and tls_key: give both or neither")
+        raise StartupError("--tls-cert and --tls-key: give both or neither")
     check_model_control(settings)
     if settings.workers < 0:
         raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
@@ -135,8 +157,12 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
         if getattr(settings, name) < 1:
             raise StartupError(f"{name}: {getattr(settings, name)} received, expected at "
                                "least 1")
+    for name in ("grpc_port", "http_port", "metrics_port", "health_port"):
+        if not 0 <= getattr(settings, name) <= 65535:
+            raise StartupError(f"{name}: {getattr(settings, name)} received, expected a TCP "
+                               "port, 1 to 65535 (0: off)")
     for name in ("stream_idle_s", "connection_idle_s", "connection_age_s",
-                 "connection_age_grace_s", "min_ping_interval_s"):
+                 "connection_age_grace_s", "min_ping_interval_s", "shutdown_grace_s"):
         if not getattr(settings, name) >= 0:
             raise StartupError(f"{name}: {getattr(settings, name):g} received, expected "
                                "seconds (0: none)")

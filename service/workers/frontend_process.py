@@ -74,7 +74,7 @@ class FrontendServicer(InferenceServicer):
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     catalog = Catalog()
-    plane = DataPlane(catalog)
+    plane = DataPlane(catalog, settings.strict_readiness)
     regions = SharedMemoryRegions.from_settings(settings)
     serving: list[bool] = []  # once the server runs, a catalog turns health SERVING
     became_ready: set[asyncio.Task] = set()
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     if settings.unix_socket:
         settings = dataclasses.replace(settings,
                                        unix_socket=worker_socket(settings.unix_socket, index))
-    daemon_log.configure(settings.log_level, f"front-end {index}")
+    daemon_log.configure(settings.log_level, f"front-end {index}", settings.log_format)
     arena = Arena(arena_fd, arena_bytes)
     os.close(arena_fd)
     try:

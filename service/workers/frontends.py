@@ -40,8 +40,9 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.errors import HetserveError, StartupError
-from service.grpc.front import set_health
+from service.grpc.front import health_status, set_health
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
+from service.setting_names import setting_variables
 from service.settings import Settings
 from service.workers import arena, owner_channel
 from service.workers import messages as msg
@@ -89,16 +90,17 @@ class Frontends:
             _remove_worker_sockets(s.unix_socket)  # ours to remove: this daemon holds the lock
             cleanup.callback(_remove_worker_sockets, s.unix_socket)
             addresses.append(f"unix:{s.unix_socket} and {self._count - 1} beside it")
-        if not addresses:
-            raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
         # The front-ends' request metrics reach this process's /metrics through their files.
         metrics_dir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="hetserve-"))
         for served_there in (self._metrics.requests, self._metrics.request_duration):
             self._metrics.registry.unregister(served_there)
         multiprocess.MultiProcessCollector(self._metrics.registry, path=metrics_dir)
         settings = dataclasses.replace(s, workers=1)
-        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
-                     **settings.to_env()}
+        # Only the settings as resolved here: a variable another name of a setting (HETSERVE_PORT
+        # beside HETSERVE_GRPC_PORT) would disagree with them there.
+        inherited = setting_variables()
+        self._env = {**{k: v for k, v in os.environ.items() if k not in inherited},
+                     "PROMETHEUS_MULTIPROC_DIR": metrics_dir, **settings.to_env()}
         cleanup.push_async_callback(self._stop_all)
         loop = asyncio.get_running_loop()
         self._started = [loop.create_future() for _ in range(self._count)]
@@ -112,7 +114,7 @@ class Frontends:
         and again whenever what serves changes."""
         self._publish()
         self._control.listeners.append(self._publish)
-        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+        await set_health(self.health, health_status(self._plane))
 
     def _publish(self) -> None:
         self._catalog = owner_channel.catalog(self._plane)

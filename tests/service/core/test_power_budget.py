@@ -87,10 +87,10 @@ def test_without_a_budget_the_hungry_device_runs_flat_out(serve, holdout) -> Non
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--power-budget-w", "0"], "power_budget_w: 0 W received, expected watts above the node's "
+    (["--power-budget-w", "0"], "--power-budget-w: 0 W received, expected watts above the node's "
                                 "idle power"),
     (["--power-budget-w", "4", "--power-sources", "cpu=model", "--power-model", "cpu=5:20"],
-     "power_budget_w: 4 W is not above the node's idle power, 5.0 W (cpu0 5.0 W"),
+     "--power-budget-w: 4 W is not above the node's idle power, 5.0 W (cpu0 5.0 W"),
     (["--power-budget-w", "100", "--power-sources", "cpu=model", "--power-model", "cpu=0:0"],
      "no power sensor and no estimate for cpu0: give each idle and busy watts with "
      "--power-model (e.g. --power-model cpu0=20:75)"),

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, Daemon
+from tests.conftest import ROOT, Daemon, free_port
 from tests.deploy.conftest import scrape
 from tests.deploy.test_prometheus import samples, value
 from tests.service.conftest import node_devices
@@ -29,9 +29,9 @@ def test_a_configured_estimate_is_exported_as_the_model_source(tmp_path: Path) -
 
 def test_bad_power_settings_are_start_up_errors() -> None:
     for flag, text, message in (
-            ("--power-model", "cpu=10", "power_model: cpu='10' is not IDLE_W:BUSY_W"),
+            ("--power-model", "cpu=10", "--power-model: cpu='10' is not IDLE_W:BUSY_W"),
             ("--power-sources", "cpu=watts", "source 'watts' is unknown")):
         done = subprocess.run([sys.executable, "-m", "service", "serve", flag, text, "--port",
-                               "0", "--socket", "", "--metrics-port", "0"], cwd=ROOT,
+                               str(free_port()), "--socket", "", "--metrics-port", "0"], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -141,4 +141,4 @@ def test_a_key_that_does_not_match_its_certificate_is_a_start_up_error(tmp_path:
          "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(tmp_path / "token")],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert f"tls_cert {str(cert)!r} / tls_key {str(key)!r}: cannot use the pair" in run.stderr
+    assert f"--tls-cert {str(cert)!r} / --tls-key {str(key)!r}: cannot use the pair" in run.stderr
