@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from accelerators.opencl.program_cache import CACHE_DIR_ENV, FPGA_BINARIES_ENV
 from service import local_daemon
 from service.ops import cli
+from service.setting_names import unknown_variables
 from service.settings import ENV_PREFIX, Settings
-
-# Read by the OpenCL engine itself, not by Settings.
-ENGINE_ENV = {CACHE_DIR_ENV, FPGA_BINARIES_ENV}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -34,13 +31,13 @@ def settings(argv: list[str], environ: dict[str, str]) -> Settings:
     args = parse(argv)
     assert args.command == "serve", argv
     check_environment(environ)
-    return Settings.from_env(environ, **{name: getattr(args, name) for _, name in cli._SERVE_FLAGS})
+    return Settings.from_env(environ, **cli._overrides(args))
 
 
 def check_environment(environ: dict[str, str]) -> None:
-    known = {ENV_PREFIX + name.upper() for name in Settings.docs()} | ENGINE_ENV
-    unknown = {k for k in environ if k.startswith(ENV_PREFIX)} - known
-    assert not unknown, f"not hetserve settings: {sorted(unknown)}"
+    """Every HETSERVE_* variable is one the daemon reads (as its start-up warning judges)."""
+    unknown = unknown_variables(environ)
+    assert not unknown, unknown
     Settings.from_env(environ)  # every value parses
 
 
