@@ -41,7 +41,8 @@ def test_each_image_runs_hetserve_serve_as_a_user_with_its_state_in_volumes(targ
     assert str(settings.unix_socket.parent) in config["VOLUME"]
     assert settings.grpc_host == "127.0.0.1"  # exposing TCP takes TLS and a token
     exposed = {int(port) for port in config["EXPOSE"]}
-    assert {settings.grpc_port, settings.metrics_port, settings.health_port} == exposed
+    assert {settings.http_port, settings.grpc_port, settings.metrics_port,
+            settings.health_port} == exposed
     check = config["HEALTHCHECK"]
     assert check[0] == "CMD"
     assert commands.parse(check[1:]).command == "health"

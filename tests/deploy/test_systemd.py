@@ -22,6 +22,15 @@ UNIT = ROOT / "deploy" / "systemd" / "hetserve.service"
 ENV_FILE = ROOT / "deploy" / "systemd" / "hetserve.env"
 
 
+def test_the_units_header_and_the_docs_give_one_set_up_path() -> None:
+    header = [line.removeprefix("#   ") for line in UNIT.read_text().splitlines()
+              if line.startswith("#   ")]
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    block = docs.split("## Nodes outside Kubernetes: systemd", 1)[1].split("```sh\n", 1)[1]
+    steps = block.split("```", 1)[0].splitlines()
+    assert header == steps[:len(header)] and len(header) >= 5
+
+
 def unit_value(key: str) -> str:
     (value,) = [line.split("=", 1)[1] for line in UNIT.read_text().splitlines()
                 if line.startswith(key + "=")]
