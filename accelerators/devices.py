@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from accelerators import icd
+from accelerators.engine import device_name
 from accelerators.opencl.fpga.board import BoardError, for_device
 
 if TYPE_CHECKING:
@@ -131,14 +132,30 @@ def onnxruntime_providers() -> list[dict[str, str]]:
 
 
 def inventory() -> dict[str, Any]:
-    """Every device; an FPGA with the board profile its pipeline is sized by (`board`: the
+    """Every device, each with the `id` a model's `devices` parameter names it by
+    (`opencl:fpga0`); an FPGA with the board profile its pipeline is sized by (`board`: the
     profile's name and typical watts, an estimate; None where none is chosen)."""
-    found = {"opencl": [asdict(d) for d in opencl_devices()],
-             "onnxruntime": onnxruntime_providers()}
+    found: dict[str, Any] = {"opencl": [asdict(d) for d in opencl_devices()],
+                             "onnxruntime": onnxruntime_providers()}
+    seen: dict[str, int] = {}
     for d in found["opencl"]:
+        seen[d["kind"]] = index = seen.get(d["kind"], -1) + 1
+        d["id"] = f"opencl:{device_name(d['kind'], index)}"
         if d["kind"] == "fpga":
             d["board"] = _board(d["emulated"], d["name"])
+    kinds = {p["kind"] for p in found["onnxruntime"]}
+    gpus = [device_name("gpu", i) for i in range(gpu_count())] if "gpu" in kinds else []
+    found["onnxruntime_devices"] = [
+        {"id": f"onnxruntime:{name}", "kind": name.rstrip("0123456789"),
+         "providers": [p["provider"] for p in found["onnxruntime"]
+                       if p["kind"] == name.rstrip("0123456789")]}
+        for name in [*gpus, *(["cpu0"] if "cpu" in kinds else [])]]
     return found
+
+
+def device_ids(found: dict[str, Any]) -> list[str]:
+    """The ids of an inventory's devices, OpenCL's first."""
+    return [d["id"] for d in (*found["opencl"], *found["onnxruntime_devices"])]
 
 
 def _board(emulated: bool, name: str) -> dict[str, Any] | None:
@@ -150,7 +167,7 @@ def _board(emulated: bool, name: str) -> dict[str, Any] | None:
 
 
 def format_table(found: dict[str, Any]) -> str:
-    lines = [f"{'KIND':<6} {'ENGINE':<12} {'DEVICE':<40} PLATFORM / DETAILS"]
+    lines = [f"{'ID':<18} {'KIND':<6} {'DEVICE':<40} PLATFORM / DETAILS"]
     for d in found["opencl"]:
         detail = (f"{d['platform']}; driver {d['driver_version']}; {d['compute_units']} CUs; "
                   f"{d['global_mem_bytes'] / 2**30:.1f} GiB")
@@ -161,11 +178,15 @@ def format_table(found: dict[str, Any]) -> str:
                     f" (typical {board['typical_w']:g} W: an estimate)"
                     if board["typical_w"] else ""))
         kind = f"{d['kind']}*" if d["emulated"] else d["kind"]
-        lines.append(f"{kind:<6} {'opencl':<12} {d['name'][:40]:<40} {detail}")
-    for p in found["onnxruntime"]:
-        lines.append(f"{p['kind']:<6} {'onnxruntime':<12} {p['provider']:<40}")
+        lines.append(f"{d['id']:<18} {kind:<6} {d['name'][:40]:<40} {detail}")
+    for d in found["onnxruntime_devices"]:
+        lines.append(f"{d['id']:<18} {d['kind']:<6} {', '.join(d['providers']):<40} "
+                     "ONNX Runtime")
     if len(lines) == 1:
         lines.append("(no OpenCL device and no ONNX Runtime provider found)")
+    others = [p["provider"] for p in found["onnxruntime"] if p["kind"] == "other"]
+    if others:
+        lines.append(f"ONNX Runtime also lists {', '.join(others)}: no device of this node")
     if any(d["emulated"] for d in found["opencl"]):
         lines.append("* emulated: runs the FPGA kernels on the CPU; its speed and power say "
                      "nothing about a board (`hetserve fpga plan` estimates one)")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelerators.devices import gpu_count
+from accelerators.devices import device_ids, gpu_count
 from accelerators.engine import Engine, device_name, parse_device_name
 from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
@@ -86,8 +86,10 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
     parsed = parse_device_name(spec.device)
     index = parsed[1] if parsed else 0
     if spec.kind == "gpu" and index >= (count := gpu_count()):
-        raise ValueError(f"device {str(spec)!r} is not available: this node has {count} GPUs"
-                         + (f" (gpu0 to gpu{count - 1})" if count else ""))
+        gpus = ", ".join(f"onnxruntime:{device_name('gpu', i)}" for i in range(count))
+        raise ValueError(f"no such device: {spec}; this node has "
+                         + (gpus if count else "no GPU that ONNX Runtime can use")
+                         + " (`hetserve devices` lists every device)")
     engine = OnnxRuntimeEngine(model_path, intra_op_threads, use_gpu=spec.kind != "cpu",
                                device_id=index, options=ort_options)
     if spec.device and engine.device.name != spec.device:
@@ -96,18 +98,9 @@ def create_engine(spec: DeviceSpec, model_path: Path, intra_op_threads: int = 0,
     return engine
 
 
-def device_specs(found: dict[str, list[dict]]) -> list[DeviceSpec]:
-    """One spec per device of an inventory (accelerators.devices.inventory)."""
-    specs: list[DeviceSpec] = []
-    seen: dict[str, int] = {}
-    for d in found["opencl"]:
-        index = seen[d["kind"]] = seen.get(d["kind"], -1) + 1
-        specs.append(DeviceSpec("opencl", device_name(d["kind"], index)))
-    kinds = {p["kind"] for p in found["onnxruntime"]}
-    if "gpu" in kinds:
-        specs += [DeviceSpec("onnxruntime", device_name("gpu", i)) for i in range(gpu_count())]
-    specs += [DeviceSpec("onnxruntime", "cpu0")] if "cpu" in kinds else []
-    return specs
+def device_specs(found: dict) -> list[DeviceSpec]:
+    """One spec per device of an inventory (accelerators.devices.inventory), by its id."""
+    return [DeviceSpec.parse(i) for i in device_ids(found)]
 
 
 def can_run(spec: DeviceSpec, model_path: Path,

@@ -55,9 +55,13 @@ def find_device(spec: str = "") -> tuple[str, str, cl.Device, bool]:
     kind, index = parsed
     devices = by_kind.get(kind, [])
     if index >= len(devices):
-        hint = " (no FPGA board; Intel's emulator comes with hetserve[fpga-emulator])" \
-            if kind == "fpga" else ""
-        raise NoSuchDeviceError(f"OpenCL device {spec!r} does not exist: found {present}{hint}")
+        ids = [f"opencl:{device_name(k, i)}" for k, handles in by_kind.items()
+               for i in range(len(handles))]
+        hint = "; no FPGA at all here: Intel's emulator comes with hetserve[fpga-emulator]" \
+            if kind == "fpga" and not devices else ""
+        raise NoSuchDeviceError(f"no such device: opencl:{spec}; this node has "
+                                f"{', '.join(ids) or 'no OpenCL device'}{hint} (`hetserve "
+                                "devices` lists every device)")
     return spec, kind, devices[index], devices[index].int_ptr in emulated
 
 

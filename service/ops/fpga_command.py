@@ -28,9 +28,9 @@ def add_arguments(commands: argparse._SubParsersAction) -> None:
     _model_argument(build)
     build.add_argument("--out", required=True, metavar="DIR",
                        help="where the source, the binary and its manifest are written")
-    build.add_argument("--device", default="fpga0",
-                       help="the FPGA to build for, as `hetserve devices` numbers them "
-                            "(default: fpga0)")
+    build.add_argument("--device", default="opencl:fpga0", type=_fpga_id,
+                       help="the FPGA to build for, by its id in `hetserve devices` "
+                            "(default: opencl:fpga0; fpga0 alone is read the same)")
     _board_argument(build, "default: $HETSERVE_FPGA_BOARD, else `emulator` on the emulator")
     build.add_argument("--precision", choices=["fp32", "fp16"],
                        help="default: the model's `precision` parameter, else fp32 (an int8 "
@@ -86,6 +86,11 @@ def _model(path: Path) -> tuple[Path, bool]:
         return path, False
     entry = ModelRepository(path.parent).load(path.name)
     return entry.versions[max(entry.versions)], EngineOptions.from_config(entry.config).fp16
+
+
+def _fpga_id(text: str) -> str:
+    """opencl:fpga0 (as configs and `hetserve devices` name it) or fpga0 -> fpga0."""
+    return text.removeprefix("opencl:")
 
 
 def _build(args: argparse.Namespace, model: Path, precision: str) -> int:

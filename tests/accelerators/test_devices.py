@@ -10,6 +10,9 @@ import pyopencl as cl
 import pytest
 
 from accelerators.devices import classify
+from accelerators.engine_factory import DeviceSpec, create_engine, device_specs
+from accelerators.opencl.device import NoSuchDeviceError, find_device
+from tests.conftest import MODEL, MODELS
 
 T = cl.device_type
 
@@ -39,3 +42,16 @@ def test_devices_command_lists_pocl_and_onnxruntime() -> None:
     table = subprocess.run([sys.executable, "-m", "service", "devices"],
                            capture_output=True, text=True, check=True).stdout
     assert "Portable Computing Language" in table and "CPUExecutionProvider" in table
+    # Each row opens with the id a model's `devices` parameter takes.
+    ids = [d["id"] for d in listed["opencl"]] + [d["id"] for d in listed["onnxruntime_devices"]]
+    assert "onnxruntime:cpu0" in ids and pocl[0]["id"].startswith("opencl:cpu")
+    rows = [line.split()[0] for line in table.splitlines()[1:len(ids) + 1]]
+    assert rows == ids and [str(s) for s in device_specs(listed)] == ids
+
+
+def test_a_device_this_node_lacks_is_refused_naming_those_it_has() -> None:
+    with pytest.raises(NoSuchDeviceError, match=r"no such device: opencl:cpu9; this node has "
+                                                r"opencl:cpu0.*\(`hetserve devices`"):
+        find_device("cpu9")
+    with pytest.raises(ValueError, match=r"no such device: onnxruntime:gpu9; this node has "):
+        create_engine(DeviceSpec("onnxruntime", "gpu9"), MODELS / MODEL / "1" / "model.onnx")
