@@ -71,6 +71,7 @@ class Frontends:
         self._shared: dict[str, msg.Registered] = {}  # for front-ends started later
         self._stopping = False
         self._env: dict[str, str] = {}
+        self._metrics_dir = ""  # the front-ends' metric files
 
     async def start(self, cleanup: contextlib.AsyncExitStack) -> list[str]:
         """Holds the addresses, starts every front-end and waits until each listens."""
@@ -92,12 +93,13 @@ class Frontends:
         if not addresses:
             raise StartupError("neither grpc_port nor unix_socket is set: nothing to listen on")
         # The front-ends' request metrics reach this process's /metrics through their files.
-        metrics_dir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="hetserve-"))
-        for served_there in (self._metrics.requests, self._metrics.request_duration):
+        self._metrics_dir = cleanup.enter_context(
+            tempfile.TemporaryDirectory(prefix="hetserve-"))
+        for served_there in self._metrics.front_end:
             self._metrics.registry.unregister(served_there)
-        multiprocess.MultiProcessCollector(self._metrics.registry, path=metrics_dir)
+        multiprocess.MultiProcessCollector(self._metrics.registry, path=self._metrics_dir)
         settings = dataclasses.replace(s, workers=1)
-        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir,
                      **settings.to_env()}
         cleanup.push_async_callback(self._stop_all)
         loop = asyncio.get_running_loop()
@@ -187,6 +189,8 @@ class Frontends:
             announce.cancel()
             await serving  # the channel ends with the process: its requests are cancelled
             del self._sides[index], self._processes[index]
+            # Its requests are no longer pending (livesum gauges drop a dead process's file).
+            multiprocess.mark_process_dead(process.pid, self._metrics_dir)
 
     def _requested(self, origin: OwnerSide, request: msg.ForDaemon) -> None:
         if isinstance(request, msg.Load | msg.Unload):
