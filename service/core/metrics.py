@@ -88,8 +88,18 @@ class Metrics:
             "hetserve_requests_expired",
             "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",
             ["model", "version"], registry=r)
+        # REST by route name (service/http/front.py), never by path: clients choose paths.
+        self.http_requests = Counter(
+            "hetserve_http_requests",
+            "REST requests by endpoint (the route's name; \"none\" where no route matched) and "
+            "HTTP status code", ["endpoint", "status"], registry=r)
+        self.http_request_duration = Histogram(
+            "hetserve_http_request_duration_seconds",
+            "Time from a REST request's headers to its reply, its body's arrival included",
+            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
         # What front-ends observe (each front-end process's own, with --workers).
-        self.front_end = (self.requests, self.request_duration, self.pending)
+        self.front_end = (self.requests, self.request_duration, self.pending,
+                          self.http_requests, self.http_request_duration)
 
     def serve(self, host: str, port: int) -> None:
         """Exposes /metrics over HTTP on its own thread."""
