@@ -70,11 +70,12 @@ def test_recording_rules_agree_with_the_daemons_counters(stack: Stack) -> None:
     (gpw,) = prom.query("device:hetserve_gflops_per_watt:ratio_rate1m", at)
     after = samples(scrape(stack.daemon.metrics_url))
     before = samples(stack.before)
+    node = f"127.0.0.1:{stack.daemon.metrics_port}"
     assert jpi["metric"] == {"__name__": "model_device:hetserve_joules_per_inference:ratio_rate1m",
-                             "model": "mnist_cnn", "device": "cpu0", "kind": "cpu",
-                             "source": "model"}
+                             "instance": node, "model": "mnist_cnn", "device": "cpu0",
+                             "kind": "cpu", "source": "model"}
     assert gpw["metric"] == {"__name__": "device:hetserve_gflops_per_watt:ratio_rate1m",
-                             "device": "cpu0", "kind": "cpu", "source": "model"}
+                             "instance": node, "device": "cpu0", "kind": "cpu", "source": "model"}
     joules_per_inference, gflops_per_watt = float(jpi["value"][1]), float(gpw["value"][1])
     assert math.isfinite(joules_per_inference) and joules_per_inference > 0
     assert math.isfinite(gflops_per_watt) and gflops_per_watt > 0
