@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from service.core.metrics import Metrics
 from service.errors import StartupError, Status, status_of
+from service.grpc.access_log import AccessLog
 from service.grpc.credentials import TokenFile, admin_token, holds
 from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.servicer import InferenceServicer
@@ -61,6 +62,7 @@ class HttpFront:
                  reuseport: bool = False) -> None:
         self._settings, self._servicer, self._peers = settings, servicer, peers
         self._metrics = metrics
+        self._access = AccessLog.of(settings, peers)
         # As on gRPC: the token, where one is set, guards all but health checks (the admin
         # token's holders pass too); the admin token alone guards only model control, which
         # the servicer checks.
@@ -122,13 +124,16 @@ class HttpFront:
 
     @web.middleware
     async def _measured(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Counts and times every answered request by its route's name and status."""
+        """Counts, times and logs (--access-log) every answered request by its route's name
+        and status."""
         start = time.perf_counter()
         response = await handler(request)
         endpoint = request.match_info.route.name or _UNROUTED
         self._metrics.http_requests.labels(endpoint, str(response.status)).inc()
         self._metrics.http_request_duration.labels(endpoint).observe(
             time.perf_counter() - start)
+        self._access.rest(endpoint, request.match_info.get("model", ""), response.status,
+                          start, _Call(request).peer())
         return response
 
     @web.middleware

@@ -63,6 +63,7 @@ _SERVE_FLAGS = [
     ("--power-model", "power_model"),
     ("--power-budget-w", "power_budget_w"),
     ("--response-energy", "response_energy"),
+    ("--access-log", "access_log"),
 ]
 
 _REPEATABLE = {"load_model"}  # given several times, the values join with commas
