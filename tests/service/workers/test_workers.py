@@ -221,6 +221,8 @@ def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, ho
     assert survivors and set(survivors) == {(1, 10)}  # every request of the other worker
     assert set(on_victim) <= {(1, 10), "StatusCode.UNAVAILABLE"}
     assert not alive(victim)
+    # The killed front-end's requests in flight are no longer pending anywhere.
+    assert total(scrape(daemon.metrics_url), "hetserve_pending_requests", model=MODEL) == 0
 
 
 def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
