@@ -275,7 +275,7 @@ class InferenceServicer:
 
     def _track_pending(self, spec: ModelSpec, answer: asyncio.Future[Answer]) -> None:
         """Pending from queueing until the answer is done, however it ends (cancelled too)."""
-        key = spec.name, str(spec.version)
+        key = _labels(spec)
         gauge = self._pending.get(key)
         if gauge is None:
             gauge = self._pending[key] = self._metrics.pending.labels(*key)
@@ -294,7 +294,7 @@ class InferenceServicer:
             self._count(spec, e.status)
             raise
         self._count(spec, Status.OK)
-        key = spec.name, str(spec.version)
+        key = _labels(spec)
         duration = self._durations.get(key)
         if duration is None:
             duration = self._durations[key] = self._metrics.request_duration.labels(*key)
@@ -303,9 +303,14 @@ class InferenceServicer:
 
     def _count(self, spec: ModelSpec | None, code: Status) -> None:
         """Counts an outcome; a request naming no served model counts under model ""."""
-        key = (spec.name, str(spec.version), code) if spec else ("", "", code)
+        key = (*_labels(spec), code) if spec else ("", "", code)
         counter = self._counters.get(key)
         if counter is None:
             counter = self._counters[key] = self._metrics.requests.labels(
                 key[0], key[1], code.name)
         counter.inc()
+
+
+def _labels(spec: ModelSpec) -> tuple[str, str]:
+    """The model and version labels of a served model version's series."""
+    return spec.name, str(spec.version)
