@@ -60,6 +60,7 @@ FLAGS: dict[str, str] = {
     "--power-model": "power_model",
     "--power-budget-w": "power_budget_w",
     "--response-energy": "response_energy",
+    "--access-log": "access_log",
 }
 
 

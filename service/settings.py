@@ -199,6 +199,10 @@ class Settings:
         default=True, metadata={"doc": "each response carries its request's joules, their power "
                                        "source, the attribution method and the FLOPs as "
                                        "parameters (docs/observability.md)"})
+    access_log: bool = field(
+        default=False, metadata={"doc": "one log line per gRPC call and REST request: "
+                                        "transport, method, model, status, duration, caller "
+                                        "(docs/observability.md)"})
 
     def __post_init__(self) -> None:
         if self.log_level.upper() not in LOG_LEVELS:

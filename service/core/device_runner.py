@@ -67,8 +67,10 @@ class BatchTimes:
 
 class DeviceRunner:
     def __init__(self, model: str, engines: list[Engine], metrics: Metrics,
-                 flops: FlopCounter | None = None, buckets: Buckets | None = None) -> None:
-        """`flops`: the model's count per sample; a partial one labels its FLOPs `partial`."""
+                 flops: FlopCounter | None = None, buckets: Buckets | None = None,
+                 version: str = "") -> None:
+        """`flops`: the model's count per sample; a partial one labels its FLOPs `partial`.
+        `version`: the model version, a label of the series Triton has per version."""
         self.model = model
         self.buckets = buckets
         self.instances = len(engines)
@@ -89,9 +91,9 @@ class DeviceRunner:
         labels = dict(model=model, device=self.device.name, kind=self.device.kind_label,
                       engine=self.device.engine)
 
-        self._compute = metrics.compute_duration.labels(**labels)
-        self._batch_size = metrics.batch_size.labels(**labels)
-        self._inferences = metrics.inferences.labels(**labels)
+        self._compute = metrics.compute_duration.labels(**labels, version=version)
+        self._batch_size = metrics.batch_size.labels(**labels, version=version)
+        self._inferences = metrics.inferences.labels(**labels, version=version)
         # One series per kind of count: the served shape's from the start, the other only once
         # a request shape (of a variable dim) makes one.
         self._flop_series = lambda partial: metrics.flops.labels(

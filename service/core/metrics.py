@@ -29,25 +29,34 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         r = self.registry
+        # `version` (the model version served, "" for a request naming no served model) where
+        # Triton's per-model series have one: deploy/prometheus/triton.yml maps them.
         self.requests = Counter(
             "hetserve_requests", "Inference requests by outcome (a gRPC status code name)",
-            ["model", "code"], registry=r)
+            ["model", "version", "code"], registry=r)
         self.request_duration = Histogram(
             "hetserve_request_duration_seconds",
             "Time from receiving an inference request to its reply",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["model", "version"], buckets=_LATENCY_BUCKETS, registry=r)
+        # Front-ends with --workers: the sum over the live ones (service/workers/frontends.py).
+        self.pending = Gauge(
+            "hetserve_pending_requests",
+            "Inference requests received and not yet answered (queued or running)",
+            ["model", "version"], multiprocess_mode="livesum", registry=r)
         self.queue_duration = Histogram(
             "hetserve_queue_duration_seconds", "Time a request waited in the batcher",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["model", "version"], buckets=_LATENCY_BUCKETS, registry=r)
         self.compute_duration = Histogram(
             "hetserve_compute_duration_seconds", "Time one batch ran on a device",
-            ["model", "device", "kind", "engine"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["model", "version", "device", "kind", "engine"], buckets=_LATENCY_BUCKETS,
+            registry=r)
         self.batch_size = Histogram(
             "hetserve_batch_size", "Samples per batch run on a device",
-            ["model", "device", "kind", "engine"], buckets=_BATCH_BUCKETS, registry=r)
+            ["model", "version", "device", "kind", "engine"], buckets=_BATCH_BUCKETS,
+            registry=r)
         self.inferences = Counter(
             "hetserve_inferences", "Samples inferred, by device",
-            ["model", "device", "kind", "engine"], registry=r)
+            ["model", "version", "device", "kind", "engine"], registry=r)
         self.flops = Counter(
             "hetserve_flops", "Floating-point operations executed, counted from the ONNX graph "
             "(a multiply-add is 2); count=\"partial\" where the graph has ops the counter does "
@@ -78,7 +87,19 @@ class Metrics:
         self.expired = Counter(
             "hetserve_requests_expired",
             "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",
-            ["model"], registry=r)
+            ["model", "version"], registry=r)
+        # REST by route name (service/http/front.py), never by path: clients choose paths.
+        self.http_requests = Counter(
+            "hetserve_http_requests",
+            "REST requests by endpoint (the route's name; \"none\" where no route matched) and "
+            "HTTP status code", ["endpoint", "status"], registry=r)
+        self.http_request_duration = Histogram(
+            "hetserve_http_request_duration_seconds",
+            "Time from a REST request's headers to its reply, its body's arrival included",
+            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
+        # What front-ends observe (each front-end process's own, with --workers).
+        self.front_end = (self.requests, self.request_duration, self.pending,
+                          self.http_requests, self.http_request_duration)
 
     def serve(self, host: str, port: int) -> None:
         """Exposes /metrics over HTTP on its own thread."""

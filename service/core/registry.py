@@ -189,7 +189,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                         engine.fix_batch_sizes(bucketed.sizes)
                     except OptionError as e:
                         raise ConfigError(f"model {name!r}: {e}") from e
-            return DeviceRunner(name, instances, self._metrics, flops, bucketed)
+            return DeviceRunner(name, instances, self._metrics, flops, bucketed, str(version))
 
         # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
         workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
@@ -205,8 +205,9 @@ class ModelRegistry(ModelTable[LoadedModel]):
         stats = ModelStatistics()
         batcher = Scheduler(
             name, policy, ranking, outputs, slots, buffers, stats,
-            self._metrics.queue_duration.labels(model=name).observe,
-            self._metrics.expired.labels(model=name).inc, self._power_budget)
+            self._metrics.queue_duration.labels(model=name, version=str(version)).observe,
+            self._metrics.expired.labels(model=name, version=str(version)).inc,
+            self._power_budget)
         config = model_config_pb2.ModelConfig()
         config.CopyFrom(entry.config)
         policy.effective(config)

@@ -18,6 +18,7 @@ from service import unix_socket
 from service.core.dataplane import DataPlane
 from service.errors import StartupError
 from service.grpc import handlers
+from service.grpc.access_log import AccessLog
 from service.grpc.auth import TokenInterceptor
 from service.grpc.credentials import ExposureError, TlsFiles, TokenFile, admin_token
 from service.grpc.door import Bounds, Door, Peers, private_folder
@@ -35,6 +36,7 @@ class GrpcFront:
     def __init__(self, settings: Settings, token: TokenFile | None, servicer: object,
                  plane: DataPlane, peers: Peers, reuseport: bool = False) -> None:
         self._settings, self._plane, self._peers = settings, plane, peers
+        self._access = AccessLog.of(settings, peers)
         # Front-ends share the port on purpose, once their owner holds it
         # (service/workers/frontends.py); a second daemon must not share it silently.
         self._reuseport = reuseport
@@ -53,7 +55,7 @@ class GrpcFront:
         server = grpc.aio.server(
             interceptors=[*interceptors, RpcLimit(listener)],
             options=server_options(self._settings), maximum_concurrent_rpcs=backstop(listener))
-        handlers.add_to_server(servicer, server)
+        handlers.add_to_server(servicer, server, self._access)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (handlers.SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
 
 from service.errors import InvalidInputError, Status, status_of
+from service.grpc.access_log import OFF, AccessLog
 from service.grpc.codec import parse_message
 
 log = logging.getLogger(__name__)
@@ -27,61 +28,79 @@ SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # A status message stays short whatever it quotes (the quotes are bounded too: errors.shown).
 
 
-def add_to_server(servicer: object, server: grpc.aio.Server) -> None:
-    handlers = {m.name: _handler(servicer, m) for m in SERVICE.methods}
+def add_to_server(servicer: object, server: grpc.aio.Server,
+                  access: AccessLog = OFF) -> None:
+    """`access`: the access log, off unless given one that is on."""
+    handlers = {m.name: _handler(servicer, m, access) for m in SERVICE.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
 
 
-def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
+def _handler(servicer: object, method: MethodDescriptor,
+             access: AccessLog) -> grpc.RpcMethodHandler:
     serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
     behaviour = getattr(servicer, method.name, None)
     if behaviour is None:
         return grpc.unary_unary_rpc_method_handler(_unimplemented(method.name),
                                                    response_serializer=serialize)
     if method.client_streaming:  # ModelStreamInfer: the servicer parses each message
-        return grpc.stream_stream_rpc_method_handler(_streamed(behaviour, method.name),
+        return grpc.stream_stream_rpc_method_handler(_streamed(behaviour, method.name, access),
                                                      response_serializer=serialize)
     return grpc.unary_unary_rpc_method_handler(
-        _parsed(behaviour, message_factory.GetMessageClass(method.input_type), method.name),
-        response_serializer=serialize)
+        _parsed(behaviour, message_factory.GetMessageClass(method.input_type), method.name,
+                access), response_serializer=serialize)
 
 
-def _parsed(behaviour: Callable, request_class: type[Message], name: str) -> Callable:
+def _model_of(request: Message) -> str:
+    """The model a request names: `model_name` (inference, load, unload) or the `name` of the
+    Model* methods' requests (elsewhere `name` is a shared memory region's)."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "model_name" in fields:
+        return request.model_name
+    return request.name if "name" in fields and \
+        request.DESCRIPTOR.name.startswith("Model") else ""
+
+
+def _parsed(behaviour: Callable, request_class: type[Message], name: str,
+            access: AccessLog) -> Callable:
     async def handle(data: bytes, context: grpc.aio.ServicerContext):
-        try:
-            request = parse_message(request_class, data)
-        except InvalidInputError as e:
-            await context.abort(grpc_status(e.status), f"{name}: {e}")
-        try:
-            reply = await behaviour(request, context)
-        except Exception as e:
-            await _abort(context, name, e)
-        _end_if_past_deadline(context)
-        return reply
+        with access.grpc(name, context) as call:
+            try:
+                request = parse_message(request_class, data)
+            except InvalidInputError as e:
+                await context.abort(grpc_status(e.status), f"{name}: {e}")
+            call.model = _model_of(request)
+            try:
+                reply = await behaviour(request, context)
+            except Exception as e:
+                await _abort(context, name, e)
+            _end_if_past_deadline(context)
+            return reply
     return handle
 
 
-def _streamed(behaviour: Callable, name: str) -> Callable:
+def _streamed(behaviour: Callable, name: str, access: AccessLog) -> Callable:
     """Replies written here (not yielded to grpc, which logs a traceback when the client has
     gone while one is written): a write fails only once the call has ended (the client gone,
     or its deadline passed), and then the stream ends as gRPC ends a call its client has left,
     sending nothing more (a status sent then would fail, and grpc would log it with a
-    traceback)."""
+    traceback). The access log has one line per stream, when it ends."""
     async def handle(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         replies = behaviour(requests, context)
-        try:
-            async for reply in replies:
-                try:
-                    await context.write(reply)
-                except Exception:
-                    raise asyncio.CancelledError from None
-        except Exception as e:
-            if context.done():  # the client has gone: nobody to answer
-                return
-            await _abort(context, name, e)
-        finally:
-            await replies.aclose()
+        with access.grpc(name, context) as call:
+            try:
+                async for reply in replies:
+                    try:
+                        await context.write(reply)
+                    except Exception:
+                        raise asyncio.CancelledError from None
+            except Exception as e:
+                if context.done():  # the client has gone: nobody to answer
+                    call.status = "CANCELLED"
+                    return
+                await _abort(context, name, e)
+            finally:
+                await replies.aclose()
     return handle
 
 

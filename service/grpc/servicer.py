@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from importlib.metadata import version as package_version
 
 import grpc
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from tritonclient.grpc import service_pb2 as pb
 
 from service.core.control_callers import check_caller
 from service.core.dataplane import DataPlane, select
 from service.core.metrics import Metrics
+from service.core.model import ModelSpec
 from service.core.repository import check_model_name
 from service.core.types import Answer, ModelControls, ServedModel
 from service.errors import HetserveError, Status, StreamIdleError, status_of
@@ -54,8 +55,10 @@ class InferenceServicer:
         self._stream_window = settings.max_stream_inflight
         self._stream_idle_s = settings.stream_idle_s
         self._energy = settings.response_energy
-        self._counters: dict[tuple[str, Status], Counter] = {}
-        self._durations: dict[str, Histogram] = {}  # per served model, like _counters
+        # Children per served model version (and status code): a bounded set of labels.
+        self._counters: dict[tuple[str, str, Status], Counter] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
+        self._pending: dict[tuple[str, str], Gauge] = {}
         # Fixed for the process: read the package metadata once, not per call.
         self._server_metadata = pb.ServerMetadataResponse(
             name="hetserve", version=package_version("hetserve"),
@@ -265,9 +268,19 @@ class InferenceServicer:
                                       *self._queue_caller(context)))
         except HetserveError as e:
             # only served names become label values: clients cannot grow the set
-            self._count(model.spec.name if model else "", e.status)
+            self._count(model.spec if model else None, e.status)
             raise
+        self._track_pending(model.spec, answer)
         return _Call(request, model, names, answer, start, caller)
+
+    def _track_pending(self, spec: ModelSpec, answer: asyncio.Future[Answer]) -> None:
+        """Pending from queueing until the answer is done, however it ends (cancelled too)."""
+        key = _labels(spec)
+        gauge = self._pending.get(key)
+        if gauge is None:
+            gauge = self._pending[key] = self._metrics.pending.labels(*key)
+        gauge.inc()
+        answer.add_done_callback(lambda _: gauge.dec())
 
     def _finish(self, call: _Call) -> pb.ModelInferResponse:
         """The reply to a request whose answer is done; raises (and counts) its error."""
@@ -278,19 +291,26 @@ class InferenceServicer:
                                              select(call.answer.result(), call.names),
                                              self._regions, call.caller, self._energy)
         except HetserveError as e:
-            self._count(spec.name, e.status)
+            self._count(spec, e.status)
             raise
-        self._count(spec.name, Status.OK)
-        duration = self._durations.get(spec.name)
+        self._count(spec, Status.OK)
+        key = _labels(spec)
+        duration = self._durations.get(key)
         if duration is None:
-            duration = self._durations[spec.name] = \
-                self._metrics.request_duration.labels(spec.name)
+            duration = self._durations[key] = self._metrics.request_duration.labels(*key)
         duration.observe(time.perf_counter() - call.start)
         return response
 
-    def _count(self, model: str, code: Status) -> None:
-        counter = self._counters.get((model, code))
-        if counter is None:  # served model names times status codes: a bounded set
-            counter = self._counters[model, code] = self._metrics.requests.labels(
-                model, code.name)
+    def _count(self, spec: ModelSpec | None, code: Status) -> None:
+        """Counts an outcome; a request naming no served model counts under model ""."""
+        key = (*_labels(spec), code) if spec else ("", "", code)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self._metrics.requests.labels(
+                key[0], key[1], code.name)
         counter.inc()
+
+
+def _labels(spec: ModelSpec) -> tuple[str, str]:
+    """The model and version labels of a served model version's series."""
+    return spec.name, str(spec.version)

@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
+from service.core.metrics import Metrics
 from service.errors import StartupError, Status, status_of
+from service.grpc.access_log import AccessLog
 from service.grpc.credentials import TokenFile, admin_token, holds
 from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.servicer import InferenceServicer
@@ -31,6 +34,7 @@ HTTP_STATUS = {
     Status.UNIMPLEMENTED: 501, Status.UNAVAILABLE: 503, Status.DEADLINE_EXCEEDED: 504,
 }
 _HEALTH = "/v2/health/"
+_UNROUTED = "none"  # the endpoint of a request no route matched (404, 405)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,8 +58,11 @@ class _Call:
 
 class HttpFront:
     def __init__(self, settings: Settings, token: TokenFile | None,
-                 servicer: InferenceServicer, peers: Peers, reuseport: bool = False) -> None:
+                 servicer: InferenceServicer, peers: Peers, metrics: Metrics,
+                 reuseport: bool = False) -> None:
         self._settings, self._servicer, self._peers = settings, servicer, peers
+        self._metrics = metrics
+        self._access = AccessLog.of(settings, peers)
         # As on gRPC: the token, where one is set, guards all but health checks (the admin
         # token's holders pass too); the admin token alone guards only model control, which
         # the servicer checks.
@@ -67,21 +74,23 @@ class HttpFront:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=self._settings.max_message_bytes,
-                              middlewares=[self._answered])
+                              middlewares=[self._measured, self._answered])
         model = r"/v2/models/{model}{version:(/versions/[^/]+)?}"
+        # Each route's name is its `endpoint` in the metrics: a bounded set.
         app.add_routes([
-            web.get("/v2/health/live", self._live),
-            web.get("/v2/health/ready", self._ready),
-            web.get("/v2", self._server_metadata),
-            web.get("/v2/models/stats", self._statistics),
-            web.get(model, self._model_metadata),
-            web.get(model + "/ready", self._model_ready),
-            web.get(model + "/config", self._model_config),
-            web.get(model + "/stats", self._statistics),
-            web.post(model + "/infer", self._infer),
-            web.post("/v2/repository/index", self._index),
-            web.post("/v2/repository/models/{model}/load", self._load),
-            web.post("/v2/repository/models/{model}/unload", self._unload),
+            web.get("/v2/health/live", self._live, name="health_live"),
+            web.get("/v2/health/ready", self._ready, name="health_ready"),
+            web.get("/v2", self._server_metadata, name="server_metadata"),
+            web.get("/v2/models/stats", self._statistics, name="statistics"),
+            web.get(model, self._model_metadata, name="model_metadata"),
+            web.get(model + "/ready", self._model_ready, name="model_ready"),
+            web.get(model + "/config", self._model_config, name="model_config"),
+            web.get(model + "/stats", self._statistics, name="model_statistics"),
+            web.post(model + "/infer", self._infer, name="infer"),
+            web.post("/v2/repository/index", self._index, name="repository_index"),
+            web.post("/v2/repository/models/{model}/load", self._load, name="repository_load"),
+            web.post("/v2/repository/models/{model}/unload", self._unload,
+                     name="repository_unload"),
         ])
         return app
 
@@ -112,6 +121,20 @@ class HttpFront:
         if self._door is not None and self._runner is not None:
             self._door.close()
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _measured(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Counts, times and logs (--access-log) every answered request by its route's name
+        and status."""
+        start = time.perf_counter()
+        response = await handler(request)
+        endpoint = request.match_info.route.name or _UNROUTED
+        self._metrics.http_requests.labels(endpoint, str(response.status)).inc()
+        self._metrics.http_request_duration.labels(endpoint).observe(
+            time.perf_counter() - start)
+        self._access.rest(endpoint, request.match_info.get("model", ""), response.status,
+                          start, _Call(request).peer())
+        return response
 
     @web.middleware
     async def _answered(self, request: web.Request, handler: Handler) -> web.StreamResponse:

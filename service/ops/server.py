@@ -68,7 +68,8 @@ async def serve(settings: Settings) -> None:
             peers = Peers(UploadBudget.from_settings(settings))
             servicer = InferenceServicer(plane, metrics, regions, peers, settings, control)
             front: GrpcFront | Frontends = GrpcFront(settings, token, servicer, plane, peers)
-            http = HttpFront(settings, token, servicer, peers) if settings.http_port else None
+            http = HttpFront(settings, token, servicer, peers, metrics) \
+                if settings.http_port else None
         else:
             front, http = Frontends(settings, workers, plane, metrics, control), None
         addresses = await front.start(cleanup)

@@ -103,9 +103,10 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     owner = OwnerClient(arena, on_catalog, on_share)
     token = TokenFile(settings.token_file) if settings.token_file else None
     peers = Peers(UploadBudget.from_settings(settings))
-    servicer = FrontendServicer(plane, Metrics(), regions, peers, owner, settings)
+    metrics = Metrics()  # what it observes reaches the owner's /metrics through files
+    servicer = FrontendServicer(plane, metrics, regions, peers, owner, settings)
     front = GrpcFront(settings, token, servicer, plane, peers, reuseport=True)
-    http = HttpFront(settings, token, servicer, peers, reuseport=True) \
+    http = HttpFront(settings, token, servicer, peers, metrics, reuseport=True) \
         if settings.http_port else None
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())

@@ -72,6 +72,7 @@ class Frontends:
         self._shared: dict[str, msg.Registered] = {}  # for front-ends started later
         self._stopping = False
         self._env: dict[str, str] = {}
+        self._metrics_dir = ""  # the front-ends' metric files
 
     async def start(self, cleanup: contextlib.AsyncExitStack) -> list[str]:
         """Holds the addresses, starts every front-end and waits until each listens."""
@@ -91,16 +92,17 @@ class Frontends:
             cleanup.callback(_remove_worker_sockets, s.unix_socket)
             addresses.append(f"unix:{s.unix_socket} and {self._count - 1} beside it")
         # The front-ends' request metrics reach this process's /metrics through their files.
-        metrics_dir = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="hetserve-"))
-        for served_there in (self._metrics.requests, self._metrics.request_duration):
+        self._metrics_dir = cleanup.enter_context(
+            tempfile.TemporaryDirectory(prefix="hetserve-"))
+        for served_there in self._metrics.front_end:
             self._metrics.registry.unregister(served_there)
-        multiprocess.MultiProcessCollector(self._metrics.registry, path=metrics_dir)
+        multiprocess.MultiProcessCollector(self._metrics.registry, path=self._metrics_dir)
         settings = dataclasses.replace(s, workers=1)
         # Only the settings as resolved here: a variable another name of a setting (HETSERVE_PORT
         # beside HETSERVE_GRPC_PORT) would disagree with them there.
         inherited = setting_variables()
         self._env = {**{k: v for k, v in os.environ.items() if k not in inherited},
-                     "PROMETHEUS_MULTIPROC_DIR": metrics_dir, **settings.to_env()}
+                     "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir, **settings.to_env()}
         cleanup.push_async_callback(self._stop_all)
         loop = asyncio.get_running_loop()
         self._started = [loop.create_future() for _ in range(self._count)]
@@ -189,6 +191,8 @@ class Frontends:
             announce.cancel()
             await serving  # the channel ends with the process: its requests are cancelled
             del self._sides[index], self._processes[index]
+            # Its requests are no longer pending (livesum gauges drop a dead process's file).
+            multiprocess.mark_process_dead(process.pid, self._metrics_dir)
 
     def _requested(self, origin: OwnerSide, request: msg.ForDaemon) -> None:
         if isinstance(request, msg.Load | msg.Unload):

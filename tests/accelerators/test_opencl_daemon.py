@@ -80,7 +80,7 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
         assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
         body = urllib.request.urlopen(daemon.metrics_url).read().decode()
         assert f'hetserve_inferences_total{{device="cpu0",engine="opencl",kind="cpu",' \
-               f'model="{MODEL}"}} 64.0' in body
+               f'model="{MODEL}",version="1"}} 64.0' in body
         assert re.search(r'hetserve_flops_total\{count="partial",[^}]*model="hardmax_net"', body)
         assert re.search(rf'hetserve_flops_total\{{count="complete",[^}}]*model="{MODEL}"', body)
         # The fallback, on whichever device onnxruntime finds (a GPU node's GPU).

@@ -25,6 +25,7 @@ from tests.conftest import MODEL, ROOT, Daemon, example_repository, free_port, i
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+TRITON = ROOT / "deploy" / "prometheus" / "triton.yml"
 
 
 def prometheus_tool(name: str) -> str:
@@ -37,8 +38,9 @@ def prometheus_tool(name: str) -> str:
 
 
 def recording_rules() -> set[str]:
-    groups = yaml.safe_load(RULES.read_text())["groups"]
-    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    return {rule["record"] for path in (RULES, TRITON)
+            for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"] if "record" in rule}
 
 
 def scrape(url: str) -> str:
@@ -73,14 +75,14 @@ class Prometheus:
     def __init__(self, tmp: Path, target: str, interval: str = "1s",
                  scrape_configs: list[dict] | None = None) -> None:
         """Scrapes `target` as job hetserve, or what `scrape_configs` say, with the project's
-        recording and alerting rules."""
+        recording (Triton's names too) and alerting rules."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         tmp.mkdir(parents=True, exist_ok=True)
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "rule_files": [str(RULES), str(ALERTS)],
+            "rule_files": [str(RULES), str(ALERTS), str(TRITON)],
             "scrape_configs": scrape_configs or [
                 {"job_name": "hetserve", "static_configs": [{"targets": [target]}]}]}))
         self._log = open(tmp / "prometheus.log", "wb")

@@ -42,7 +42,7 @@ def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) 
     assert samples / grew("hetserve_batch_size_count") > 1.0, \
         "concurrent requests should share model runs"
     assert grew("hetserve_inferences_total") == sum(sizes)
-    ok = 'hetserve_requests_total{code="OK",model="mnist_cnn"}'
+    ok = 'hetserve_requests_total{code="OK",model="mnist_cnn",version="1"}'
     assert ok in urllib.request.urlopen(daemon.metrics_url).read().decode()
 
 
@@ -76,12 +76,19 @@ def test_batches_grow_with_concurrency_after_an_idle_period(tmp_path, holdout) -
         clients = [threading.Thread(target=client, args=(40,)) for _ in range(16)]
         for thread in clients:
             thread.start()
+        pending = []  # the gauge while the clients run, then once they have their answers
+        while any(thread.is_alive() for thread in clients):
+            pending.append(total(scrape(served.metrics_url), "hetserve_pending_requests",
+                                 model=MODEL, version="1"))
         for thread in clients:
             thread.join()
         together = batches()
+        after = total(scrape(served.metrics_url), "hetserve_pending_requests", model=MODEL,
+                      version="1")
     finally:
         assert served.stop() == 0
     assert alone == (30, 30)
     samples, runs = together[0] - alone[0], together[1] - alone[1]
     assert samples == 16 * 40
     assert samples / runs > 4, f"{samples} samples in {runs} batches at concurrency 16"
+    assert 0 < max(pending) <= 16 and after == 0, (pending, after)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.local_daemon import DaemonProcess
 from tests.conftest import MODEL, MODELS, Daemon, example_repository, free_port
+from tests.service.conftest import scrape, total
 
 ADMIN = "admin-t0ken"
 
@@ -137,6 +138,30 @@ def test_errors_are_json_with_their_http_status(rest, path, body, status, messag
     got, _, reply = _post(rest.http, path, body)
     assert got == status, reply
     assert message in json.loads(reply)["error"]
+
+
+def test_requests_are_counted_by_route_name_and_status(rest, holdout) -> None:
+    """Paths a client makes up all count as endpoint "none": the labels stay a bounded set."""
+    before = scrape(rest.metrics_url)
+    client = httpclient.InferenceServerClient(rest.http)
+    tensor = httpclient.InferInput("image", [1, 1, 28, 28], "FP32")
+    tensor.set_data_from_numpy(_images(holdout, 1)[0])
+    client.infer(MODEL, [tensor])
+    with pytest.raises(InferenceServerException):
+        client.infer("no-such-model", [tensor])  # 404 on the infer route
+    for made_up in ("/v2/x1", "/v2/x2/y"):
+        assert _post(rest.http, made_up, b"{}")[0] == 404
+    assert _post(rest.http, f"/v2/models/{MODEL}/infer", b"[")[0] == 400
+    after = scrape(rest.metrics_url)
+
+    def grew(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+    assert grew("hetserve_http_requests_total", endpoint="infer", status="200") == 1
+    assert grew("hetserve_http_requests_total", endpoint="infer", status="404") == 1
+    assert grew("hetserve_http_requests_total", endpoint="infer", status="400") == 1
+    assert grew("hetserve_http_requests_total", endpoint="none", status="404") == 2
+    assert grew("hetserve_http_request_duration_seconds_count", endpoint="infer") == 3
+    assert not [k for k in after if "x1" in k or "x2" in k or "no-such-model" in k]
 
 
 def test_a_body_over_the_message_limit_is_refused(rest) -> None:

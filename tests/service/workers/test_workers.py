@@ -110,6 +110,7 @@ def test_two_workers_batch_together_and_answer_as_one_daemon(serve, holdout) -> 
     assert total(samples, "hetserve_requests_total", model=MODEL, code="OK") == 9
     assert total(samples, "hetserve_request_duration_seconds_count", model=MODEL) == 9
     assert total(samples, "hetserve_inferences_total", model=MODEL) == 11
+    assert total(samples, "hetserve_pending_requests", model=MODEL, version="1") == 0
 
 
 def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
@@ -125,6 +126,8 @@ def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
         time.sleep(0.5)  # taken by the device: the queue is empty again
         queued = [pool.submit(infer, address, image) for address in sockets]
         time.sleep(0.5)
+        # One running, one queued at each front-end: the owner sums the front-ends' gauges.
+        assert total(scrape(daemon.metrics_url), "hetserve_pending_requests", model=MODEL) == 3
         late = pool.submit(infer_within, sockets[1], image, 1_000_000)  # 1 s in the queue
         time.sleep(0.5)
         with pytest.raises(InferenceServerException) as full:
@@ -137,6 +140,7 @@ def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
         assert all(f.result(timeout=60).shape == (1, 10) for f in [running, *queued])
     samples = scrape(daemon.metrics_url)
     assert total(samples, "hetserve_requests_expired_total", model=MODEL) == 1  # in the queue
+    assert total(samples, "hetserve_pending_requests", model=MODEL) == 0
 
 
 def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
@@ -217,6 +221,8 @@ def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, ho
     assert survivors and set(survivors) == {(1, 10)}  # every request of the other worker
     assert set(on_victim) <= {(1, 10), "StatusCode.UNAVAILABLE"}
     assert not alive(victim)
+    # The killed front-end's requests in flight are no longer pending anywhere.
+    assert total(scrape(daemon.metrics_url), "hetserve_pending_requests", model=MODEL) == 0
 
 
 def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
