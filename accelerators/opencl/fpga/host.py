@@ -75,6 +75,9 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
         outs = [fake_quant(x, node.attrs["grid"])]
     elif node.op == "Silu" and x is not None:
         outs = [x / (1 + np.exp(-x))]
+    elif node.op == "MatMul" and len(inputs) > 2:  # with the bias row graph.py fused in
+        a, b, bias = (np.asarray(v) for v in inputs[:3])
+        outs = [a @ b + bias]
     elif node.op == "BatchNormalization" and x is not None:
         # Inference form, by hand: onnx 1.23's reference evaluator is wrong below opset 15
         # (0.15 off on unit-normal inputs).
