@@ -15,9 +15,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.onnx_models import make_model
+from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedOpError
+from accelerators.opencl.launch import HOST
 from accelerators.opencl.recurrent_lowering import GATES
-from tests.accelerators.conftest import fresh_rng, rel_err
+from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga, fresh_rng, rel_err
 
 TOL = 1e-4
 STEPS, BATCH, INPUTS, HIDDEN = 5, 3, 4, 6
@@ -172,3 +174,84 @@ def test_only_the_final_state_read(engine_for, op) -> None:
     x = rng.standard_normal((STEPS, BATCH, INPUTS)).astype(np.float32)
     check(engine_for, recurrent_model(op, weights(rng, op, 1), x.shape, ["x", "w", "r"],
                                       ["", "y_h"], direction="reverse"), {"x": x})
+
+
+# The recogniser: 1 x 16 x 32 text-line images, three conv blocks down to a 1-row feature map
+# of 8 columns (the steps), a bidirectional LSTM over them, per-step scores of 11 classes
+# (10 characters and CTC's blank).
+LINE, CLASSES, CRNN_HIDDEN = (1, 16, 32), 11, 12
+
+
+def crnn(rng: np.random.Generator) -> onnx.ModelProto:
+    def conv(c_in: int, c_out: int) -> np.ndarray:
+        return rng.normal(0, (2 / (9 * c_in)) ** 0.5, (c_out, c_in, 3, 3)).astype(np.float32)
+
+    consts = {"w1": conv(1, 8), "w2": conv(8, 16), "w3": conv(16, 16),
+              "b3": rng.uniform(-0.1, 0.1, 16).astype(np.float32),
+              "seq": np.array([0, 16, 8], np.int64),
+              "lw": rng.uniform(-0.3, 0.3, (2, 4 * CRNN_HIDDEN, 16)).astype(np.float32),
+              "lr": rng.uniform(-0.3, 0.3, (2, 4 * CRNN_HIDDEN, CRNN_HIDDEN)).astype(np.float32),
+              "lb": rng.uniform(-0.2, 0.2, (2, 8 * CRNN_HIDDEN)).astype(np.float32),
+              "steps": np.array([0, 0, -1], np.int64),
+              "fc": rng.normal(0, 0.3, (2 * CRNN_HIDDEN, CLASSES)).astype(np.float32),
+              "fcb": rng.uniform(-0.1, 0.1, CLASSES).astype(np.float32)}
+    n = helper.make_node
+    nodes = [n("Conv", ["image", "w1"], ["c1"], pads=[1] * 4), n("Relu", ["c1"], ["r1"]),
+             n("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p1", "w2"], ["c2"], pads=[1] * 4), n("Relu", ["c2"], ["r2"]),
+             n("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Conv", ["p2", "w3", "b3"], ["c3"], pads=[1] * 4), n("Relu", ["c3"], ["r3"]),
+             n("MaxPool", ["r3"], ["p3"], kernel_shape=[4, 1], strides=[4, 1]),
+             n("Reshape", ["p3", "seq"], ["features"]),  # (n, 16, 8): the columns
+             n("Transpose", ["features"], ["sequence"], perm=[2, 0, 1]),  # (8, n, 16)
+             n("LSTM", ["sequence", "lw", "lr", "lb"], ["y"], name="blstm",
+               hidden_size=CRNN_HIDDEN, direction="bidirectional"),  # (8, 2, n, 12)
+             n("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+             n("Reshape", ["yt", "steps"], ["both"]),  # (8, n, 24)
+             n("MatMul", ["both", "fc"], ["scores"]), n("Add", ["scores", "fcb"], ["biased"]),
+             n("Transpose", ["biased"], ["logits"], perm=[1, 0, 2])]  # (n, 8, 11)
+    graph = helper.make_graph(
+        nodes, "crnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                      ["n", *LINE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 8, CLASSES])],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return make_model(graph, 17)
+
+
+def _crnn_agrees(engine: OpenCLEngine, model: onnx.ModelProto, rng: np.random.Generator,
+                 batch: int, seed: int) -> None:
+    """Within the model tests' 1e-3 and the same best class at every step."""
+    x = rng.standard_normal((batch, *LINE)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    got = engine.run({"image": x}, ["logits"])["logits"]
+    assert got.shape == ref.shape == (batch, 8, CLASSES)
+    assert rel_err(got, ref) <= 1e-3, (rel_err(got, ref), seed)
+    assert (got.argmax(-1) == ref.argmax(-1)).all(), seed
+
+
+@pytest.mark.parametrize("batch", [1, 5, 20])
+def test_crnn_recogniser_runs_whole_on_the_engine(engine_for, batch) -> None:
+    """Batch 20 runs as two CPU slices; every node is lowered to kernels (none on the host)."""
+    rng, seed = fresh_rng(3)
+    model = crnn(rng)
+    engine = engine_for(model)
+    launches = engine.plan(min(batch, engine.slice)).launches
+    assert HOST not in {la.kernel for la in launches} and not engine.on_host
+    assert [la.kernel for la in launches if la.node == "blstm"].count("lstm_step") == 8
+    _crnn_agrees(engine, model, rng, batch, seed)
+
+
+@pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+def test_crnn_recogniser_on_the_emulated_fpga(tmp_path, program_cache, caplog) -> None:
+    """The convolutions on the FPGA's pipeline, the bidirectional LSTM on the host between its
+    passes, as any node the pipeline does not cover."""
+    rng, seed = fresh_rng(3)
+    model = crnn(rng)
+    onnx.save(model, str(tmp_path / "crnn.onnx"))
+    with caplog.at_level("INFO", logger="accelerators.opencl.engine"):
+        engine = OpenCLEngine(tmp_path / "crnn.onnx", "fpga0", program_cache)
+    kernels = [la.kernel for la in engine.plan(2).launches]
+    assert kernels.count("fpga_conv") == 3 and "blstm" in engine.on_host, engine.on_host
+    assert "op LSTM has no FPGA kernel" in caplog.text
+    _crnn_agrees(engine, model, rng, 2, seed)
