@@ -34,7 +34,7 @@
     const __global DATA* r = rt + d * H * (GATES) * H;                                        \
     const __global DATA* h = h_in + d * s_d + b * s_b;
 
-inline float sigmoid(const float v) { return 1.0f / (1.0f + exp(-v)); }
+#define SIGMOID(v) activate((v), ACT_SIGMOID, 0.0f, 0.0f)
 
 // The hidden state's projection onto unit j of gate g: sum over k of h[k] R[g * H + j][k],
 // read from R^T (H rows of G * H).
@@ -62,12 +62,12 @@ void lstm_step(RECURRENT_ARGS, __global const DATA* c_in, __global DATA* c_out,
     const __global DATA* pd = p + d * 3 * H;
     const float pi = has_p ? LOAD_DATA(pd, j) : 0.0f, po = has_p ? LOAD_DATA(pd, H + j) : 0.0f,
                 pf = has_p ? LOAD_DATA(pd, 2 * H + j) : 0.0f;
-    const float i = sigmoid(LOAD_DATA(x, j) + recurrent_dot(h, r, H, 4, 0, j) + pi * c_prev);
-    const float f = sigmoid(LOAD_DATA(x, 2 * H + j) + recurrent_dot(h, r, H, 4, 2, j)
+    const float i = SIGMOID(LOAD_DATA(x, j) + recurrent_dot(h, r, H, 4, 0, j) + pi * c_prev);
+    const float f = SIGMOID(LOAD_DATA(x, 2 * H + j) + recurrent_dot(h, r, H, 4, 2, j)
                             + pf * c_prev);
     const float g = tanh(LOAD_DATA(x, 3 * H + j) + recurrent_dot(h, r, H, 4, 3, j));
     const float c = fma(f, c_prev, i * g);
-    const float o = sigmoid(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 4, 1, j) + po * c);
+    const float o = SIGMOID(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 4, 1, j) + po * c);
     STORE_DATA(c, c_out, s);
     store_hidden(o * tanh(c), h_out, y, s, t, d, b, j, y_t, y_d, y_b);
 }
@@ -77,7 +77,7 @@ void lstm_step(RECURRENT_ARGS, __global const DATA* c_in, __global DATA* c_out,
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void gru_reset(RECURRENT_ARGS, __global DATA* rh) {
     RECURRENT_PROLOGUE(3, )
-    const float reset = sigmoid(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 3, 1, j));
+    const float reset = SIGMOID(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 3, 1, j));
     STORE_DATA(reset * LOAD_DATA(h, j), rh, s);
 }
 
@@ -87,10 +87,10 @@ __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
 void gru_step(RECURRENT_ARGS, __global const DATA* rh, __global const DATA* rbh,
               const int linear_before_reset) {
     RECURRENT_PROLOGUE(3, )
-    const float z = sigmoid(LOAD_DATA(x, j) + recurrent_dot(h, r, H, 3, 0, j));
+    const float z = SIGMOID(LOAD_DATA(x, j) + recurrent_dot(h, r, H, 3, 0, j));
     float candidate;
     if (linear_before_reset) {
-        const float reset = sigmoid(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 3, 1, j));
+        const float reset = SIGMOID(LOAD_DATA(x, H + j) + recurrent_dot(h, r, H, 3, 1, j));
         candidate = reset * (recurrent_dot(h, r, H, 3, 2, j) + LOAD_DATA(rbh, d * H + j));
     } else {
         candidate = recurrent_dot(rh + d * s_d + b * s_b, r, H, 3, 2, j);

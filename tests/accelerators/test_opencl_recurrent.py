@@ -1,7 +1,8 @@
 """LSTM, GRU and RNN on the OpenCL engine (recurrent_lowering.py, kernels/recurrent.cl) against
 ONNX Runtime on the same fresh random inputs, relative error at most 1e-4: each op in each
 direction, bare and with every optional input (B, sequence_lens with padding steps, initial
-states, LSTM's peepholes), layout 1, outputs read in part; the refusals of what the kernels do
+states, LSTM's peepholes), layout 1, outputs read in part, the local tiles' GEMM and fp16
+storage (5e-3); the refusals of what the kernels do
 not have, naming op, node, attribute and value; and a CRNN-style text recogniser (convolutions,
 the feature map as a sequence, a bidirectional LSTM, per-step class scores) run whole on the
 engine."""
@@ -21,7 +22,7 @@ from accelerators.opencl.launch import HOST
 from accelerators.opencl.recurrent_lowering import GATES
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga, fresh_rng, rel_err
 
-TOL = 1e-4
+TOLERANCE = {"fp32": 1e-4, "fp16": 5e-3}  # fp16: test_opencl_fp16's per-op bound
 STEPS, BATCH, INPUTS, HIDDEN = 5, 3, 4, 6
 OUTPUTS = {"LSTM": ["y", "y_h", "y_c"], "GRU": ["y", "y_h"], "RNN": ["y", "y_h"]}
 KERNELS = {"LSTM": {"lstm_step"}, "GRU": {"gru_reset", "gru_step"}, "RNN": {"rnn_step"}}
@@ -50,16 +51,17 @@ def weights(rng: np.random.Generator, op: str, directions: int) -> dict[str, np.
 
 
 def check(engine_for, model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-          local_tiles: bool | None = None):
+          local_tiles: bool | None = None, precision: str = "fp32"):
     """Runs both and compares every graph output; returns the engine."""
-    engine = engine_for(model, local_tiles)
+    engine = engine_for(model, local_tiles, precision)
     names = [o.name for o in model.graph.output]
     refs = ort.InferenceSession(model.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(names, feeds)
     got = engine.run(feeds, names)
     for name, ref in zip(names, refs):
         assert got[name].shape == ref.shape, (name, got[name].shape, ref.shape)
-        assert rel_err(got[name], ref) <= TOL, f"{name}: relative error {rel_err(got[name], ref)}"
+        err = rel_err(got[name], ref)
+        assert err <= TOLERANCE[precision], f"{name}: relative error {err}"
     return engine
 
 
@@ -98,6 +100,19 @@ def test_each_op_direction_and_optional_inputs(engine_for, cell, direction, vari
 
 
 @pytest.mark.parametrize("op", list(GATES))
+def test_fp16_storage(engine_for, op) -> None:
+    """Tensors and weights stored as halves, the gates computed in float."""
+    rng, seed = fresh_rng()
+    consts = weights(rng, op, 2)
+    consts["b"] = rng.uniform(-0.5, 0.5, (2, 2 * GATES[op] * HIDDEN)).astype(np.float32)
+    consts["lens"] = np.array([STEPS, 2, 4], np.int32)
+    x = rng.standard_normal((STEPS, BATCH, INPUTS)).astype(np.float32)
+    model = recurrent_model(op, consts, x.shape, ["x", "w", "r", "b", "lens"], OUTPUTS[op],
+                            direction="bidirectional")
+    check(engine_for, model, {"x": x}, precision="fp16")
+
+
+@pytest.mark.parametrize("op", list(GATES))
 def test_layout_1_and_outputs_read_in_part(engine_for, op) -> None:
     """Batch first (layout 1: X, Y and the states), bidirectional, explicitly default
     activations, only Y and Y_h read; against ONNX Runtime (which has no layout 1) on the
@@ -118,8 +133,8 @@ def test_layout_1_and_outputs_read_in_part(engine_for, op) -> None:
     y, y_h = ort.InferenceSession(seq_first.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(
         outputs, {"x": x.transpose(1, 0, 2)})
-    assert rel_err(got["y"], y.transpose(2, 0, 1, 3)) <= TOL, seed
-    assert rel_err(got["y_h"], y_h.transpose(1, 0, 2)) <= TOL, seed
+    assert rel_err(got["y"], y.transpose(2, 0, 1, 3)) <= TOLERANCE["fp32"], seed
+    assert rel_err(got["y_h"], y_h.transpose(1, 0, 2)) <= TOLERANCE["fp32"], seed
 
 
 @pytest.mark.parametrize("local_tiles", [False, True])
