@@ -2,10 +2,9 @@
 ONNX Runtime on the same fresh random inputs, relative error at most 1e-4: each op in each
 direction, bare and with every optional input (B, sequence_lens with padding steps, initial
 states, LSTM's peepholes), layout 1, outputs read in part, the local tiles' GEMM and fp16
-storage (5e-3); the refusals of what the kernels do
-not have, naming op, node, attribute and value; and a CRNN-style text recogniser (convolutions,
-the feature map as a sequence, a bidirectional LSTM, per-step class scores) run whole on the
-engine."""
+storage (5e-3); the refusals of what the kernels do not have, naming op, node, attribute and
+value; and a CRNN-style text recogniser (convolutions, the feature map as a sequence, a
+bidirectional LSTM, per-step class scores) whole on the engine, and on the emulated FPGA."""
 
 from __future__ import annotations
 
