@@ -62,7 +62,7 @@ class Shape:
 
 def recurrent(lw: Lowering, node: Node, args: list) -> None:
     args = args + [None] * (8 - len(args))
-    _check_attributes(node)
+    check_attributes(node)
     shape = _shape(node, args)
     w, r, bias, lens = (_constant(node, args, i) for i in (1, 2, 3, 4))
     assert w is not None and r is not None  # _shape checked them
@@ -112,7 +112,7 @@ def _step_args(lw: Lowering, node: Node, args: list, shape: Shape, outs: list[Re
     return lambda *_: [("gru_reset", [rh], 1), ("gru_step", [rh, rbh, np.int32(0)], 2)]
 
 
-def _check_attributes(node: Node) -> None:
+def check_attributes(node: Node) -> None:
     """The attributes the kernels do not have, refused naming them and their values."""
     a = node.attrs
     named = [v.decode() if isinstance(v, bytes) else v for v in a.get("activations", ())]

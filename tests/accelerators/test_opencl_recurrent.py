@@ -269,3 +269,32 @@ def test_crnn_recogniser_on_the_emulated_fpga(tmp_path, program_cache, caplog) -
     assert kernels.count("fpga_conv") == 3 and "blstm" in engine.on_host, engine.on_host
     assert "op LSTM has no FPGA kernel" in caplog.text
     _crnn_agrees(engine, model, rng, 2, seed)
+
+
+@pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+@pytest.mark.parametrize("op", list(GATES))
+def test_on_the_emulated_fpga_host(tmp_path, program_cache, op) -> None:
+    """A recurrent node alone on an FPGA is a host step (ONNX's reference evaluator): Y
+    omitted, full-length sequence_lens and initial_h agree; what that evaluator would ignore
+    (shorter sequences, clip) is refused naming it."""
+    rng, seed = fresh_rng()
+    consts = weights(rng, op, 2)
+    consts["h0"] = rng.standard_normal((2, BATCH, HIDDEN)).astype(np.float32)
+    x = rng.standard_normal((STEPS, BATCH, INPUTS)).astype(np.float32)
+    inputs = ["x", "w", "r", "", "lens", "h0"]
+
+    def load(lens: list[int], **attrs) -> tuple[OpenCLEngine, onnx.ModelProto]:
+        model = recurrent_model(op, {**consts, "lens": np.array(lens, np.int32)}, x.shape,
+                                inputs, ["", "y_h"], direction="bidirectional", **attrs)
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.onnx"
+        onnx.save(model, str(path))
+        return OpenCLEngine(path, "fpga0", program_cache), model
+
+    engine, model = load([STEPS] * BATCH)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(["y_h"], {"x": x})[0]
+    assert rel_err(engine.run({"x": x}, ["y_h"])["y_h"], ref) <= TOLERANCE["fp32"], seed
+    with pytest.raises(UnsupportedOpError, match=f"node 'the_{op.lower()}': input sequence_lens"):
+        load([STEPS, 2, 1])
+    with pytest.raises(UnsupportedOpError, match="attribute clip = 2.0"):
+        load([STEPS] * BATCH, clip=2.0)

@@ -64,9 +64,9 @@ def output_shapes(node: Node, inputs: list[tuple[int, ...] | np.ndarray | None],
 
 
 def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """The node's outputs as float32, its engine attributes applied: the input rounded onto
-    its grid (`quant_in`) and the output's rounding (`requant`). A fused activation is a step
-    of its own (lowering.py)."""
+    """The node's named outputs as float32, its engine attributes applied: the input rounded
+    onto its grid (`quant_in`) and the output's rounding (`requant`). A fused activation is a
+    step of its own (lowering.py)."""
     x = inputs[0]
     grid_in: Grid | None = node.attrs.get("quant_in")
     if grid_in is not None and x is not None:
@@ -92,4 +92,5 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
     requant: Grid | None = node.attrs.get("requant")
     if requant is not None:
         outs[0] = fake_quant(outs[0], requant)
-    return [np.asarray(o, np.float32) for o in outs]
+    # Those the model reads: an omitted optional output (an empty name) has no tensor.
+    return [np.asarray(o, np.float32) for o, name in zip(outs, node.outputs) if name]
