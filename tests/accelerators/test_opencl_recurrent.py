@@ -196,13 +196,14 @@ def test_only_the_final_state_read(engine_for, op) -> None:
 LINE, CLASSES, CRNN_HIDDEN = (1, 16, 32), 11, 12
 
 
-def crnn(rng: np.random.Generator) -> onnx.ModelProto:
+def crnn(rng: np.random.Generator, variable_width: bool = False) -> onnx.ModelProto:
+    """`variable_width`: lines of any width (a multiple of 4), one step per 4 columns."""
     def conv(c_in: int, c_out: int) -> np.ndarray:
         return rng.normal(0, (2 / (9 * c_in)) ** 0.5, (c_out, c_in, 3, 3)).astype(np.float32)
 
     consts = {"w1": conv(1, 8), "w2": conv(8, 16), "w3": conv(16, 16),
               "b3": rng.uniform(-0.1, 0.1, 16).astype(np.float32),
-              "seq": np.array([0, 16, 8], np.int64),
+              "seq": np.array([0, 16, -1 if variable_width else 8], np.int64),
               "lw": rng.uniform(-0.3, 0.3, (2, 4 * CRNN_HIDDEN, 16)).astype(np.float32),
               "lr": rng.uniform(-0.3, 0.3, (2, 4 * CRNN_HIDDEN, CRNN_HIDDEN)).astype(np.float32),
               "lb": rng.uniform(-0.2, 0.2, (2, 8 * CRNN_HIDDEN)).astype(np.float32),
@@ -224,22 +225,23 @@ def crnn(rng: np.random.Generator) -> onnx.ModelProto:
              n("Reshape", ["yt", "steps"], ["both"]),  # (8, n, 24)
              n("MatMul", ["both", "fc"], ["scores"]), n("Add", ["scores", "fcb"], ["biased"]),
              n("Transpose", ["biased"], ["logits"], perm=[1, 0, 2])]  # (n, 8, 11)
+    width = ["w"] if variable_width else [LINE[2]]
     graph = helper.make_graph(
         nodes, "crnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
-                                                      ["n", *LINE])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 8, CLASSES])],
+                                                      ["n", *LINE[:2], *width])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     return make_model(graph, 17)
 
 
 def _crnn_agrees(engine: OpenCLEngine, model: onnx.ModelProto, rng: np.random.Generator,
-                 batch: int, seed: int) -> None:
+                 batch: int, seed: int, width: int = LINE[2]) -> None:
     """Within the model tests' 1e-3 and the same best class at every step."""
-    x = rng.standard_normal((batch, *LINE)).astype(np.float32)
+    x = rng.standard_normal((batch, *LINE[:2], width)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
     got = engine.run({"image": x}, ["logits"])["logits"]
-    assert got.shape == ref.shape == (batch, 8, CLASSES)
+    assert got.shape == ref.shape == (batch, width // 4, CLASSES)
     assert rel_err(got, ref) <= 1e-3, (rel_err(got, ref), seed)
     assert (got.argmax(-1) == ref.argmax(-1)).all(), seed
 
@@ -254,6 +256,15 @@ def test_crnn_recogniser_runs_whole_on_the_engine(engine_for, batch) -> None:
     assert HOST not in {la.kernel for la in launches} and not engine.on_host
     assert [la.kernel for la in launches if la.node == "blstm"].count("lstm_step") == 8
     _crnn_agrees(engine, model, rng, batch, seed)
+
+
+def test_crnn_recogniser_of_lines_of_any_width(engine_for) -> None:
+    """Planned per request shape: the sequence is as long as the line is wide."""
+    rng, seed = fresh_rng(3)
+    model = crnn(rng, variable_width=True)
+    engine = engine_for(model)
+    for width in (32, 48, 16):
+        _crnn_agrees(engine, model, rng, 3, seed, width)
 
 
 @pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
