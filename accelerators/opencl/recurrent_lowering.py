@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelerators.opencl.ir import Node, UnsupportedModelError, UnsupportedOpError
-from accelerators.opencl.launch import BIAS_COL, Dyn, Ref, ints
+from accelerators.opencl.launch import BIAS_COL, Dyn, Ref, activation_args, ints
 from accelerators.opencl.lowering_state import Lowering
 from accelerators.opencl.matmul_lowering import launch_gemm, padded_stride
 
@@ -23,7 +23,6 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"),
                        "RNN": ("tanh",)}
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
-NO_ACTIVATION = [np.int32(0), np.float32(0), np.float32(0)]
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,11 @@ def recurrent(lw: Lowering, node: Node, args: list) -> None:
     w, r, bias, lens = (_constant(node, args, i) for i in (1, 2, 3, 4))
     assert w is not None and r is not None  # _shape checked them
     lbr = node.op == "GRU" and bool(node.attrs.get("linear_before_reset", 0))
-    b = np.zeros((shape.directions, 2 * shape.columns // shape.directions), np.float32) \
-        if bias is None else np.asarray(bias, np.float32)
+    wanted = (shape.directions, 2 * shape.gates * shape.hidden)
+    b = np.zeros(wanted, np.float32) if bias is None else np.asarray(bias, np.float32)
+    if b.shape != wanted:
+        raise UnsupportedModelError(f"{node.op} node {node.name!r}: B of shape "
+                                    f"{list(b.shape)} is not {list(wanted)}")
     xw = _input_projection(lw, node, args[0], w, b, shape, lbr)
     lens = np.full(shape.batch, shape.steps) if lens is None else np.asarray(lens)
     if lens.shape != (shape.batch,) or lens.min() < 0 or lens.max() > shape.steps:
@@ -184,8 +186,8 @@ def _input_projection(lw: Lowering, node: Node, x: Dyn | np.ndarray, w: np.ndarr
     m = shape.steps * shape.batch
     launch_gemm(lw, node, lw.ref(x, node.inputs[0]), lw.ref(lw.graph.derived[key], key),
                 lw.ref(bias, f"{node.name}:bias"), Ref(xw.storage), m, n, k,
-                (k, padded_stride(n), n), 1, (0, 0, 0, 0, 0, 0, 1), BIAS_COL, NO_ACTIVATION,
-                2 * m * n * k)
+                (k, padded_stride(n), n), 1, (0, 0, 0, 0, 0, 0, 1), BIAS_COL,
+                activation_args(node, lw.values), 2 * m * n * k)  # none: nothing is fused in
     return xw
 
 
