@@ -23,6 +23,7 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"),
                        "RNN": ("tanh",)}
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+SAMPLES = 4  # kernels/recurrent.cl's: the samples of a direction one work-item runs
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def recurrent(lw: Lowering, node: Node, args: list) -> None:
             lw.ref(np.ascontiguousarray(np.transpose(r, (0, 2, 1))), f"{node.inputs[2]}:recurrent"),
             lw.ref(lens, f"{node.name}:lens{shape.batch}x{shape.steps}", np.int32)]
     first_reverse = 0 if node.attrs.get("direction", "forward") == "reverse" else 1
-    size = (shape.hidden, shape.directions * shape.batch)
+    size = (shape.hidden, shape.directions * -(-shape.batch // SAMPLES))
     flops = 2 * shape.directions * shape.batch * shape.hidden * shape.hidden  # per gate
     scratch = Ref(lw.new(f"{node.name}:h", shape.state).storage)
     states = _alternating(shape.steps, _state(lw, node, args, 5, shape), outs[1], scratch)

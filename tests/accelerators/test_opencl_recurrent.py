@@ -22,7 +22,8 @@ from accelerators.opencl.recurrent_lowering import GATES
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga, fresh_rng, rel_err
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 5e-3}  # fp16: test_opencl_fp16's per-op bound
-STEPS, BATCH, INPUTS, HIDDEN = 5, 3, 4, 6
+# Batch 6: a full tile of the kernels' 4 samples and a partial one.
+STEPS, BATCH, INPUTS, HIDDEN = 5, 6, 4, 6
 OUTPUTS = {"LSTM": ["y", "y_h", "y_c"], "GRU": ["y", "y_h"], "RNN": ["y", "y_h"]}
 KERNELS = {"LSTM": {"lstm_step"}, "GRU": {"gru_reset", "gru_step"}, "RNN": {"rnn_step"}}
 
@@ -76,14 +77,14 @@ CELLS = {"LSTM": ("LSTM", {}), "GRU": ("GRU", {}),
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_each_op_direction_and_optional_inputs(engine_for, cell, direction, variant) -> None:
-    """Lengths 5, 2 and 0 steps: padding steps give zeros in Y and carry the state to Y_h
+    """Lengths from 0 to 5 steps: padding steps give zeros in Y and carry the state to Y_h
     and Y_c; "initial state fed": initial_h and initial_c are graph inputs, not constants."""
     op, attrs = CELLS[cell]
     rng, seed = fresh_rng()
     directions = 2 if direction == "bidirectional" else 1
     consts = weights(rng, op, directions)
     consts["b"] = rng.uniform(-0.5, 0.5, (directions, 2 * GATES[op] * HIDDEN)).astype(np.float32)
-    consts["lens"] = np.array([STEPS, 2, 0], np.int32)
+    consts["lens"] = np.array([STEPS, 2, 0, 3, STEPS, 1], np.int32)
     for state in ("h0", "c0"):
         consts[state] = rng.standard_normal((directions, BATCH, HIDDEN)).astype(np.float32)
     names = list(VARIANTS[variant])[:7 if op == "LSTM" else 6]
@@ -104,7 +105,7 @@ def test_fp16_storage(engine_for, op) -> None:
     rng, seed = fresh_rng()
     consts = weights(rng, op, 2)
     consts["b"] = rng.uniform(-0.5, 0.5, (2, 2 * GATES[op] * HIDDEN)).astype(np.float32)
-    consts["lens"] = np.array([STEPS, 2, 4], np.int32)
+    consts["lens"] = np.array([STEPS, 2, 4, 1, 3, STEPS], np.int32)
     x = rng.standard_normal((STEPS, BATCH, INPUTS)).astype(np.float32)
     model = recurrent_model(op, consts, x.shape, ["x", "w", "r", "b", "lens"], OUTPUTS[op],
                             direction="bidirectional")
@@ -118,7 +119,7 @@ def test_layout_1_and_outputs_read_in_part(engine_for, op) -> None:
     same node in layout 0, inputs and outputs transposed."""
     rng, seed = fresh_rng()
     consts = weights(rng, op, 2)
-    consts["lens"] = np.array([1, STEPS, 3], np.int32)
+    consts["lens"] = np.array([1, STEPS, 3, 2, STEPS, 4], np.int32)
     consts["h0"] = rng.standard_normal((BATCH, 2, HIDDEN)).astype(np.float32)
     x = rng.standard_normal((BATCH, STEPS, INPUTS)).astype(np.float32)
     inputs, outputs = ["x", "w", "r", "", "lens", "h0"], ["y", "y_h"]
@@ -306,6 +307,6 @@ def test_on_the_emulated_fpga_host(tmp_path, program_cache, op) -> None:
                                providers=["CPUExecutionProvider"]).run(["y_h"], {"x": x})[0]
     assert rel_err(engine.run({"x": x}, ["y_h"])["y_h"], ref) <= TOLERANCE["fp32"], seed
     with pytest.raises(UnsupportedOpError, match=f"node 'the_{op.lower()}': input sequence_lens"):
-        load([STEPS, 2, 1])
+        load([STEPS, 2, 1, STEPS, STEPS, STEPS])
     with pytest.raises(UnsupportedOpError, match="attribute clip = 2.0"):
         load([STEPS] * BATCH, clip=2.0)
