@@ -32,7 +32,7 @@ kernel-check: setup
 	  tests/accelerators/test_opencl_blocks.py::test_pad_by_reflection_edge_or_wrap \
 	  tests/accelerators/test_opencl_blocks.py::test_conv1d \
 	  tests/accelerators/test_opencl_tensor_ops.py tests/accelerators/test_opencl_vit.py::test_vit \
-	  tests/accelerators/test_opencl_conv_transpose.py \
+	  tests/accelerators/test_opencl_conv_transpose.py tests/accelerators/test_opencl_recurrent.py \
 	  2>$(OCLGRIND_LOG); status=$$?; cat $(OCLGRIND_LOG) >&2; \
 	  if grep -qE 'Invalid (read|write)|data race|OCLGRIND|Oclgrind' $(OCLGRIND_LOG); then \
 	  echo "kernel-check: Oclgrind reported errors (above)" >&2; exit 1; fi; exit $$status

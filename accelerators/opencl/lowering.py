@@ -15,6 +15,7 @@ from accelerators.opencl import (
     norm_lowering,
     pool_lowering,
     quant_lowering,
+    recurrent_lowering,
 )
 from accelerators.opencl.host_ops import evaluate, view_shape
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError, UnsupportedOpError
@@ -58,6 +59,7 @@ LOWERINGS: dict[str, OpLowering] = {
     "Gather": layout_lowering.gather,
     "Pad": layout_lowering.pad,
     "Concat": layout_lowering.concat,
+    **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent_lowering.recurrent),
 }
 
 

@@ -64,9 +64,9 @@ def output_shapes(node: Node, inputs: list[tuple[int, ...] | np.ndarray | None],
 
 
 def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """The node's outputs as float32, its engine attributes applied: the input rounded onto
-    its grid (`quant_in`) and the output's rounding (`requant`). A fused activation is a step
-    of its own (lowering.py)."""
+    """The node's named outputs as float32, its engine attributes applied: the input rounded
+    onto its grid (`quant_in`) and the output's rounding (`requant`). A fused activation is a
+    step of its own (lowering.py)."""
     x = inputs[0]
     grid_in: Grid | None = node.attrs.get("quant_in")
     if grid_in is not None and x is not None:
@@ -75,6 +75,9 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
         outs = [fake_quant(x, node.attrs["grid"])]
     elif node.op == "Silu" and x is not None:
         outs = [x / (1 + np.exp(-x))]
+    elif node.op == "MatMul" and len(inputs) > 2:  # with the bias row graph.py fused in
+        a, b, bias = (np.asarray(v) for v in inputs[:3])
+        outs = [a @ b + bias]
     elif node.op == "BatchNormalization" and x is not None:
         # Inference form, by hand: onnx 1.23's reference evaluator is wrong below opset 15
         # (0.15 off on unit-normal inputs).
@@ -89,4 +92,5 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
     requant: Grid | None = node.attrs.get("requant")
     if requant is not None:
         outs[0] = fake_quant(outs[0], requant)
-    return [np.asarray(o, np.float32) for o in outs]
+    # Those the model reads: an omitted optional output (an empty name) has no tensor.
+    return [np.asarray(o, np.float32) for o, name in zip(outs, node.outputs) if name]

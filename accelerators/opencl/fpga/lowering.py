@@ -13,7 +13,7 @@ import numpy as np
 
 from accelerators.opencl.fpga import host
 from accelerators.opencl.host_ops import window
-from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+from accelerators.opencl.ir import Graph, Node, UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.launch import (
     HOST,
     Build,
@@ -30,6 +30,7 @@ from accelerators.opencl.launch import (
 from accelerators.opencl.lowering import lower
 from accelerators.opencl.lowering_state import Lowering, OpLowering
 from accelerators.opencl.qdq import Grid, Int8Weight
+from accelerators.opencl.recurrent_lowering import check_attributes
 
 STAGES = ("fpga_read", "fpga_conv", "fpga_pool", "fpga_write")  # Launch.stage 1 to 4
 # fpga_read's integer arguments after the input, and fpga_pool's: the one spelling the lowering
@@ -284,5 +285,21 @@ def host_node(lw: Lowering, node: Node, args: list, reason: str = "") -> None:
     lw.out.on_host.setdefault(node.name, reason or f"op {node.op} has no FPGA kernel")
 
 
+def recurrent(lw: Lowering, node: Node, args: list) -> None:
+    """LSTM, GRU, RNN on the host, refusing what ONNX's reference evaluator would silently
+    ignore there: other activations, clip, input_forget, and sequences shorter than X."""
+    check_attributes(node)
+    lens = args[4] if len(args) > 4 else None
+    x = args[0]
+    steps = x.shape[1] if node.attrs.get("layout", 0) else x.shape[0]
+    if isinstance(lens, Dyn) or lens is not None and (np.asarray(lens) != steps).any():
+        raise UnsupportedOpError(
+            f"op {node.op!r} of node {node.name!r}: input sequence_lens "
+            f"({node.inputs[4]!r}) shorter than the sequence: the FPGA's host step (ONNX's "
+            f"reference evaluator) runs every sequence to its end")
+    host_node(lw, node, args)
+
+
 _TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": fully_connected,
-                                 "MatMul": fully_connected}
+                                 "MatMul": fully_connected,
+                                 **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent)}
