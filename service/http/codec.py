@@ -6,6 +6,7 @@ as binary where the client asks (`binary_data`, `binary_data_output`)."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -111,6 +112,9 @@ def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memo
         array = np.asarray(tensor.get("data"), dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise InvalidInputError(f"{where}.data: not {datatype} values ({str(e)[:100]})") from None
+    if array.size != (expected := math.prod(shape)):  # in values, as the client wrote them
+        raise InvalidInputError(f"{where}.data: {array.size} value{'s' * (array.size != 1)} "
+                                f"received, expected {expected} for shape {shape}")
     request.raw_input_contents.append(array.tobytes())
     return 0
 
