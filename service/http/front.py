@@ -117,7 +117,8 @@ class HttpFront:
         return f"http{'s' if tls else ''}://{target}"
 
     async def drain(self) -> None:
-        """No new connections; requests in flight finish (the data plane drains them)."""
+        """No new connections; requests in flight finish. Called once the data plane has
+        drained: until then REST answers as it does while draining."""
         if self._door is not None and self._runner is not None:
             self._door.close()
             await self._runner.cleanup()

@@ -114,8 +114,11 @@ async def serve(settings: Settings) -> None:
         log.info("draining: refusing new requests, %.1f s for those in flight",
                  settings.shutdown_grace_s)
         notify("STOPPING=1")
-        await asyncio.gather(front.drain(settings.shutdown_grace_s),
-                             *([http.drain()] if http else []))
+        # REST keeps answering while the requests in flight finish, as gRPC does: ready 400,
+        # inference 503 (UNAVAILABLE); then it closes too.
+        await front.drain(settings.shutdown_grace_s)
+        if http:
+            await http.drain()
     log.info("stopped: the listeners closed, the devices released")
 
 

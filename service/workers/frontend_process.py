@@ -127,8 +127,11 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
             loop.add_signal_handler(sig, stop.set)
         await asyncio.wait([asyncio.create_task(stop.wait()), reading],
                            return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.gather(front.drain(settings.shutdown_grace_s),
-                             *([http.drain()] if http else []))
+        # REST keeps answering while the requests in flight finish, as gRPC does: ready 400,
+        # inference 503 (UNAVAILABLE); then it closes too.
+        await front.drain(settings.shutdown_grace_s)
+        if http:
+            await http.drain()
         reading.cancel()
 
 

@@ -1,11 +1,14 @@
-"""SIGTERM with requests in flight: health turns NOT_SERVING, new requests get UNAVAILABLE,
-requests in flight finish, and the daemon exits 0."""
+"""SIGTERM with requests in flight: health turns NOT_SERVING, new requests get UNAVAILABLE
+(over REST: ready 400, inference 503), requests in flight finish, and the daemon exits 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service.local_daemon import free_port
 from tests.conftest import MODEL, image_input
 
 
@@ -39,6 +43,38 @@ def test_sigterm_drains_requests_in_flight(serve, holdout) -> None:
         assert refused.value.status() == "StatusCode.UNAVAILABLE"
         assert "draining" in refused.value.message()
         assert all(f.result(timeout=10).shape == (1, 10) for f in in_flight)
+    assert daemon.process.stop() == 0
+
+
+def test_rest_answers_ready_400_and_inference_503_while_draining(serve, holdout) -> None:
+    port = free_port()
+    daemon, control = serve(2, "max_queue_delay_microseconds: 1000", "--http-port", str(port),
+                            devices="faulty:cpu1")
+    control.set(delay_s=0.6)
+    rest = f"http://127.0.0.1:{port}"
+    body = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                                   "data": holdout[0][:1].ravel().tolist()}]}).encode()
+
+    def post() -> int:
+        try:
+            return urllib.request.urlopen(urllib.request.Request(
+                f"{rest}/v2/models/{MODEL}/infer", body), timeout=10).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def ready() -> int:
+        try:
+            return urllib.request.urlopen(f"{rest}/v2/health/ready", timeout=10).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    with ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(post) for _ in range(2)]
+        time.sleep(0.3)
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        time.sleep(0.1)
+        assert (ready(), post()) == (400, 503)
+        assert [f.result(timeout=10) for f in in_flight] == [200, 200]
     assert daemon.process.stop() == 0
 
 
