@@ -69,6 +69,28 @@ def register(prefix: Path | None = None, state_dir: Path | None = None) -> Path 
     return folder
 
 
+def check_trusted() -> None:
+    """Raises safe_files.UnsafeFolderError unless the folder of `.icd` files the loader reads
+    (the user's $OCL_ICD_VENDORS, hetserve's, or /etc/OpenCL/vendors) and the folder of every
+    library they name by path are the daemon's user's or root's, and no other user may write
+    in them: a planted `.icd` file, or a library swapped beside a named one, would run its code
+    in the daemon."""
+    register()
+    chosen = next((v for v in _USER_CHOICE if os.environ.get(v)), None)
+    vendors = Path(os.environ[chosen]) if chosen else SYSTEM_VENDORS
+    what = f"the OpenCL ICD folder (${chosen})" if chosen else "the OpenCL ICD folder"
+    if not vendors.exists():
+        return
+    safe_files.check_trusted(vendors if vendors.is_dir() else vendors.parent, what)
+    for icd in sorted(vendors.glob("*.icd")) if vendors.is_dir() else [vendors]:
+        try:
+            library = Path(icd.read_text().strip())
+        except OSError:
+            continue  # unreadable: the loader skips it too
+        if library.is_absolute():
+            safe_files.check_trusted(library.parent, f"the OpenCL library that {icd} names")
+
+
 def _system_icds() -> list[Path]:
     try:
         return sorted(p for p in SYSTEM_VENDORS.iterdir() if p.suffix == ".icd" and p.is_file())

@@ -14,7 +14,9 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from accelerators import icd
 from accelerators.power.meter import SAMPLE_S, PowerMonitor
+from accelerators.safe_files import UnsafeFolderError
 from service import unix_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
@@ -146,6 +148,10 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
     if not settings.model_repository.is_dir():
         raise StartupError(f"--models: {str(settings.model_repository)!r} is not a directory; "
                            "expected a Triton-layout model repository")
+    try:  # before any engine loads a runtime through it
+        icd.check_trusted()
+    except UnsafeFolderError as e:
+        raise StartupError(str(e)) from None
     if not (settings.grpc_port or settings.unix_socket or settings.http_port):
         raise StartupError("--port, --socket and --http-port are all off: nothing to listen on")
     if bool(settings.tls_cert) != bool(settings.tls_key):

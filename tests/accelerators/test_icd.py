@@ -6,11 +6,14 @@ test_fpga_emulator.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from accelerators import icd
+from tests.conftest import MODELS
 
 LOADER_ENV = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "HETSERVE_ICD_VENDORS",
               icd.EMULATOR_THREADS)
@@ -67,3 +70,28 @@ def test_a_folder_someone_else_planted_is_not_used(prefix, tmp_path, monkeypatch
     assert icd.register(prefix, state) is None  # the system's devices alone
     assert "OCL_ICD_VENDORS" not in os.environ
     assert "is not a folder of this user's" in caplog.text
+
+
+@pytest.mark.parametrize("planted", ["icd folder", "library folder"])
+def test_the_daemon_refuses_at_start_an_icd_folder_or_library_folder_others_may_write(
+        tmp_path: Path, planted: str) -> None:
+    """A .icd file planted there, or a library swapped beside one it names, would load into a
+    daemon that may run as root."""
+    vendors, libraries = tmp_path / "vendors", tmp_path / "lib"
+    for folder in (vendors, libraries):
+        folder.mkdir()
+        folder.chmod(0o755)
+    (vendors / "planted.icd").write_text(f"{libraries / 'libplanted.so'}\n")
+    shared = vendors if planted == "icd folder" else libraries
+    shared.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETSERVE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--models", str(MODELS), "--port", "0",
+         "--socket", str(tmp_path / "grpc.sock"), "--metrics-port", "0"],
+        env=env | {"OCL_ICD_VENDORS": str(vendors)}, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    expected = ("the OpenCL ICD folder ($OCL_ICD_VENDORS)" if planted == "icd folder" else
+                f"the OpenCL library that {vendors / 'planted.icd'} names")
+    assert expected in done.stderr and f"{shared} belongs to" in done.stderr
+    assert "mode 0777" in done.stderr
