@@ -25,7 +25,6 @@ from service.grpc.codec import parse_message
 
 log = logging.getLogger(__name__)
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-# A status message stays short whatever it quotes (the quotes are bounded too: errors.shown).
 
 
 def add_to_server(servicer: object, server: grpc.aio.Server,

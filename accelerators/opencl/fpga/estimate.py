@@ -18,7 +18,7 @@ RAM blocks: the weight, line and pool buffers at the block's 40-bit port width. 
 board profile's typical figure.
 
 Calibrated against PipeCNN's published AlexNet (CaffeNet, 227 x 227) figures, configured as
-PipeCNN was (8-bit weights and activations in DDR): tests/accelerators/fpga/test_estimate.py
+PipeCNN was (8-bit weights and activations in DDR): tests/accelerators/test_fpga_estimate.py
 holds it to +-30% of 150 ms on the DE1-SoC (VEC 8 x LANE 8, 122 MHz) and of 15 ms an image at
 batch 16 on the DE5-Net (8 x 32, 206 MHz), and of the 68 and 228 DSPs."""
 
