@@ -179,29 +179,45 @@ class DeviceRunner:
         """The rows a batch of `size` runs as here: with its buckets' padding."""
         return self.buckets.rows(size) if self.buckets else size
 
-    async def run(self, batch: Batch, outputs: list[str], size: int,
-                  since: float | None = None) -> Answer:
-        """The batch's answer from an instance thread, which assembles its inputs first
-        (DeviceError if it failed). `since`: time.monotonic() when its lone request was queued,
-        nothing else waiting on the event loop meanwhile: the hand-off is measured from then
-        (on a busy loop the thread's answer waits its turn, which is no cost of handing over:
-        an estimate that counted it would run long batches on the loop)."""
+    def submit(self, batch: Batch, outputs: list[str], size: int,
+               since: float | None = None) -> asyncio.Future[Answer]:
+        """Hands the batch to an instance thread, which assembles its inputs first; its answer
+        (or DeviceError) comes in the future. `since`: time.monotonic() when its lone request
+        was queued, nothing else waiting on the event loop meanwhile: the hand-off is measured
+        from then (on a busy loop the thread's answer waits its turn, which is no cost of
+        handing over: an estimate that counted it would run long batches on the loop)."""
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done, answer = loop.create_future(), loop.create_future()
         idle = self._running < self.instances  # else it waits for one: no hand-off measured
         self.pending_samples += size
         self._running += 1
-        try:
-            self._batches.put((loop, done, batch, outputs, size))
-            answer, worked_s = await done
-        except Exception as e:
-            raise self._failure(size, e) from e
-        finally:
+
+        def finished(ran: asyncio.Future) -> None:
             self.pending_samples -= size
             self._running -= 1
-        if since is not None and idle:
-            self._handoffs.append(time.monotonic() - since - worked_s)
+            if answer.done():  # its caller gave up waiting
+                return
+            error = None if ran.cancelled() else ran.exception()
+            if ran.cancelled() or isinstance(error, asyncio.CancelledError):
+                answer.cancel()
+            elif isinstance(error, Exception):
+                failure = self._failure(size, error)
+                failure.__cause__ = error
+                answer.set_exception(failure)
+            elif error is not None:
+                answer.set_exception(error)
+            else:
+                result, worked_s = ran.result()
+                if since is not None and idle:
+                    self._handoffs.append(time.monotonic() - since - worked_s)
+                answer.set_result(result)
+        done.add_done_callback(finished)
+        self._batches.put((loop, done, batch, outputs, size))
         return answer
+
+    async def run(self, batch: Batch, outputs: list[str], size: int,
+                  since: float | None = None) -> Answer:
+        return await self.submit(batch, outputs, size, since)
 
     def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """The batch's answer computed on the calling thread (DeviceError if it failed)."""

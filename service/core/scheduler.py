@@ -95,11 +95,16 @@ class Device(Protocol):
         """How many of `queued` samples its next batch should take for the most samples per
         second (fewer where padding up would waste more than it gains)."""
 
+    def submit(self, batch: Batch, outputs: list[str], size: int,
+               since: float | None = None) -> asyncio.Future[Answer]:
+        """Hands the batch to an instance thread now, which assembles and runs it; its answer
+        (or DeviceError) comes in the future. `since`: time.monotonic() when the batch's one
+        request was queued, where nothing else waited on the loop: what running it inline
+        would have saved is measured from then."""
+
     async def run(self, batch: Batch, outputs: list[str], size: int,
                   since: float | None = None) -> Answer:
-        """On an instance thread, which assembles the batch (raises DeviceError). `since`:
-        time.monotonic() when the batch's one request was queued, where nothing else waited
-        on the loop: what running it inline would have saved is measured from then."""
+        """submit()'s answer."""
 
     def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """On this thread (raises DeviceError)."""
@@ -125,6 +130,19 @@ class Ranking(Protocol):
 
     async def close(self) -> None:
         ...
+
+
+@dataclass(eq=False)
+class _Run:
+    """A batch the dispatcher began: its requests, inputs, start (time.monotonic()), the
+    devices in the ranking's order, the first one's answer where it was handed over already,
+    and Device.run's `since`."""
+    pending: list[_Pending]
+    batch: Batch
+    started: float
+    devices: list[Device]
+    first: asyncio.Future[Answer] | None
+    since: float | None
 
 
 @dataclass(eq=False)
@@ -339,11 +357,12 @@ class Scheduler:
         while True:
             await self._slots.acquire()
             try:
-                batch, waited = await self._next_batch()
+                pending, waited = await self._next_batch()
+                run = self._begin(pending, waited)
             except BaseException:
                 self._slots.release()
                 raise
-            task = asyncio.create_task(self._run(batch, waited))
+            task = asyncio.create_task(self._run(run))
             self._running.add(task)
             task.add_done_callback(self._ran)
 
@@ -351,7 +370,6 @@ class Scheduler:
         self._running.discard(task)
         if not self._running:
             self._idle_since = self._loop.time()
-        self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             log.error("model %r: a batch failed unexpectedly", self.model,
                       exc_info=task.exception())
@@ -473,45 +491,82 @@ class Scheduler:
         return self._buffers.batch([p.inputs for p in pending], sum(p.size for p in pending),
                                    failed)
 
-    async def _run(self, pending: list[_Pending], waited: bool) -> None:
-        """Runs a batch taken from the queue (`waited`: after its window)."""
-        started = time.monotonic()
+    def _begin(self, pending: list[_Pending], waited: bool) -> _Run:
+        """The batch of `pending` (`waited`: after its window), handed to its first device's
+        instance thread at once unless it runs inline. This runs in the dispatcher's turn of
+        the loop, which the freed slot of the previous batch schedules ahead of that batch's
+        replies: the device gets its next batch before the replies are sent."""
         batch = self._batch(pending)
         # A lone request that found nothing else queued or running, taken at once: its time
         # until its answer, less the device's work, is what running it inline would save.
-        alone = len(pending) == 1 and not waited and len(self._running) <= 1 and \
-            not self.queued()
+        alone = len(pending) == 1 and not waited and not self._running and not self.queued()
+        since = pending[0].enqueued if alone else None
+        devices = list(self._ranking.candidates(batch.size))
+        first = devices[0].submit(batch, self._outputs, batch.size, since) \
+            if devices and not _runs_inline(devices[0], batch.size) else None
+        return _Run(pending, batch, time.monotonic(), devices, first, since)
+
+    async def _run(self, run: _Run) -> None:
+        """Finishes a batch the dispatcher began, and frees its slot once the devices are done
+        with it, before its replies."""
         try:
-            answer = await self._execute(batch, pending[0].enqueued if alone else None)
+            try:
+                answer = await self._execute(run.batch, run.devices, run.first, run.since)
+            finally:
+                run.batch.release()
+                self._slots.release()
         except _InputsRefused as e:
-            batch.release()
-            if len(pending) == 1:
-                settle(pending[0].future, error=e)
+            if len(run.pending) == 1:
+                settle(run.pending[0].future, error=e)
                 return
-            for request in pending:  # which request's inputs the devices refuse
-                await self._run([request], waited=True)
+            for request in run.pending:  # which request's inputs the devices refuse
+                await self._alone(request)
             return
         except HetserveError as e:
-            for request in pending:
-                settle(request.future, error=e)
+            self._failed(run.pending, e)
             return
-        except BaseException:  # a bug or the batcher closing: nobody may wait forever
-            for request in pending:
-                settle(request.future, error=ModelUnavailableError(
-                    f"model {self.model!r}: the batch was not run to the end"))
+        except BaseException as e:
+            self._failed(run.pending, e)
             raise
-        finally:
-            batch.release()
-        self._answer(pending, answer, batch, started)
+        self._answer(run.pending, answer, run.batch, run.started)
 
-    async def _execute(self, batch: Batch, since: float | None = None) -> Answer:
-        """The batch's answer from the first device in the ranking's order that runs it;
-        `since`: Device.run's."""
+    async def _alone(self, request: _Pending) -> None:
+        """One request of a batch the devices refused, run on its own."""
+        started, batch = time.monotonic(), self._batch([request])
+        try:
+            try:
+                answer = await self._execute(batch, list(self._ranking.candidates(batch.size)))
+            finally:
+                batch.release()
+        except HetserveError as e:
+            self._failed([request], e)
+            return
+        except BaseException as e:
+            self._failed([request], e)
+            raise
+        self._answer([request], answer, batch, started)
+
+    def _failed(self, pending: list[_Pending], error: BaseException) -> None:
+        """Answers a batch that did not run: with its error, or, where it is a bug or the
+        scheduler closing, unavailable (nobody may wait forever)."""
+        for request in pending:
+            settle(request.future, error=error if isinstance(error, HetserveError) else
+                   ModelUnavailableError(f"model {self.model!r}: the batch was not run to "
+                                         "the end"))
+
+    async def _execute(self, batch: Batch, devices: list[Device],
+                       first: asyncio.Future[Answer] | None = None,
+                       since: float | None = None) -> Answer:
+        """The batch's answer from the first of `devices` (the ranking's order) that runs it;
+        `first`: the first device's answer, where the batch was handed to it already; `since`:
+        Device.run's."""
         errors = []
         size = batch.size
-        for device in self._ranking.candidates(size):
+        for i, device in enumerate(devices):
             try:
-                if _runs_inline(device, size):
+                if i == 0 and first is not None:
+                    answer = await first
+                elif _runs_inline(device, size):
                     answer = device.run_inline(batch, self._outputs, size)
                 else:
                     answer = await device.run(batch, self._outputs, size, since)

@@ -53,6 +53,9 @@ class _Device:
     def batch_size_for(self, queued):
         return min(queued, self.fastest or queued)
 
+    def submit(self, batch, outputs, size, since=None):
+        return asyncio.ensure_future(self.run(batch, outputs, size, since))
+
     async def run(self, batch, outputs, size, since=None):
         inputs = batch.inputs()
         self.runs.append(inputs["x"].tolist())
@@ -153,6 +156,32 @@ def test_a_batch_takes_what_its_device_runs_fastest_and_leaves_the_rest_for_the_
     runs, out = asyncio.run(main())
     assert runs == [[0, 1], [2, 3], [4]]
     assert [o.outputs["y"].tolist() for o in out] == [[0], [2], [4], [6], [8]]
+
+
+def test_a_device_gets_its_next_batch_before_the_last_ones_replies_go_out() -> None:
+    """The slot a batch frees is taken again, and the next batch handed to the device, in the
+    loop's turn right after the device is done: ahead of that batch's replies, so that a fast
+    device does not wait for the event loop to answer dozens of requests first."""
+    async def main():
+        runs: list = []
+        events: list[str] = []
+        device = _Device(runs, 0.05, None)
+        submit = device.submit
+        device.submit = lambda *a: (events.append(f"batch {len(runs) + 1}"), submit(*a))[1]
+        b = _scheduler(_policy(4, "max_queue_delay_microseconds: 100"), device)
+
+        async def call(i: int) -> None:
+            await b.submit(_x(i), 1)
+            events.append("reply")
+        first = [asyncio.create_task(call(i)) for i in range(4)]
+        await asyncio.sleep(0.02)  # the first batch runs; the next one queues
+        second = [asyncio.create_task(call(i)) for i in range(4, 8)]
+        await asyncio.gather(*first, *second)
+        await b.close()
+        return runs, events
+    runs, events = asyncio.run(main())
+    assert runs == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert events == ["batch 1", "batch 2", *["reply"] * 8]
 
 
 def test_cancelled_requests_are_dropped_before_running() -> None:
