@@ -73,7 +73,7 @@ class DataPlane:
             raise ModelUnavailableError("the daemon is not serving (starting or draining)")
         start = time.monotonic() if start is None else start
         try:
-            answer = model.batcher.enqueue(inputs, size, options, alone)
+            answer = model.scheduler.enqueue(inputs, size, options, alone)
         except BaseException:
             model.stats.fail.add(time.monotonic() - start)
             raise

@@ -44,7 +44,7 @@ class Metrics:
             "Inference requests received and not yet answered (queued or running)",
             ["model", "version"], multiprocess_mode="livesum", registry=r)
         self.queue_duration = Histogram(
-            "hetserve_queue_duration_seconds", "Time a request waited in the batcher",
+            "hetserve_queue_duration_seconds", "Time a request waited in its model's queue",
             ["model", "version"], buckets=_LATENCY_BUCKETS, registry=r)
         self.compute_duration = Histogram(
             "hetserve_compute_duration_seconds", "Time one batch ran on a device",

@@ -13,7 +13,7 @@ idle time buys no burst. The deeper the account is in debt, the more the daemon 
     stage 3  hold back every level.
 
 Stages 2 and 3 start when the debt passes DEBT_STEP_S (then twice that) of the budget's energy;
-as the account recovers, the held batchers are woken.
+as the account recovers, the held schedulers are woken.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class LoadedModel:
     spec: ModelSpec
     config: model_config_pb2.ModelConfig  # the effective configuration, defaults filled in
     ranking: DeviceRanking  # its devices (the scheduler consults it, and closes it)
-    batcher: Scheduler
+    scheduler: Scheduler
     stats: ModelStatistics
     stamp: tuple  # what it was loaded from (RepositoryEntry.stamps): unchanged, it stays
     generation: int  # which load this is, so that front-ends can say what they validated against
@@ -119,7 +119,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                     added[version] = await self._load_version(entry, version, path)
         except BaseException:  # nothing of a load half done keeps running
             for model in added.values():
-                await model.batcher.close()
+                await model.scheduler.close()
             raise
         return added
 
@@ -145,11 +145,11 @@ class ModelRegistry(ModelTable[LoadedModel]):
         self._tell()
 
         async def retire(model: LoadedModel) -> None:
-            if not await model.batcher.drain(self._settings.shutdown_grace_s):
+            if not await model.scheduler.drain(self._settings.shutdown_grace_s):
                 log.warning("model %r version %d: requests still queued after %.1f s are "
                             "refused", model.spec.name, model.spec.version,
                             self._settings.shutdown_grace_s)
-            await model.batcher.close()
+            await model.scheduler.close()
             log.info("model %r version %d unloaded", model.spec.name, model.spec.version)
         # Shielded: a caller that goes meanwhile (a client's deadline) leaves no engine open.
         await asyncio.shield(asyncio.gather(*(retire(m) for m in models)))
@@ -203,7 +203,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
-        batcher = Scheduler(
+        scheduler = Scheduler(
             name, policy, ranking, outputs, slots, buffers, stats,
             self._metrics.queue_duration.labels(model=name, version=str(version)).observe,
             self._metrics.expired.labels(model=name, version=str(version)).inc,
@@ -221,7 +221,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
                  "warm-up %.2f s)", name, version, config.parameters["devices"].string_value,
                  ranking.policy, [w.instances for w in workers],
                  [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
-        return LoadedModel(spec, config, ranking, batcher, stats, entry.stamps[version],
+        return LoadedModel(spec, config, ranking, scheduler, stats, entry.stamps[version],
                            next(self._generations))
 
     async def _warm_up(self, spec: ModelSpec, workers: list[DeviceRunner],
@@ -298,7 +298,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         for lock in list(self._locks.values()):  # a load under way ends first; none after
             await lock.acquire()
         for model in self.loaded():
-            await model.batcher.close()
+            await model.scheduler.close()
         self._models.clear()
 
 

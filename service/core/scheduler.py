@@ -196,7 +196,7 @@ class Scheduler:
         self._waits_paid = 1.0  # share of the latest waits that grew their batch
         self._waits_skipped = 0  # windows skipped since the last wait
         self._emptied: asyncio.Event | None = None  # set as the queue empties, while draining
-        self._task = asyncio.create_task(self._dispatch(), name=f"batcher-{model}")
+        self._task = asyncio.create_task(self._dispatch(), name=f"scheduler-{model}")
 
     def queued(self) -> int:
         return sum(self._queued)

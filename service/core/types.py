@@ -66,7 +66,10 @@ class Answer:
     cost: Cost
 
 
-class Batcher(Protocol):
+class RequestQueue(Protocol):
+    """What a served model takes requests through: its scheduler, in the device owner's process
+    (service/core/scheduler.py) or a front-end's proxy of it."""
+
     def enqueue(self, inputs: Inputs, size: int, options: RequestOptions,
                 alone: bool = True) -> asyncio.Future[Answer]:
         """Queues a request now (raising what refuses it); its answer's future. Cancelling the
@@ -75,7 +78,7 @@ class Batcher(Protocol):
 
 
 class ServedModel(Protocol):
-    # Read-only here, so that a registry's own model types (with their own batchers) fit.
+    # Read-only here, so that a registry's own model types (with their own schedulers) fit.
     @property
     def spec(self) -> ModelSpec: ...
 
@@ -84,7 +87,7 @@ class ServedModel(Protocol):
         ...
 
     @property
-    def batcher(self) -> Batcher: ...
+    def scheduler(self) -> RequestQueue: ...
 
     @property
     def stats(self) -> ModelStatistics: ...
@@ -122,7 +125,7 @@ class ModelControls(Protocol):
 
 def settle(future: asyncio.Future, result: object = None,
            error: BaseException | None = None) -> None:
-    """Answers a future once: a late second answer (its caller gone, a batcher closing) is
+    """Answers a future once: a late second answer (its caller gone, a scheduler closing) is
     dropped."""
     if future.done():
         return

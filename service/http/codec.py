@@ -1,6 +1,6 @@
 """KServe V2 over HTTP/REST <-> the protocol's messages: a JSON (and Triton binary-tensor) infer
 request becomes the same ModelInferRequest gRPC decodes, so that both transports share one
-servicer, its checks, batcher, priorities and deadlines; replies go back as JSON, with outputs
+servicer, its checks, scheduler, priorities and deadlines; replies go back as JSON, with outputs
 as binary where the client asks (`binary_data`, `binary_data_output`)."""
 
 from __future__ import annotations

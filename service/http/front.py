@@ -2,7 +2,7 @@
 with --workers, sharing the port): aiohttp on the daemon's event loop, behind a door like gRPC's
 (service/grpc/door.py: connections bounded per peer and in all), with the same TLS and token.
 Each request is decoded into the protocol's message and answered by the servicer gRPC uses, so
-the checks, batcher, priorities, deadlines and statuses are the same; statuses map to HTTP here,
+the checks, scheduler, priorities, deadlines and statuses are the same; statuses map to HTTP here,
 once."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A front-end's end of the channel to the device owner (service/workers/owner_channel.py): the
 catalog of served models that the front-end's data plane looks models up in, and, in place of each
-model's batcher, a proxy that puts a request's inputs into the arena and hands it to the owner,
-whose batcher forms batches across every front-end."""
+model's scheduler, a proxy that puts a request's inputs into the arena and hands it to the owner,
+whose scheduler forms batches across every front-end."""
 
 from __future__ import annotations
 
@@ -176,18 +176,18 @@ def _answer(reply: msg.Reply, payload: memoryview) -> Answer:
 
 @dataclass
 class RemoteModel:
-    """What a front-end's data plane needs of a model: its spec and config, and a batcher."""
+    """What a front-end's data plane needs of a model: its spec and config, and a scheduler."""
 
     spec: ModelSpec
     config: model_config_pb2.ModelConfig
-    batcher: RemoteBatcher
+    scheduler: RemoteScheduler
     generation: int
     # Counted by the data plane here; ModelStatistics answers with the owner's counts.
     stats: ModelStatistics = field(default_factory=ModelStatistics)
 
 
 @dataclass(frozen=True)
-class RemoteBatcher:
+class RemoteScheduler:
     owner: OwnerClient
     spec: ModelSpec
     version: int  # as the owner is asked for it: 0 for the latest
@@ -225,8 +225,8 @@ class Catalog(ModelTable[RemoteModel]):
             spec = ModelSpec.from_config(config, version,
                                          {k: tuple(v) for k, v in labels.items()})
             models.setdefault(spec.name, {})[version] = RemoteModel(
-                spec, config, RemoteBatcher(owner, spec, version, generation), generation)
+                spec, config, RemoteScheduler(owner, spec, version, generation), generation)
         latest = {name: versions[max(versions)] for name, versions in models.items()}
-        self._latest = {name: RemoteModel(m.spec, m.config, RemoteBatcher(
+        self._latest = {name: RemoteModel(m.spec, m.config, RemoteScheduler(
             owner, m.spec, 0, m.generation), m.generation) for name, m in latest.items()}
         self._models, self.failures = models, catalog.failures

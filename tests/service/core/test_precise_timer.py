@@ -1,4 +1,4 @@
-"""The batcher's window timer: it fires once its deadline has passed, never before, and not at
+"""The scheduler's window timer: it fires once its deadline has passed, never before, and not at
 all once disarmed (how close to the deadline is bench/serving.py's to show, not a test's)."""
 
 from __future__ import annotations

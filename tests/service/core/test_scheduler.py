@@ -98,7 +98,7 @@ class _Only:
         pass
 
 
-def _batcher(policy: BatchPolicy, runs: list, delay_s: float = 0.0, slots: int = 1,
+def _scheduler_of(policy: BatchPolicy, runs: list, delay_s: float = 0.0, slots: int = 1,
              now: bool = False, handoff_s: float | None = None) -> Scheduler:
     """`now`: the hand-off costs a second, so that every batch runs inline."""
     return _scheduler(policy, _Device(runs, delay_s, 1.0 if now else handoff_s), slots)
@@ -121,7 +121,7 @@ def _later(s: float) -> RequestOptions:
 def test_requests_in_one_window_share_a_run_and_get_their_own_rows() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8), runs)
+        b = _scheduler_of(_policy(8), runs)
         out = await asyncio.gather(b.submit(_x(1), 1), b.submit(_x(2, 3), 2), b.submit(_x(4), 1))
         await b.close()
         return runs, out
@@ -137,7 +137,7 @@ def test_requests_in_one_window_share_a_run_and_get_their_own_rows() -> None:
 def test_a_full_batch_leaves_without_waiting_and_never_exceeds_max() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(4, "max_queue_delay_microseconds: 10000000"), runs)
+        b = _scheduler_of(_policy(4, "max_queue_delay_microseconds: 10000000"), runs)
         await asyncio.wait_for(asyncio.gather(*[b.submit(_x(i), 1) for i in range(8)]), 2.0)
         await b.close()
         return runs
@@ -187,7 +187,7 @@ def test_a_device_gets_its_next_batch_before_the_last_ones_replies_go_out() -> N
 def test_cancelled_requests_are_dropped_before_running() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8), runs)
+        b = _scheduler_of(_policy(8), runs)
         doomed = asyncio.create_task(b.submit(_x(9, 9, 9), 3))
         kept = asyncio.create_task(b.submit(_x(1), 1))
         await asyncio.sleep(0)
@@ -202,7 +202,7 @@ def test_cancelled_requests_are_dropped_before_running() -> None:
 
 def test_a_full_queue_refuses_at_once() -> None:
     async def main():
-        b = _batcher(_policy(2, "max_queue_delay_microseconds: 0", max_queue_size=3), [],
+        b = _scheduler_of(_policy(2, "max_queue_delay_microseconds: 0", max_queue_size=3), [],
                      delay_s=0.2)
         first = [asyncio.create_task(b.submit(_x(i), 1)) for i in range(2)]
         await asyncio.sleep(0.01)  # two run
@@ -221,7 +221,7 @@ def test_a_full_queue_refuses_at_once() -> None:
 def test_without_dynamic_batching_each_request_runs_alone() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, None), runs, slots=1)
+        b = _scheduler_of(_policy(8, None), runs, slots=1)
         out = await asyncio.gather(*[b.submit(_x(i, i), 2) for i in range(4)])
         await b.close()
         return runs, out
@@ -232,7 +232,7 @@ def test_without_dynamic_batching_each_request_runs_alone() -> None:
 def test_higher_priority_jumps_a_low_priority_backlog() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(2, "max_queue_delay_microseconds: 0 priority_levels: 2 "
+        b = _scheduler_of(_policy(2, "max_queue_delay_microseconds: 0 priority_levels: 2 "
                                 "default_priority_level: 2"), runs, delay_s=0.05)
         low = [asyncio.create_task(b.submit(_x(i), 1)) for i in range(10)]
         await asyncio.sleep(0.01)  # the first batch of lows is running
@@ -248,7 +248,7 @@ def test_higher_priority_jumps_a_low_priority_backlog() -> None:
 def test_an_expired_request_is_answered_at_its_deadline_and_never_runs() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0"), runs, delay_s=0.3)
+        b = _scheduler_of(_policy(1, "max_queue_delay_microseconds: 0"), runs, delay_s=0.3)
         busy = asyncio.create_task(b.submit(_x(1), 1))
         await asyncio.sleep(0.01)
         start = time.monotonic()
@@ -266,10 +266,10 @@ def test_an_expired_request_is_answered_at_its_deadline_and_never_runs() -> None
 @pytest.mark.timeout(30)  # a regression spins the event loop: no wait_for could end it
 def test_a_deadline_passed_before_the_batch_forms_does_not_stall_the_model() -> None:
     """The batch former meets the request expired before its own timer does: it is answered
-    DEADLINE_EXCEEDED, and the batcher goes on (it once spun the event loop for good)."""
+    DEADLINE_EXCEEDED, and the scheduler goes on (it once spun the event loop for good)."""
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 500"), runs)
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 500"), runs)
         with pytest.raises(DeadlineExceededError):
             await asyncio.wait_for(b.submit(_x(9), 1, _later(-0.001)), 2.0)
         out = await asyncio.wait_for(b.submit(_x(2), 1), 2.0)
@@ -283,7 +283,7 @@ def test_a_deadline_passed_before_the_batch_forms_does_not_stall_the_model() -> 
 def test_queue_timeout_rejects_and_a_request_may_only_shorten_it(requested_us, expires) -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
+        b = _scheduler_of(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
                                 "default_timeout_microseconds: 100000 timeout_action: REJECT "
                                 "allow_timeout_override: true }"), runs, delay_s=0.4)
         busy = asyncio.create_task(b.submit(_x(1), 1))
@@ -304,7 +304,7 @@ def test_queue_timeout_rejects_and_a_request_may_only_shorten_it(requested_us, e
 def test_delay_timeout_moves_a_request_behind_the_others() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
+        b = _scheduler_of(_policy(1, "max_queue_delay_microseconds: 0 default_queue_policy { "
                                 "default_timeout_microseconds: 10000000 timeout_action: DELAY "
                                 "allow_timeout_override: true }"), runs, delay_s=0.02)
         first = asyncio.create_task(b.submit(_x(0), 1))
@@ -369,7 +369,7 @@ def test_policy_from_config_and_the_effective_config() -> None:
 def test_a_request_to_idle_devices_runs_at_once_whatever_the_window() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 10000000"), runs)
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 10000000"), runs)
         out = await asyncio.wait_for(b.submit(_x(1), 1), 5.0)  # far below the 10 s window
         await b.close()
         return runs, out
@@ -380,7 +380,7 @@ def test_a_request_to_idle_devices_runs_at_once_whatever_the_window() -> None:
 def test_batches_form_while_a_device_is_busy() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000"), runs, delay_s=0.3,
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 200000"), runs, delay_s=0.3,
                      slots=2)
         first = asyncio.create_task(b.submit(_x(1), 1))
         await asyncio.sleep(0.05)  # running, alone: every slot was free
@@ -396,7 +396,7 @@ def test_batches_form_while_a_device_is_busy() -> None:
 def test_queue_delay_when_idle_keeps_the_window_for_idle_devices_too() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000",
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 200000",
                              parameters={"queue_delay_when_idle": "true"}), runs, now=True)
         first = asyncio.create_task(b.submit(_x(1), 1))
         await asyncio.sleep(0.05)
@@ -409,7 +409,7 @@ def test_queue_delay_when_idle_keeps_the_window_for_idle_devices_too() -> None:
 def test_a_lone_request_to_idle_devices_runs_in_the_call_that_queues_it() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 200000"), runs, now=True)
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 200000"), runs, now=True)
         answer = b.enqueue(_x(1), 1)
         done_at_once, queued = answer.done(), b.queued()  # no task or loop iteration between
         await b.close()
@@ -429,7 +429,7 @@ def test_requests_right_after_an_inline_run_queue_and_share_a_batch(window_us, b
                                                                 pause_s) -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, f"max_queue_delay_microseconds: {window_us}"), runs,
+        b = _scheduler_of(_policy(8, f"max_queue_delay_microseconds: {window_us}"), runs,
                      delay_s=busy_s, now=True)
         first = b.enqueue(_x(1), 1)  # came alone: runs now
         await asyncio.sleep(pause_s)
@@ -445,7 +445,7 @@ def test_requests_right_after_an_inline_run_queue_and_share_a_batch(window_us, b
 def test_requests_that_came_together_do_not_run_in_the_call_but_share_a_batch() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8), runs, now=True)
+        b = _scheduler_of(_policy(8), runs, now=True)
         answers = [b.enqueue(_x(i), 1, alone=False) for i in (1, 2)]  # a front-end's frame
         waited = [not a.done() for a in answers]
         await asyncio.gather(*answers)
@@ -458,7 +458,7 @@ def test_requests_that_came_together_do_not_run_in_the_call_but_share_a_batch() 
 def test_a_request_past_its_deadline_does_not_run_in_the_call() -> None:
     async def main():
         runs: list = []
-        b = _batcher(_policy(8), runs, now=True)
+        b = _scheduler_of(_policy(8), runs, now=True)
         with pytest.raises(DeadlineExceededError):
             await b.submit(_x(1), 1, RequestOptions(deadline=time.monotonic() - 1))
         await b.close()
@@ -472,7 +472,7 @@ def _queue_waits(company_s: float | None, rounds: int) -> tuple[list[bool], list
     followed that much later by a second one, which a wait lets into its batch."""
     async def main():
         runs: list = []
-        b = _batcher(_policy(8, "max_queue_delay_microseconds: 50000"), runs, delay_s=0.04)
+        b = _scheduler_of(_policy(8, "max_queue_delay_microseconds: 50000"), runs, delay_s=0.04)
         waited = []
         for i in range(rounds):
             start = time.monotonic()
@@ -560,7 +560,7 @@ def _as(caller: str, anonymous: bool = False) -> RequestOptions:
 
 def test_one_caller_or_all_anonymous_ones_hold_at_most_three_quarters_of_a_level() -> None:
     async def main():
-        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
+        b = _scheduler_of(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
                      delay_s=0.3)
         running = b.enqueue(_x(0), 1, _as("uid 1000"))  # runs: the slot is taken
         await asyncio.sleep(0.01)
@@ -584,7 +584,7 @@ def test_one_caller_or_all_anonymous_ones_hold_at_most_three_quarters_of_a_level
 
 def test_unauthenticated_tcp_callers_together_leave_a_quarter_to_the_others() -> None:
     async def main():
-        b = _batcher(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
+        b = _scheduler_of(_policy(1, "max_queue_delay_microseconds: 0", max_queue_size=8), [],
                      delay_s=0.3)
         running = b.enqueue(_x(0), 1)
         await asyncio.sleep(0.01)

@@ -1,7 +1,7 @@
 """ModelStreamInfer queues each request as it arrives, with no task per request: many requests on
 one stream batch together, errors interleaved with them are answered alone, and a client that
 goes away mid-stream leaves nothing queued or counted as in flight. A real grpc.aio server with
-the servicer in this process (so that the batcher's state can be read), on the faulty test
+the servicer in this process (so that the scheduler's state can be read), on the faulty test
 engine slowed down so that requests are still waiting when the client acts."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_many_requests_on_one_stream_batch_together_and_errors_fail_alone(
             async with grpc.aio.insecure_channel(served.target) as channel:
                 replies = [r async for r in _stream(channel)(iter(messages), timeout=60)]
             return replies, served.model.stats, served.plane.in_flight, \
-                served.model.batcher.queued()
+                served.model.scheduler.queued()
 
     replies, stats, in_flight, queued = asyncio.run(main())
     assert len(replies) == len(messages)  # exactly one reply per message
@@ -143,14 +143,14 @@ def test_a_client_gone_mid_stream_leaves_nothing_queued(tmp_path, control, holdo
             async with grpc.aio.insecure_channel(served.target) as channel:
                 call = _stream(channel)(iter(messages))
                 first = await call.read()
-                queued_before = served.model.batcher.queued()
+                queued_before = served.model.scheduler.queued()
                 call.cancel()
             plane, model = served.plane, served.model
             for _ in range(500):  # the server sees the cancellation shortly
                 if plane.in_flight == 0:
                     break
                 await asyncio.sleep(0.02)
-            return first, queued_before, plane.in_flight, model.batcher.queued(), model.stats
+            return first, queued_before, plane.in_flight, model.scheduler.queued(), model.stats
 
     first, queued_before, in_flight, queued, stats = asyncio.run(main())
     assert not first.error_message and first.infer_response.id in {str(i) for i in range(4)}
