@@ -64,9 +64,11 @@ system-deps:
 # Reinstalled whenever pyproject.toml or the extras change. onnxruntime and onnxruntime-gpu install
 # the same module: both go first, and the extras bring back the one they name.
 $(INSTALLED): pyproject.toml
+	@echo "setup: the virtual environment $(VENV) with hetserve[$(EXTRAS)] (a few minutes the first time)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip uninstall -q -y onnxruntime onnxruntime-gpu
+	@echo "setup: pip installs hetserve[$(EXTRAS)] and its dependencies"
 	$(VENV)/bin/pip install -q -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed*
 	echo '$(EXTRAS)' > $(VENV)/.extras

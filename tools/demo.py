@@ -84,17 +84,25 @@ def score_with_spark(address: str) -> None:
     OUT.mkdir(exist_ok=True)
     source, scored = OUT / "digits.parquet", OUT / "scored.parquet"
     mnist_digits.write_parquet(source, images, labels)
-    print(f"\n== Spark: spark-submit spark_jobs/score.py on {len(labels)} held-out digits")
-    job = subprocess.run(
+    print(f"\n== Spark: spark-submit spark_jobs/score.py on {len(labels)} held-out digits "
+          "(a JVM starts first: about a minute)", flush=True)
+    job = subprocess.Popen(
         [Path(sys.executable).parent / "spark-submit", "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", str(ROOT / "spark_jobs" / "score.py"),
          "--input", str(source), "--output", str(scored), "--daemon", address],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True)
-    (OUT / "spark-job.log").write_text(job.stdout + job.stderr)
-    if job.returncode != 0:
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    assert job.stdout is not None
+    log, scoring = [], True
+    for line in job.stdout:  # the job's own lines as they come, up to its "scored" line
+        log.append(line)
+        own = re.match(r"\d{4}-\d\d-\d\d [\d:,]+ INFO (.*)", line)
+        if own and scoring:
+            print(f"   job: {own.group(1)}", flush=True)
+            scoring = not own.group(1).startswith("scored ")
+    (OUT / "spark-job.log").write_text("".join(log))
+    if job.wait() != 0:
         sys.exit(f"the Spark job failed; its log: {OUT / 'spark-job.log'}")
-    summary = re.search(r"scored \d+ rows in .*", job.stdout + job.stderr)
-    print(f"   job: {summary.group(0) if summary else '(no summary line)'}")
     result = pd.read_parquet(scored).merge(pd.read_parquet(source, columns=["id", "label"]),
                                            on="id", suffixes=("", "_true"))
     print(f"   rows out: {len(result)}, distinct ids: {result['id'].nunique()}, "
