@@ -104,9 +104,9 @@ def _parser() -> argparse.ArgumentParser:
         "tune", help="find the devices, instance counts, queue delay and batch sizes that serve "
                      "a model best for an objective, energy included (docs/tuning.md)",
         description="Measures candidate configs of one model through real daemons under "
-                    "batch-1 load, prints them ranked and writes the best as config.pbtxt.tuned "
-                    "beside the original, with a report. Exit status 2 for bad input or when no "
-                    "candidate meets the p99 bound.")
+                    "batch-1 load, prints them ranked and writes the best config.pbtxt into its "
+                    "report folder (the model's with --write). Exit status 2 for bad input or "
+                    "when no candidate meets the p99 bound.")
     add_tune_arguments(tune)
     return parser
 

@@ -28,8 +28,8 @@ _MIN_ENERGY_SECONDS = 2.5
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path,
                         help="the model's folder in a Triton repository (config.pbtxt and "
-                             "version folders); only config.pbtxt.tuned is written there, and "
-                             "config.pbtxt only with --write")
+                             "version folders); nothing is written there but config.pbtxt "
+                             "with --write: the tuned config goes to the report folder")
     parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
                         help="most req/s, lowest p99, or fewest joules per image, each at the "
                              "candidate's best concurrency (default: throughput)")

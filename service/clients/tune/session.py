@@ -22,7 +22,6 @@ from service.clients.tune.sweep import (
     winner,
 )
 
-TUNED_SUFFIX = ".tuned"  # config.pbtxt.tuned, beside the original
 ORIGINAL_SUFFIX = ".orig"  # config.pbtxt.orig, kept by --write
 
 
@@ -92,13 +91,14 @@ def _finish(plan: Plan, info: report.RunInfo, result: SweepResult, console: Cons
     report.print_table(result, info, console)
     chosen = winner(result, plan.objective, plan.p99_ms) if result.measurements else None
     comparison = written_path = None
-    if chosen is not None and chosen.points:
-        comparison = report.compare(result, chosen, plan.objective, plan.p99_ms)
-        written_path = _write_config(plan, chosen, report.header(info, chosen, comparison))
-        console.print(f"written: {written_path}\n  {chosen.candidate.label()}\n  "
-                      f"{report.comparison_text(comparison, plan.objective)}")
     safe_files.make_folder(plan.report_dir, plan.force)
     with safe_files.folder(plan.report_dir, plan.force) as folder:
+        if chosen is not None and chosen.points:
+            comparison = report.compare(result, chosen, plan.objective, plan.p99_ms)
+            written_path = _write_config(plan, chosen, report.header(info, chosen, comparison),
+                                         folder)
+            console.print(f"written: {written_path}\n  {chosen.candidate.label()}\n  "
+                          f"{report.comparison_text(comparison, plan.objective)}")
         safe_files.write_at(folder, "results.json",
                             report.results_json(info, result, chosen, comparison))
         figure, note = _figure(plan, result, chosen)
@@ -112,19 +112,21 @@ def _finish(plan: Plan, info: report.RunInfo, result: SweepResult, console: Cons
     return 0
 
 
-def _write_config(plan: Plan, chosen: Measurement, header: str) -> Path:
-    text = (plan.shipped_text if chosen.stage == "shipped"
-            else space.render(plan.config, chosen.candidate))
+def _write_config(plan: Plan, chosen: Measurement, header: str, report_folder: int) -> Path:
+    """The tuned config in the report folder (`report_folder`: its descriptor), and with
+    --write in the model's folder too: the model's repository is left as it was otherwise."""
+    text = header + (plan.shipped_text if chosen.stage == "shipped"
+                     else space.render(plan.config, chosen.candidate))
     original = plan.model_dir / "config.pbtxt"
-    tuned, kept = original.name + TUNED_SUFFIX, original.name + ORIGINAL_SUFFIX
+    safe_files.write_at(report_folder, original.name, text)
+    if not plan.write:
+        return plan.report_dir / original.name
+    kept = original.name + ORIGINAL_SUFFIX
     with safe_files.folder(plan.model_dir, plan.force) as folder:
-        safe_files.write_at(folder, tuned, header + text)
-        if not plan.write:
-            return plan.model_dir / tuned
         # The first --write keeps the user's own file (as tune read it); a link is no backup.
         if not safe_files.is_file_at(folder, kept):
             safe_files.write_at(folder, kept, plan.shipped_text)
-        safe_files.write_at(folder, original.name, header + text)
+        safe_files.write_at(folder, original.name, text)
     return original
 
 

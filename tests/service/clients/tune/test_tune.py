@@ -53,10 +53,10 @@ def _best(measurement: dict, objective: str, p99_ms: float | None) -> float | No
     return max(values) if objective == "throughput" else min(values)
 
 
-def _serve_and_infer(config: Path, tmp_path: Path) -> dict:
-    """A daemon on a repository whose config is `config`; one inference; its ModelConfig."""
+def _serve_and_infer(model_dir: Path, config: Path, tmp_path: Path) -> dict:
+    """A daemon on a repository of the model with `config`; one inference; its ModelConfig."""
     repository = tmp_path / "served"
-    shutil.copytree(config.parent, repository / MODEL)
+    shutil.copytree(model_dir, repository / MODEL)
     shutil.copy(config, repository / MODEL / "config.pbtxt")
     daemon = Daemon(tmp_path, repository)
     try:
@@ -93,17 +93,18 @@ def test_a_short_sweep_over_both_engines_writes_a_config_as_good_as_the_shipped_
     best = [_best(m, "throughput", 500) for m in measured]
     assert max(v for v in best if v) >= best[0]
 
-    tuned = model_dir / "config.pbtxt.tuned"
+    tuned = report / "config.pbtxt"
     header = [line for line in tuned.read_text().splitlines() if line.startswith("#")]
     assert any("Objective: throughput with p99 <= 500 ms" in line for line in header)
     assert any("power sources: cpu0: model estimate" in line for line in header)
     assert (model_dir / "config.pbtxt").read_bytes() == shipped_text  # untouched without --write
+    assert _names(model_dir) == _names(MODELS / MODEL)  # nothing else
     assert (report / "report.md").is_file() and (report / "front.png").is_file()
     captured = capsys.readouterr()
     assert "written:" in captured.out and "against the shipped config's" in captured.out
     assert "s] shipped: " in captured.err  # progress as plain lines where stderr is no terminal
 
-    served = _serve_and_infer(tuned, tmp_path)
+    served = _serve_and_infer(model_dir, tuned, tmp_path)
     assert served["parameters"]["devices"]["string_value"]
 
 
@@ -122,7 +123,7 @@ def test_energy_objective_picks_fewest_joules_and_write_replaces_the_config(
     assert all(set(p["sources"].values()) == {"model"} for p in shipped["points"])
     assert (model_dir / "config.pbtxt.orig").read_text() == original
     written = (model_dir / "config.pbtxt").read_text()
-    assert written == (model_dir / "config.pbtxt.tuned").read_text()
+    assert written == (report / "config.pbtxt").read_text()
     assert "J per image" in written.splitlines()[2]
 
 
@@ -166,7 +167,7 @@ def test_a_p99_bound_nothing_meets_is_exit_status_2_with_the_points_measured(
     captured = capsys.readouterr()
     assert "no candidate met p99 ≤ 0.001 ms" in captured.err
     assert "(shipped)" in captured.out and "no point within p99" in captured.out
-    assert not (model_dir / "config.pbtxt.tuned").exists()
+    assert not (tmp_path / "report" / "config.pbtxt").exists()
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -249,7 +250,11 @@ def test_an_interrupted_sweep_stops_every_process_it_started(
         time.sleep(0.1)
     assert not [(pid, _cmdline(pid)) for pid in alive]
     assert not workspace.exists()
-    assert not (model_dir / "config.pbtxt.tuned").exists()
+    assert _names(model_dir) == _names(MODELS / MODEL)
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
 
 
 def _cmdline(pid: int) -> str:

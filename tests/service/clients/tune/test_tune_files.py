@@ -1,5 +1,5 @@
-"""What `hetserve tune` writes for a user never follows a link: links planted as
-config.pbtxt.tuned, .orig, report.md and results.json are replaced, their targets untouched; and
+"""What `hetserve tune` writes for a user never follows a link: links planted as its config.pbtxt,
+config.pbtxt.orig, report.md and results.json are replaced, their targets untouched; and
 root refuses a model or report folder another user owns unless --force. The writers are called
 directly with an empty sweep: a sweep itself takes seconds per candidate (test_tune.py)."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from accelerators import safe_files
 from accelerators.safe_files import UnsafeFolderError
 from service.clients.tune import report, session
 from service.clients.tune.measure import Measurement
@@ -49,9 +50,12 @@ def _plan(model_dir: Path, report_dir: Path, force: bool = False) -> session.Pla
 
 
 def _write_everything(plan: session.Plan) -> None:
-    """What a finished `tune --write` writes: the config, its backup and the report."""
+    """What a finished `tune --write` writes: the config (in the report and the model's
+    folder), its backup and the report."""
     shipped = Measurement(Candidate("onnxruntime:cpu0", 1, None, ()), "shipped")
-    session._write_config(plan, shipped, "# tuned\n")
+    safe_files.make_folder(plan.report_dir, plan.force)
+    with safe_files.folder(plan.report_dir, plan.force) as folder:
+        session._write_config(plan, shipped, "# tuned\n", folder)
     info = report.RunInfo(MODEL, plan.model_dir, "throughput", None, 1.0, "hetserve tune",
                           plan.started, plan.host, "test", [], (1,), 1.0)
     session._finish(plan, info, SweepResult(), Console(file=io.StringIO()))
@@ -62,7 +66,7 @@ def test_links_planted_as_its_outputs_are_replaced_and_their_targets_untouched(
     shipped = (model_dir / "config.pbtxt").read_text()
     report_dir = tmp_path / "report"
     report_dir.mkdir()
-    planted = {model_dir / "config.pbtxt.tuned": victim,
+    planted = {report_dir / "config.pbtxt": victim,
                model_dir / "config.pbtxt.orig": tmp_path / "made-through-orig",
                report_dir / "report.md": victim,
                report_dir / "results.json": tmp_path / "made-through-results"}
@@ -100,7 +104,7 @@ def test_root_refuses_folders_another_user_owns_unless_forced(
     assert main(["tune", str(model_dir), "--report", str(report_dir), "--write"]) == 2
     err = capsys.readouterr().err
     assert all(word in err for word in (str(model_dir), "nobody (uid 65534)", "--force"))
-    assert not report_dir.exists() and not (model_dir / "config.pbtxt.tuned").exists()
+    assert not report_dir.exists() and not (model_dir / "config.pbtxt.orig").exists()
 
     theirs = tmp_path / "their-reports"
     theirs.mkdir()
@@ -113,4 +117,4 @@ def test_root_refuses_folders_another_user_owns_unless_forced(
     with pytest.raises(UnsafeFolderError, match="--force"):
         _write_everything(_plan(model_dir, tmp_path / "root-report"))
     _write_everything(_plan(model_dir, theirs, force=True))
-    assert (model_dir / "config.pbtxt.tuned").is_file() and (theirs / "report.md").is_file()
+    assert (theirs / "config.pbtxt").is_file() and (theirs / "report.md").is_file()
