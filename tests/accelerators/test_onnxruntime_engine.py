@@ -100,8 +100,8 @@ def test_fp16_keeps_fp32_on_the_wire_and_the_accuracy() -> None:
 
 
 def test_a_gpu_beyond_the_nodes_is_refused() -> None:
-    with pytest.raises(ValueError, match=f"gpu{gpu_count() + 1}' is not available: this node "
-                                         f"has {gpu_count()} GPUs"):
+    with pytest.raises(ValueError, match=f"no such device: onnxruntime:gpu{gpu_count() + 1}; "
+                                         "this node has "):
         create_engine(DeviceSpec("onnxruntime", f"gpu{gpu_count() + 1}"), PATH)
 
 

@@ -8,7 +8,6 @@ CoaT), Pad by reflection (TResNet), edge or wrap, and 1-D Conv (ECA-Net)."""
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from tests.accelerators.test_opencl_daemon import DEVICES
 from tests.accelerators.test_opencl_norm import gelu_nodes
 from tests.accelerators.test_opencl_ops import check, graph
 from tests.conftest import Daemon
+from tests.service.conftest import scrape, total
 
 TOL = 1e-4
 
@@ -115,9 +115,9 @@ def served(tmp_path: Path, name: str, model: onnx.ModelProto, x: np.ndarray,
                 tensor = grpcclient.InferInput(inp.name, list(x[lo:hi].shape), "FP32")
                 tensor.set_data_from_numpy(x[lo:hi])
                 answers.append(client.infer(name, [tensor]).as_numpy(out.name))
-        body = urllib.request.urlopen(daemon.metrics_url).read().decode()
         rows = sum(hi - lo for lo, hi in slices)
-        assert f'engine="opencl",kind="cpu",model="{name}"}} {rows}.0' in body
+        assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", engine="opencl",
+                     kind="cpu", model=name) == rows
         return answers
     finally:
         assert daemon.stop() == 0
