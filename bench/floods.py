@@ -1,12 +1,15 @@
-"""Floods against the daemon from one unprivileged TCP client, while four unix socket users
+"""Floods against the daemon from unprivileged TCP clients, while four unix socket users
 infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer
-streams, 20,000 idle connections. For each: the share of the socket users' requests answered
-right (target >= 99%), the daemon's resident memory growth (target <= 200 MB) and open
-descriptors against its limit (target <= 80%), and both again once the flood's connections have
-closed (no trace). The attacker runs in a process of its own, so that its Python does not slow
-the users' client.
+streams, 20,000 idle connections, request bodies that never finish (gRPC and REST, from 8 callers:
+uids of their own where this runs as root), and requests decoded at the daemon's caps (JSON and
+typed contents). For each: the share of the socket users' requests answered right (target >=
+99%), their latency against a reference with no flood in the same run, the daemon's resident
+memory growth (target <= 200 MB) and open descriptors against its limit (target <= 80%), and
+both again once the flood's connections have closed (no trace). Each attacker runs in a process
+of its own, so that its Python does not slow the users' client.
 
-    .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--json out.json]
+    .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--floods upload ...]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,12 +33,16 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from bench import body_floods
 from bench.raw_h2 import RawH2
 from service.local_daemon import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
-ATTACKS = ("rapid-reset", "idle-streams", "idle-connections")
+ATTACKS = ("none", "rapid-reset", "idle-streams", "idle-connections", "upload", "decode")
+BODIES = ("upload", "decode")  # bench/body_floods.py's
+UPLOAD_TIMEOUT_S = 4  # --upload-timeout-s: short enough to act within a flood
+UPLOAD_CALLERS = 8
 
 
 def attack(kind: str, host: str, port: int, seconds: float) -> str:
@@ -42,6 +51,9 @@ def attack(kind: str, host: str, port: int, seconds: float) -> str:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     end = time.monotonic() + seconds
     with contextlib.ExitStack() as held:
+        if kind == "none":  # the reference
+            time.sleep(seconds)
+            return "nothing (the reference)"
         if kind == "rapid-reset":
             pairs = goaways = 0
             while time.monotonic() < end:
@@ -92,11 +104,12 @@ def _addresses(count: int) -> Iterator[str]:
 
 class Daemon:
     def __init__(self, tmp: Path, workers: int) -> None:
-        self.port = free_port()
+        self.port, self.http_port = free_port(), free_port()
         self.socket = tmp / "grpc.sock"
         self.process = DaemonProcess(
             ["--models", str(ROOT / "models"), "--port", str(self.port), "--socket",
-             str(self.socket), "--metrics-port", "0", "--workers", str(workers)],
+             str(self.socket), "--metrics-port", "0", "--workers", str(workers),
+             "--http-port", str(self.http_port), "--upload-timeout-s", str(UPLOAD_TIMEOUT_S)],
             f"unix:{self.socket}", tmp / "daemon.log")
         self.process.wait_ready()
 
@@ -130,8 +143,9 @@ def _fd_limit(pid: int) -> int:
 
 @contextlib.contextmanager
 def socket_users(socket_url: str, images: np.ndarray, labels: np.ndarray) -> Iterator[list]:
-    """Four users of the unix socket `socket_url`, one request each at a time, cycling through
-    `images`: True for each right answer, the error otherwise."""
+    """Four users of the unix socket `socket_url`, one request each at a time (raw binary
+    tensors), cycling through `images`: for each, True for a right answer (else the error) and
+    its latency in seconds."""
     stop, answers = threading.Event(), []
 
     def user() -> None:
@@ -140,11 +154,13 @@ def socket_users(socket_url: str, images: np.ndarray, labels: np.ndarray) -> Ite
             while not stop.is_set():
                 tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
                 tensor.set_data_from_numpy(images[i:i + 1].astype(np.float32))
+                start = time.perf_counter()
                 try:
                     logits = client.infer(MODEL, [tensor], client_timeout=5).as_numpy("logits")
-                    answers.append(bool(logits.argmax() == labels[i]))
+                    answers.append((bool(logits.argmax() == labels[i]),
+                                    time.perf_counter() - start))
                 except InferenceServerException as e:
-                    answers.append(e)
+                    answers.append((e, time.perf_counter() - start))
                 i = (i + 1) % len(images)
 
     users = [threading.Thread(target=user, daemon=True) for _ in range(4)]
@@ -159,7 +175,7 @@ def socket_users(socket_url: str, images: np.ndarray, labels: np.ndarray) -> Ite
     assert not any(u.is_alive() for u in users)
 
 
-def run(seconds: float, workers: int) -> list[dict]:
+def run(seconds: float, workers: int, floods: tuple[str, ...] = ATTACKS) -> list[dict]:
     from tools import mnist_digits
     images, labels = mnist_digits.holdout_split()
     images, labels = images[:64].astype(np.float32), labels[:64]
@@ -167,32 +183,48 @@ def run(seconds: float, workers: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="hetserve-floods-") as tmp:
         daemon = Daemon(Path(tmp), workers)
         try:
-            for kind in ATTACKS:
+            for kind in ("none", *(f for f in floods if f != "none")):
                 time.sleep(1.0)
                 base_rss, (base_fds, limit) = daemon.rss_mb(), daemon.descriptors()
                 peak_rss, peak_fds = base_rss, base_fds
                 with socket_users(f"unix:{daemon.socket}", images, labels) as answers:
-                    attacker = subprocess.Popen(
-                        [sys.executable, "-m", "bench.floods", "--attack", kind, "--port",
-                         str(daemon.port), "--seconds", str(seconds)], cwd=ROOT,
-                        stdout=subprocess.PIPE, text=True)
-                    while attacker.poll() is None:
+                    attackers = [subprocess.Popen(
+                        [*user, sys.executable, "-m", "bench.floods", "--attack", kind, "--port",
+                         str(daemon.port), "--http-port", str(daemon.http_port), "--seconds",
+                         str(seconds)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                        for user in _attackers(kind)]
+                    while any(a.poll() is None for a in attackers):
                         peak_rss = max(peak_rss, daemon.rss_mb())
                         peak_fds = max(peak_fds, daemon.descriptors()[0])
                         time.sleep(0.2)
-                    done = attacker.stdout.read().strip()
+                    outputs = [a.communicate()[0].strip() for a in attackers]
+                done = body_floods.summary(outputs) if kind in BODIES else outputs[0]
                 time.sleep(2.0)  # the flood's connections close
-                ok = sum(a is True for a in answers)
+                ok = sum(a is True for a, _ in answers)
+                latencies_ms = [1000 * s for a, s in answers if a is True] or [float("nan")]
                 rows.append({
                     "attack": kind, "did": done, "users_ok": ok, "users_total": len(answers),
                     "ok_share": ok / max(len(answers), 1),
+                    "p50_ms": float(np.percentile(latencies_ms, 50)),
+                    "p99_ms": float(np.percentile(latencies_ms, 99)),
                     "rss_growth_mb": peak_rss - base_rss, "fds_peak": peak_fds,
                     "fd_limit": limit, "fds_after": daemon.descriptors()[0],
                     "fds_before": base_fds, "rss_after_growth_mb": daemon.rss_mb() - base_rss,
-                    "errors": sorted({str(a)[:120] for a in answers if a is not True})[:3]})
+                    "errors": sorted({str(a)[:120] for a, _ in answers if a is not True})[:3]})
         finally:
             daemon.process.stop()
     return rows
+
+
+def _attackers(kind: str) -> list[list[str]]:
+    """How to run each attacker process: the upload flood's callers as uids of their own where
+    this runs as root (setpriv), so that they are several callers; else as this user."""
+    if kind != "upload":
+        return [[]]
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return [[]] * UPLOAD_CALLERS
+    return [["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            for uid in range(60001, 60001 + UPLOAD_CALLERS)]
 
 
 def main() -> int:
@@ -200,17 +232,25 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="each flood's length")
     parser.add_argument("--workers", type=int, default=1, help="the daemon's --workers")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--floods", nargs="+", choices=ATTACKS[1:], default=ATTACKS[1:],
+                        help="which floods (all by default); the reference always runs")
     parser.add_argument("--attack", choices=ATTACKS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--http-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.attack:  # the attacker's own process
+    if args.attack in BODIES:  # an attacker's own process
+        print(json.dumps(body_floods.attack(args.attack, "127.0.0.1", args.port, args.http_port,
+                                            args.seconds)))
+        return 0
+    if args.attack:
         print(attack(args.attack, "127.0.0.1", args.port, args.seconds))
         return 0
-    rows = run(args.seconds, args.workers)
-    print(f"{'flood':18} {'users OK':>14} {'RSS +MB':>8} {'fds peak/limit':>16} "
-          f"{'after: fds, RSS +MB':>20}  what the attacker did")
+    rows = run(args.seconds, args.workers, tuple(args.floods))
+    print(f"{'flood':18} {'users OK':>14} {'p50/p99 ms':>12} {'RSS +MB':>8} "
+          f"{'fds peak/limit':>16} {'after: fds, RSS +MB':>20}  what the attacker did")
     for r in rows:
         print(f"{r['attack']:18} {r['ok_share']:>8.2%} ({r['users_total']:>4}) "
+              f"{r['p50_ms']:>5.1f}/{r['p99_ms']:<6.1f} "
               f"{r['rss_growth_mb']:>8.1f} {r['fds_peak']:>7}/{r['fd_limit']:<7} "
               f"{r['fds_after']:>7} (was {r['fds_before']}), {r['rss_after_growth_mb']:+.1f}  "
               f"{r['did']}")

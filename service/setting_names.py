@@ -40,6 +40,7 @@ FLAGS: dict[str, str] = {
     "--stream-idle-s": "stream_idle_s",
     "--max-rpcs-tcp": "max_rpcs_tcp",
     "--max-rpcs-socket": "max_rpcs_socket",
+    "--max-rpcs-per-caller": "max_rpcs_per_caller",
     "--max-connections-tcp": "max_connections_tcp",
     "--max-connections-socket": "max_connections_socket",
     "--max-streams-per-connection": "max_streams_per_connection",

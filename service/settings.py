@@ -121,6 +121,12 @@ class Settings:
                                       "socket has its own server and limit"})
     max_rpcs_socket: int = field(
         default=1024, metadata={"doc": "the same for the unix socket"})
+    max_rpcs_per_caller: int = field(
+        default=512, metadata={"doc": "inference requests one caller (a uid on the socket, the "
+                                      "token's holders, every caller over TCP without a token "
+                                      "together) may have in flight at once, per process, over "
+                                      "gRPC calls, streams and REST; beyond them a request is "
+                                      "refused RESOURCE_EXHAUSTED (REST 429) naming the flag"})
     max_connections_tcp: int = field(
         default=512, metadata={"doc": "TCP connections open at once, per front-end process; "
                                       "beyond them a new one is refused (RESOURCE_EXHAUSTED "

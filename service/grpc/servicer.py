@@ -24,6 +24,7 @@ from service.errors import HetserveError, Status, StreamIdleError, status_of
 from service.grpc import codec, shared_memory
 from service.grpc.credentials import admin_token, holds
 from service.grpc.door import Peers
+from service.grpc.inflight import InflightLimit
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
 
@@ -53,6 +54,7 @@ class InferenceServicer:
         self._token = bool(settings.token_file)
         self._token_uid = settings.shm_uid_for_token
         self._stream_window = settings.max_stream_inflight
+        self._inflight = InflightLimit(settings.max_rpcs_per_caller)  # gRPC's and REST's
         self._stream_idle_s = settings.stream_idle_s
         self._energy = settings.response_energy
         # Children per served model version (and status code): a bounded set of labels.
@@ -259,17 +261,22 @@ class InferenceServicer:
         `caller` owns the shared memory regions it may name."""
         start = time.perf_counter()
         model = None
+        held = ""  # the in-flight count it holds, from before decoding until it is answered
         try:
             model = self._plane.model(request.model_name, request.model_version)
+            queue_caller = self._queue_caller(context)
+            held = self._inflight.enter(*queue_caller)
             names, answer = self._plane.submit(
                 model, codec.decode_inputs(request, self._regions, caller),
                 [o.name for o in request.outputs],
-                codec.request_options(request, context.time_remaining(),
-                                      *self._queue_caller(context)))
-        except HetserveError as e:
-            # only served names become label values: clients cannot grow the set
-            self._count(model.spec if model else None, e.status)
+                codec.request_options(request, context.time_remaining(), *queue_caller))
+        except Exception as e:
+            self._inflight.leave(held)
+            if isinstance(e, HetserveError):
+                # only served names become label values: clients cannot grow the set
+                self._count(model.spec if model else None, e.status)
             raise
+        answer.add_done_callback(lambda _: self._inflight.leave(held))
         self._track_pending(model.spec, answer)
         return _Call(request, model, names, answer, start, caller)
 

@@ -161,7 +161,7 @@ def _checked(settings: Settings) -> tuple[TokenFile | None, PowerMonitor]:
         raise StartupError(f"workers: {settings.workers} received, expected 0 (chosen from "
                            "the CPUs) or a number of front-end processes")
     for name in ("max_shm_regions", "max_shm_regions_per_client", "max_stream_inflight",
-                 "max_rpcs_tcp", "max_rpcs_socket", "max_connections_tcp",
+                 "max_rpcs_tcp", "max_rpcs_socket", "max_rpcs_per_caller", "max_connections_tcp",
                  "max_connections_socket", "max_streams_per_connection",
                  "max_connections_per_peer", "max_stream_resets"):
         if getattr(settings, name) < 1:
