@@ -207,3 +207,29 @@ def test_recurrent_layers_are_counted_per_step_direction_and_gate(tmp_path, op, 
     count = count_flops(tmp_path / "model.onnx")
     per_step = 2 * gates * hidden * (inputs + hidden) + 4 * gates * hidden
     assert count.uncounted == () and count.total == directions * steps * per_step
+
+
+def test_the_counter_folds_what_the_opencl_engine_folds(tmp_path: Path) -> None:
+    """One rule for both (accelerators/onnx_folding): any ONNX op on constants or shapes folds,
+    not a list of shape-code ops and not only small values. A Reshape target built with Tile
+    and Abs, and a weight that is the Transpose of a 36x10 initializer: the counter folds
+    them, so the MatMul after them is counted and they are free, as on the engine."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(a, name) for name, a in (
+        ("w_t", np.ones((10, 36), np.float32)), ("one", np.array([1], np.int64)),
+        ("ones", np.array([1], np.int64)), ("starts", np.array([0], np.int64)))]
+    graph = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "starts", "one"], ["n"]),
+        helper.make_node("Tile", ["ones", "one"], ["tiled"]),
+        helper.make_node("Neg", ["tiled"], ["rest"]),
+        helper.make_node("Abs", ["n"], ["n_abs"]),
+        helper.make_node("Concat", ["n_abs", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Transpose", ["w_t"], ["w"], perm=[1, 0]),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),  # 2 * 10 * 36 = 720
+    ], "g", [x], [y], inits)
+    onnx.save(make_model(graph, 17), tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert count.uncounted == () and count.by_op() == {"Reshape": 0, "MatMul": 720}
