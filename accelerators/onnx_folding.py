@@ -51,4 +51,22 @@ def fold(node: onnx.NodeProto, args: Sequence[np.ndarray | Shaped | None], opset
     """The outputs of `node` where it folds, else None; the reference evaluator's errors
     propagate."""
     inputs = host_inputs(node.op_type, node.domain, args)
-    return None if inputs is None else run_node(node, inputs, opset)
+    if inputs is None:
+        return None
+    if node.op_type == "DequantizeLinear" and opset < 19:  # the evaluator has it from 19
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        return [dequantize(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, axis)]
+    return run_node(node, inputs, opset)
+
+
+def dequantize(x: np.ndarray | None, scale: np.ndarray | None, zero: np.ndarray | None,
+               axis: int) -> np.ndarray:
+    """DequantizeLinear of a constant: (x - zero) * scale, per tensor or per `axis`."""
+    if x is None or scale is None:
+        raise ValueError("DequantizeLinear without its input or scale")
+    shape = [1] * x.ndim
+    if scale.size > 1:
+        shape[axis % max(x.ndim, 1)] = -1
+    zero = np.zeros(1, x.dtype) if zero is None else zero
+    return ((x.astype(np.float32) - zero.astype(np.float32).reshape(shape))
+            * scale.astype(np.float32).reshape(shape)).astype(np.float32)
