@@ -233,3 +233,17 @@ def test_the_counter_folds_what_the_opencl_engine_folds(tmp_path: Path) -> None:
     onnx.save(make_model(graph, 17), tmp_path / "model.onnx")
     count = count_flops(tmp_path / "model.onnx")
     assert count.uncounted == () and count.by_op() == {"Reshape": 0, "MatMul": 720}
+
+
+def test_a_counter_without_a_batch_axis_counts_each_request_whole(tmp_path: Path) -> None:
+    """max_batch_size 0: config dims cover every axis, and a request's first dim is not a
+    batch: its whole shape is counted, variable dims included."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "n", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(make_model(graph, 17), tmp_path / "model.onnx")
+    from accelerators.flops import FlopCounter
+    counter = FlopCounter(tmp_path / "model.onnx", {"x": (-1, 2, 6)}, batched=False)
+    assert counter.per_sample({"x": np.zeros((5, 2, 6), np.float32)}).total == 5 * 2 * 6
+    fixed = FlopCounter(tmp_path / "model.onnx", {"x": (4, 2, 6)}, batched=False)
+    assert fixed.served.total == 4 * 2 * 6
