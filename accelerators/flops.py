@@ -19,6 +19,10 @@ How operations are counted (the figure GFLOP/s per watt is built on):
   two for ReduceL2 and ReduceSumSquare (square and add);
 - Resize: nearest is data movement; linear 2 × 2^k and cubic 2 × 4^k per output, k the
   resized axes (the taps' weighted sum);
+- attention blocks (ONNX's Attention, com.microsoft's Attention and MultiHeadAttention):
+  2 × queries × keys × (Q·K hidden size + V hidden size) for the two products, 3 per score for
+  the softmax, and the packed QKV projection of com.microsoft's Attention; exporters'
+  decomposed attention (MatMul, Softmax, MatMul) is counted op by op;
 - LSTM, GRU and RNN: per step, direction and sample, 2 × gates × hidden × (input + hidden) for
   the gates' products, and 4 × gates × hidden for their biases, activations and the state
   update (4, 3 and 1 gates);
@@ -229,6 +233,8 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
     if op in FREE:
         return 0
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if op in ("Attention", "MultiHeadAttention"):  # ONNX's (opset 23) and com.microsoft's
+        return _attention(node, attrs, shapes)
     out = shapes.get(node.output[0])
     if out is None:
         return None
@@ -283,6 +289,35 @@ def _recurrent(node: onnx.NodeProto, attrs: dict, shapes: dict[str, tuple[int, .
     hidden = gates_hidden // RECURRENT_GATES[node.op_type]
     per_step = 2 * gates_hidden * (inputs + hidden) + 4 * gates_hidden
     return directions * steps * batch * per_step
+
+
+def _attention(node: onnx.NodeProto, attrs: dict, shapes: dict[str, tuple[int, ...]]) -> int:
+    """An attention block from its inputs' shapes (ONNX shape inference knows no contrib op's
+    outputs): the scores Q·Kᵀ and their product with V (2 FLOPs per multiply-add), the softmax
+    (3 per score), and for com.microsoft's Attention the QKV projection from its packed weight
+    (with its bias). Layouts other than [batch, sequence, hidden] and ONNX's [batch, heads,
+    sequence, head size] raise KeyError: uncounted."""
+    q = shapes[node.input[0]]
+    if node.domain == "com.microsoft" and node.op_type == "Attention":
+        w = shapes[node.input[1]]  # [hidden in, Q + K + V hidden]
+        sizes = attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
+        batch, seq = q[0], q[1]
+        bias = batch * seq * w[1] if len(node.input) > 2 and node.input[2] else 0
+        project = 2 * batch * seq * q[2] * w[1] + bias
+        return project + _scores(batch, attrs["num_heads"], seq, seq, sizes[0], sizes[2])
+    k, v = shapes[node.input[1]], shapes[node.input[2]]
+    if len(q) == 4 and len(k) == 4 and len(v) == 4:  # [batch, heads, sequence, head size]
+        return _scores(q[0], q[1], q[2], k[2], q[1] * q[3], v[1] * v[3])
+    if len(q) != 3 or len(k) != 3 or len(v) != 3:
+        raise KeyError(node.input[0])
+    heads = attrs.get("num_heads") or attrs["q_num_heads"]
+    return _scores(q[0], heads, q[1], k[1], q[2], v[2])
+
+
+def _scores(batch: int, heads: int, queries: int, keys: int, qk_hidden: int, v_hidden: int
+            ) -> int:
+    """Scaled dot-product attention over all heads: Q·Kᵀ, softmax, weights·V."""
+    return batch * queries * keys * (2 * qk_hidden + 3 * heads + 2 * v_hidden)
 
 
 def _summed(equation: str | bytes, operands: list[tuple[int, ...]]) -> int:

@@ -247,3 +247,26 @@ def test_a_counter_without_a_batch_axis_counts_each_request_whole(tmp_path: Path
     assert counter.per_sample({"x": np.zeros((5, 2, 6), np.float32)}).total == 5 * 2 * 6
     fixed = FlopCounter(tmp_path / "model.onnx", {"x": (4, 2, 6)}, batched=False)
     assert fixed.served.total == 4 * 2 * 6
+
+
+@pytest.mark.parametrize("op, domain, shapes, attrs, flops", [
+    # packed QKV projection 2*4*8*24 and its bias 4*24, then 4x4 scores over 2 heads:
+    # 4*4*(2*8 + 3*2 + 2*8)
+    ("Attention", "com.microsoft", {"x": (1, 4, 8), "w": (8, 24), "b": (24,)},
+     {"num_heads": 2}, 2 * 4 * 8 * 24 + 4 * 24 + 4 * 4 * 38),
+    ("MultiHeadAttention", "com.microsoft", {"q": (1, 4, 8), "k": (1, 6, 8), "v": (1, 6, 8)},
+     {"num_heads": 2}, 4 * 6 * 38),
+    ("Attention", "", {"q": (1, 2, 4, 4), "k": (1, 2, 6, 4), "v": (1, 2, 6, 4)}, {},
+     4 * 6 * 38),
+])
+def test_attention_blocks_are_counted_from_their_inputs_shapes(
+        tmp_path: Path, op: str, domain: str, shapes: dict, attrs: dict, flops: int) -> None:
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+              for n, s in shapes.items()]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node(op, list(shapes), ["y"], domain=domain or None,
+                                                **attrs)], "g", inputs, [y])
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert (count.total, count.uncounted) == (flops, ())
