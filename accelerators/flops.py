@@ -19,21 +19,26 @@ How operations are counted (the figure GFLOP/s per watt is built on):
   two for ReduceL2 and ReduceSumSquare (square and add);
 - Resize: nearest is data movement; linear 2 × 2^k and cubic 2 × 4^k per output, k the
   resized axes (the taps' weighted sum);
+- attention blocks (ONNX's Attention, com.microsoft's Attention and MultiHeadAttention):
+  2 × queries × keys × (Q·K hidden size + V hidden size) for the two products, 3 per score for
+  the softmax, and the packed QKV projection of com.microsoft's Attention; exporters'
+  decomposed attention (MatMul, Softmax, MatMul) is counted op by op;
 - LSTM, GRU and RNN: per step, direction and sample, 2 × gates × hidden × (input + hidden) for
   the gates' products, and 4 × gates × hidden for their biases, activations and the state
   update (4, 3 and 1 gates);
 - data movement and constants (Reshape, Flatten, Transpose, Concat, Constant, ConstantOfShape,
   ...) are free.
 Operators outside these lists, or whose shapes are unknown, are reported as uncounted, never
-guessed, and the count is then partial. Exporters' shape code (tf2onnx's and paddle2onnx's
-`Shape -> Gather -> Cast -> Slice -> Concat -> Reshape` before a fully connected layer) is
-evaluated first where the shapes it reads are known, so that shape inference reaches the ops
-after it; those nodes are free. Small Constant nodes fold too: PyTorch's exporter writes one
-for every literal of its shape code. Shapes come from ONNX shape inference at the served
-shapes: every symbolic batch dimension set to one, and the other symbolic dimensions to the
-model's config.pbtxt dims where it fixes them; where the config leaves a dim variable (-1), a
-FlopCounter counts each request shape that comes (cached). A count is never negative and never
-raises: a graph shape inference cannot read is counted as far as it goes.
+guessed, and the count is then partial. Nodes the OpenCL engine computes on the host at load
+(accelerators/onnx_folding: those whose inputs are constants or shapes, such as exporters'
+`Shape -> Gather -> Cast -> Slice -> Concat -> Reshape` before a fully connected layer, PyTorch's
+Constant literals, a Transpose of a weight) are folded first, by the same rule and evaluator,
+so that shape inference reaches the ops after them; those nodes are free. Shapes come from
+ONNX shape inference at the served shapes: every symbolic batch dimension set to one (a model
+served without a batch axis, max_batch_size 0, has none: a request is one sample), and the other
+symbolic dimensions to the model's config.pbtxt dims where it fixes them; where the config leaves
+a dim variable (-1), a FlopCounter counts each request shape that comes (cached). A count is
+never negative and never raises: a graph shape inference cannot read is counted as far as it goes.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from accelerators.onnx_nodes import run_node
+from accelerators.onnx_folding import Activation, fold
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +74,9 @@ MULTIPLY_ADDS = frozenset(("Conv", "ConvInteger", "QLinearConv"))
 MATMULS = frozenset(("MatMul", "MatMulInteger", "QLinearMatMul"))
 POOLS = frozenset(("MaxPool", "AveragePool", "LpPool"))
 GLOBAL_POOLS = frozenset(("GlobalAveragePool", "GlobalMaxPool"))
-# Shape code: ops on a few integers that exporters compute shapes with (evaluated, then free).
-SHAPE_CODE = frozenset((
-    "Shape", "Gather", "Cast", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity",
-    "Add", "Sub", "Mul", "Div", "Floor", "Ceil", "Min", "Max", "Equal", "Where", "Neg",
-    "ReduceProd", "Size", "Constant", "ConstantOfShape"))
 # Recurrent layers: gates per step (LSTM: input, output, forget, cell; GRU: update, reset,
 # hidden; RNN: one).
 RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-SHAPE_CODE_VALUES = 64  # at most, in any input of a node evaluated as shape code
 FREE = frozenset((
     "Constant", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
     "Dropout", "Concat", "Shape", "Gather", "Slice", "Cast", "Split", "Pad", "Expand",
@@ -113,19 +112,19 @@ class FlopCount:
         return out
 
 
-def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = None
-                ) -> FlopCount:
-    """FLOPs of one sample of the model at `path`. `served`: each input's dims after the batch
-    axis as the model is served (config.pbtxt's), which fix the graph's symbolic ones."""
+def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = None,
+                batched: bool = True) -> FlopCount:
+    """FLOPs of one sample of the model at `path`. `served`: each input's dims as the model is
+    served (config.pbtxt's), which fix the graph's symbolic ones: after the batch axis where
+    the model is `batched` (max_batch_size > 0), else every axis, a request being one sample."""
     model = onnx.load(str(path))
     for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim
         fixed = (served or {}).get(value.name, ())
-        for i, dim in enumerate(dims):
+        for i, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
-            size = 1 if i == 0 else (fixed[i - 1] if i - 1 < len(fixed) else -1)
-            if size > 0:  # the batch axis becomes one sample
+            size = _served_size(i - 1 if batched else i, fixed)
+            if size > 0:
                 dim.dim_value = size
     try:
         model = _fold_shape_code(model)
@@ -153,8 +152,11 @@ class FlopCounter:
 
     SHAPES = 64
 
-    def __init__(self, path: Path | str, served: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, path: Path | str, served: dict[str, tuple[int, ...]],
+                 batched: bool = True) -> None:
+        """`served` and `batched` as count_flops takes them."""
         self._path = path
+        self._batched = batched
         self._named: set[str] = set()
         self._lock = threading.Lock()
         self._variable = any(d == -1 for dims in served.values() for d in dims)
@@ -162,13 +164,15 @@ class FlopCounter:
         self.served = self._count(tuple(sorted(served.items())))
 
     def per_sample(self, inputs: dict[str, np.ndarray]) -> FlopCount:
-        """At the per-sample shapes of a batch's inputs (read only where a dim is variable)."""
+        """At the per-sample shapes of a batch's inputs (read only where a dim is variable); a
+        model without a batch axis takes a request whole, as one sample."""
         if not self._variable:
             return self.served
-        return self._at(tuple(sorted((name, a.shape[1:]) for name, a in inputs.items())))
+        skip = 1 if self._batched else 0
+        return self._at(tuple(sorted((name, a.shape[skip:]) for name, a in inputs.items())))
 
     def _count(self, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> FlopCount:
-        count = count_flops(self._path, dict(shapes))
+        count = count_flops(self._path, dict(shapes), self._batched)
         with self._lock:
             new = set(count.uncounted) - self._named
             self._named |= new
@@ -178,18 +182,30 @@ class FlopCounter:
         return count
 
 
+def _served_size(axis: int, fixed: tuple[int, ...]) -> int:
+    """The size a symbolic dim is counted at, `axis` counted after the batch axis (-1: the batch
+    axis, counted as one sample); -1 where the config leaves it variable."""
+    if axis < 0:
+        return 1
+    return fixed[axis] if axis < len(fixed) else -1
+
+
 def _fold_shape_code(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference, after replacing each shape-code node whose inputs are known (shapes
-    inferred, or small constants) by its values, until no more are known."""
+    """Shape inference, after replacing each node the OpenCL engine computes on the host
+    (onnx_folding: its inputs constants, or shapes inferred here) by its values, until no more
+    fold: those nodes are free, and shape inference reaches the ops after them."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    for _ in range(16):  # each round reaches one more step of a chain; chains are short
+    known = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for _ in range(16):  # each round reaches past one more Reshape of computed shape
         model = shape_inference.infer_shapes(model)
         shapes = _shapes(model.graph)
-        known = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-                 if math.prod(t.dims) <= SHAPE_CODE_VALUES}
         folded = []
         for node in model.graph.node:
-            values = _shape_code(node, known, shapes, opset)
+            args = [known.get(i, Activation(shapes.get(i))) if i else None for i in node.input]
+            try:
+                values = fold(node, args, opset)
+            except Exception:  # the engine refuses such a node; here it is counted as an op
+                continue
             if values is not None:
                 folded.append(node)
                 known.update(zip(node.output, values))
@@ -200,27 +216,6 @@ def _fold_shape_code(model: onnx.ModelProto) -> onnx.ModelProto:
         for node in folded:
             model.graph.node.remove(node)
     return shape_inference.infer_shapes(model)
-
-
-def _shape_code(node: onnx.NodeProto, known: dict[str, np.ndarray],
-                shapes: dict[str, tuple[int, ...]], opset: int) -> list[np.ndarray] | None:
-    """The values of a shape-code node whose inputs are known, else None. A Constant folds
-    (PyTorch's exporter writes one for every literal of its shape code) where it is small."""
-    if node.op_type not in SHAPE_CODE or node.domain not in ("", "ai.onnx") or (
-            not node.input and node.op_type != "Constant"):
-        return None
-    if node.op_type == "Shape":
-        shape = shapes.get(node.input[0])
-        if shape is None:
-            return None
-        attrs = {a.name: a.i for a in node.attribute}
-        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], np.int64)]
-    inputs = [known.get(i) if i else None for i in node.input]
-    if any(i and v is None for i, v in zip(node.input, inputs)) or any(
-            v is not None and v.size > SHAPE_CODE_VALUES for v in inputs):
-        return None
-    values = run_node(node, inputs, opset)
-    return None if any(v.size > SHAPE_CODE_VALUES for v in values) else values
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
@@ -238,6 +233,8 @@ def _node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int
     if op in FREE:
         return 0
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if op in ("Attention", "MultiHeadAttention"):  # ONNX's (opset 23) and com.microsoft's
+        return _attention(node, attrs, shapes)
     out = shapes.get(node.output[0])
     if out is None:
         return None
@@ -292,6 +289,35 @@ def _recurrent(node: onnx.NodeProto, attrs: dict, shapes: dict[str, tuple[int, .
     hidden = gates_hidden // RECURRENT_GATES[node.op_type]
     per_step = 2 * gates_hidden * (inputs + hidden) + 4 * gates_hidden
     return directions * steps * batch * per_step
+
+
+def _attention(node: onnx.NodeProto, attrs: dict, shapes: dict[str, tuple[int, ...]]) -> int:
+    """An attention block from its inputs' shapes (ONNX shape inference knows no contrib op's
+    outputs): the scores Q·Kᵀ and their product with V (2 FLOPs per multiply-add), the softmax
+    (3 per score), and for com.microsoft's Attention the QKV projection from its packed weight
+    (with its bias). Layouts other than [batch, sequence, hidden] and ONNX's [batch, heads,
+    sequence, head size] raise KeyError: uncounted."""
+    q = shapes[node.input[0]]
+    if node.domain == "com.microsoft" and node.op_type == "Attention":
+        w = shapes[node.input[1]]  # [hidden in, Q + K + V hidden]
+        sizes = attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
+        batch, seq = q[0], q[1]
+        bias = batch * seq * w[1] if len(node.input) > 2 and node.input[2] else 0
+        project = 2 * batch * seq * q[2] * w[1] + bias
+        return project + _scores(batch, attrs["num_heads"], seq, seq, sizes[0], sizes[2])
+    k, v = shapes[node.input[1]], shapes[node.input[2]]
+    if len(q) == 4 and len(k) == 4 and len(v) == 4:  # [batch, heads, sequence, head size]
+        return _scores(q[0], q[1], q[2], k[2], q[1] * q[3], v[1] * v[3])
+    if len(q) != 3 or len(k) != 3 or len(v) != 3:
+        raise KeyError(node.input[0])
+    heads = attrs.get("num_heads") or attrs["q_num_heads"]
+    return _scores(q[0], heads, q[1], k[1], q[2], v[2])
+
+
+def _scores(batch: int, heads: int, queries: int, keys: int, qk_hidden: int, v_hidden: int
+            ) -> int:
+    """Scaled dot-product attention over all heads: Q·Kᵀ, softmax, weights·V."""
+    return batch * queries * keys * (2 * qk_hidden + 3 * heads + 2 * v_hidden)
 
 
 def _summed(equation: str | bytes, operands: list[tuple[int, ...]]) -> int:

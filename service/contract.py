@@ -22,6 +22,8 @@ ENERGY_METHOD_PARAMETER = "energy_method"
 FLOPS_PARAMETER = "flops"
 # Present (true) where the FLOPs are a lower bound: the model has ops the counter does not know.
 FLOPS_PARTIAL_PARAMETER = "flops_partial"
+# Beside it, the op types the counter does not know, comma-separated ("Hardmax,TopK").
+FLOPS_UNKNOWN_OPS_PARAMETER = "flops_unknown_ops"
 # The batch's run time on the device times the device's full-load watts, shared among the
 # batches running on it side by side, split across the batch's rows (padding included).
 ENERGY_METHOD = "busy-time-share"

@@ -11,8 +11,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from accelerators.onnx_folding import Activation, host_inputs
 from accelerators.onnx_nodes import run_node
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
+
+_UNPLANNED = Activation()  # an activation at load, before any batch size gives it a shape
 
 
 def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
@@ -30,13 +33,15 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
 
 
 def fold_constants(graph: Graph) -> None:
-    """Nodes whose inputs are all constants (not shapes) are evaluated once, at load: the passes
-    after it see their results as constants, and no batch size evaluates them again. Ops of the
-    engine's own (FakeQuant, Silu) are not ONNX's and stay."""
+    """Nodes whose inputs are all constants (not shapes) are evaluated once, at load, by the
+    rule the FLOP counter shares (onnx_folding): the passes after it see their results as
+    constants, and no batch size evaluates them again."""
     for node in list(graph.nodes):
-        if not onnx.defs.has(node.op) or not all(i in graph.consts for i in node.inputs if i):
+        args = [graph.consts.get(i, _UNPLANNED) if i else None for i in node.inputs]
+        inputs = host_inputs(node.op, "", args)
+        if inputs is None:
             continue
-        outs = evaluate(node, [graph.consts[i] if i else None for i in node.inputs], graph.opset)
+        outs = evaluate(node, inputs, graph.opset)
         graph.consts.update((name, v) for name, v in zip(node.outputs, outs) if name)
         graph.nodes.remove(node)
         graph.fused["constant folded"] += 1

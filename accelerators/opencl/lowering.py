@@ -5,8 +5,7 @@ input's buffer."""
 
 from __future__ import annotations
 
-import numpy as np
-
+from accelerators.onnx_folding import SHAPE_READERS, host_inputs
 from accelerators.opencl import (
     conv_lowering,
     elementwise_lowering,
@@ -106,11 +105,11 @@ def _lower_node(lw: Lowering, node: Node, table: dict[str, OpLowering],
     if missing:
         raise UnsupportedModelError(f"node {node.name!r} reads unknown {missing}")
     x = args[0] if args else None
-    if node.op in ("Shape", "Size") and isinstance(x, Dyn):
-        args = [np.broadcast_to(np.float32(0), x.shape)]  # only its shape is read
-        lw.per_batch.update(node.outputs)
-    if all(not isinstance(v, Dyn) for v in args):
-        _fold(lw, node, args)
+    host = host_inputs(node.op, "", args)  # the rule the FLOP counter shares (onnx_folding)
+    if host is not None:
+        if node.op in SHAPE_READERS and isinstance(x, Dyn):
+            lw.per_batch.update(node.outputs)
+        _fold(lw, node, host)
     elif node.op in VIEWS and isinstance(x, Dyn):
         shape = view_shape(node, x.shape, args[1:], lw.graph.opset)
         lw.values[node.outputs[0]] = Dyn(shape, x.storage)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from accelerators.onnx_folding import dequantize
 from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
 
 
@@ -126,11 +127,7 @@ def _fold_constant_dequantize(graph: Graph) -> None:
         x, scale = c[dq.inputs[0]], c[dq.inputs[1]].astype(np.float32)
         zero = c[dq.inputs[2]] if len(dq.inputs) > 2 and dq.inputs[2] else np.zeros(1, x.dtype)
         axis = dq.attrs.get("axis", 1) % max(x.ndim, 1)
-        shape = [1] * x.ndim
-        if scale.size > 1:
-            shape[axis] = -1
-        c[dq.outputs[0]] = ((x.astype(np.float32) - zero.astype(np.float32).reshape(shape))
-                            * scale.reshape(shape)).astype(np.float32)
+        c[dq.outputs[0]] = dequantize(x, scale, zero, axis)  # as the FLOP counter folds it
         if x.dtype == np.int8 and not zero.any():
             graph.int8[dq.outputs[0]] = Int8Weight(x, scale, axis)
         graph.nodes.remove(dq)

@@ -270,13 +270,14 @@ class DeviceRunner:
         self._inferences.inc(size)
         count = self._flop_counter.per_sample(inputs) if self._flop_counter else None
         flops = size * count.total if count else 0
-        partial = count is not None and count.partial
+        unknown = count.uncounted if count else ()
+        partial = bool(unknown)  # the metric says partial; the op names go in the reply only
         if partial not in self._flops:
             self._flops[partial] = self._flop_series(partial)
         self._flops[partial].inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
         return Answer(result, self._reply_device,
-                      Cost(joules, self.meter.source.source, flops, partial))
+                      Cost(joules, self.meter.source.source, flops, unknown))
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

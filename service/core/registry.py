@@ -174,7 +174,9 @@ class ModelRegistry(ModelTable[LoadedModel]):
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
         shapes = _opencl_shapes(spec)
         engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options, shapes)
-        flops = await asyncio.to_thread(FlopCounter, path, spec.served_dims())
+        batched = spec.max_batch_size > 0  # else a request, whatever its first dim, is a sample
+        flops = await asyncio.to_thread(
+            FlopCounter, path, {t.name: t.dims for t in spec.inputs}, batched)
 
         def worker(instances: list[Engine]) -> DeviceRunner:
             bucketed = buckets if buckets and batch_buckets.enabled(

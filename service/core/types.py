@@ -48,13 +48,19 @@ class Cost:
     joules: float  # the device energy charged to it (accelerators/power/meter.py)
     source: str  # where the watts came from: a sensor's name, or `model` for an estimate
     flops: int
-    flops_partial: bool = False  # the model has ops the FLOP counter does not know
+    # The op types the FLOP counter does not know, where the model has any: `flops` is then a
+    # lower bound.
+    flops_unknown_ops: tuple[str, ...] = ()
+
+    @property
+    def flops_partial(self) -> bool:
+        return bool(self.flops_unknown_ops)
 
     def share(self, rows: int, of: int) -> Cost:
         """The part of a batch's cost that `rows` of its `of` rows caused; padding is shared by
         the rows that caused it."""
         return Cost(self.joules * rows / of, self.source, self.flops * rows // of,
-                    self.flops_partial)
+                    self.flops_unknown_ops)
 
 
 @dataclass(frozen=True)

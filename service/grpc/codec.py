@@ -136,6 +136,8 @@ def encode_response(request: service_pb2.ModelInferRequest, spec: ModelSpec, ans
         parameters[contract.FLOPS_PARAMETER].int64_param = cost.flops
         if cost.flops_partial:
             parameters[contract.FLOPS_PARTIAL_PARAMETER].bool_param = True
+            parameters[contract.FLOPS_UNKNOWN_OPS_PARAMETER].string_param = ",".join(
+                cost.flops_unknown_ops)
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs else {}
     for name, array in answer.outputs.items():
         parameters = wanted.get(name)

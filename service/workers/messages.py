@@ -117,7 +117,7 @@ class Reply(_Message, frozen=True):
     joules: float
     power_source: str
     flops: int
-    flops_partial: bool
+    flops_unknown_ops: list[str]  # Cost's: the op types the count leaves out
 
 
 class Failed(_Message, frozen=True):

@@ -200,7 +200,7 @@ class OwnerSide:
                       for name, a in zip(result.outputs, arrays)]
             cost = result.cost
             self.send(msg.Reply(request_id, result.device, places, cost.joules, cost.source,
-                                cost.flops, cost.flops_partial),
+                                cost.flops, list(cost.flops_unknown_ops)),
                       # the one copy of them; numpy declares the buffer protocol from 3.12 on
                       b"".join(memoryview(a).cast("B")  # type: ignore[arg-type]
                                for a in arrays))

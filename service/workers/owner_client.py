@@ -171,7 +171,7 @@ def _answer(reply: msg.Reply, payload: memoryview) -> Answer:
                                       start).reshape(shape)
         start += size
     return Answer(outputs, reply.device, Cost(reply.joules, reply.power_source, reply.flops,
-                                              reply.flops_partial))
+                                              tuple(reply.flops_unknown_ops)))
 
 
 @dataclass

@@ -207,3 +207,66 @@ def test_recurrent_layers_are_counted_per_step_direction_and_gate(tmp_path, op, 
     count = count_flops(tmp_path / "model.onnx")
     per_step = 2 * gates * hidden * (inputs + hidden) + 4 * gates * hidden
     assert count.uncounted == () and count.total == directions * steps * per_step
+
+
+def test_the_counter_folds_what_the_opencl_engine_folds(tmp_path: Path) -> None:
+    """One rule for both (accelerators/onnx_folding): any ONNX op on constants or shapes folds,
+    not a list of shape-code ops and not only small values. A Reshape target built with Tile
+    and Abs, and a weight that is the Transpose of a 36x10 initializer: the counter folds
+    them, so the MatMul after them is counted and they are free, as on the engine."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(a, name) for name, a in (
+        ("w_t", np.ones((10, 36), np.float32)), ("one", np.array([1], np.int64)),
+        ("ones", np.array([1], np.int64)), ("starts", np.array([0], np.int64)))]
+    graph = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "starts", "one"], ["n"]),
+        helper.make_node("Tile", ["ones", "one"], ["tiled"]),
+        helper.make_node("Neg", ["tiled"], ["rest"]),
+        helper.make_node("Abs", ["n"], ["n_abs"]),
+        helper.make_node("Concat", ["n_abs", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Transpose", ["w_t"], ["w"], perm=[1, 0]),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),  # 2 * 10 * 36 = 720
+    ], "g", [x], [y], inits)
+    onnx.save(make_model(graph, 17), tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert count.uncounted == () and count.by_op() == {"Reshape": 0, "MatMul": 720}
+
+
+def test_a_counter_without_a_batch_axis_counts_each_request_whole(tmp_path: Path) -> None:
+    """max_batch_size 0: config dims cover every axis, and a request's first dim is not a
+    batch: its whole shape is counted, variable dims included."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "n", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(make_model(graph, 17), tmp_path / "model.onnx")
+    from accelerators.flops import FlopCounter
+    counter = FlopCounter(tmp_path / "model.onnx", {"x": (-1, 2, 6)}, batched=False)
+    assert counter.per_sample({"x": np.zeros((5, 2, 6), np.float32)}).total == 5 * 2 * 6
+    fixed = FlopCounter(tmp_path / "model.onnx", {"x": (4, 2, 6)}, batched=False)
+    assert fixed.served.total == 4 * 2 * 6
+
+
+@pytest.mark.parametrize("op, domain, shapes, attrs, flops", [
+    # packed QKV projection 2*4*8*24 and its bias 4*24, then 4x4 scores over 2 heads:
+    # 4*4*(2*8 + 3*2 + 2*8)
+    ("Attention", "com.microsoft", {"x": (1, 4, 8), "w": (8, 24), "b": (24,)},
+     {"num_heads": 2}, 2 * 4 * 8 * 24 + 4 * 24 + 4 * 4 * 38),
+    ("MultiHeadAttention", "com.microsoft", {"q": (1, 4, 8), "k": (1, 6, 8), "v": (1, 6, 8)},
+     {"num_heads": 2}, 4 * 6 * 38),
+    ("Attention", "", {"q": (1, 2, 4, 4), "k": (1, 2, 6, 4), "v": (1, 2, 6, 4)}, {},
+     4 * 6 * 38),
+])
+def test_attention_blocks_are_counted_from_their_inputs_shapes(
+        tmp_path: Path, op: str, domain: str, shapes: dict, attrs: dict, flops: int) -> None:
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+              for n, s in shapes.items()]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node(op, list(shapes), ["y"], domain=domain or None,
+                                                **attrs)], "g", inputs, [y])
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx")
+    assert (count.total, count.uncounted) == (flops, ())

@@ -76,6 +76,8 @@ def test_daemon_serves_mnist_through_opencl(tmp_path, holdout) -> None:
             np.testing.assert_array_equal(reply.as_numpy("y"), np.eye(4)[x.argmax(1)])
             # Hardmax is no op of the FLOP counter: the reply and the metric say partial.
             assert reply.get_response().parameters["flops_partial"].bool_param
+            assert reply.get_response().parameters["flops_unknown_ops"].string_param == \
+                "Hardmax"
             assert "flops_partial" not in mnist.get_response().parameters
         assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", model=MODEL) == 64
         body = urllib.request.urlopen(daemon.metrics_url).read().decode()

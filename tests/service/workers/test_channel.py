@@ -27,7 +27,7 @@ def test_one_iteration_s_messages_arrive_in_order_with_their_payloads() -> None:
         sender, receiver = await _pair(msg.ToFrontend, received)
         feed = receiver.data_received
         receiver.data_received = lambda data: (frames.append(len(data)), feed(data))
-        sender.send(msg.Reply(1, "cpu0", [("logits", "<f4", (1, 10), 40)], 0.5, "model", 10, False),
+        sender.send(msg.Reply(1, "cpu0", [("logits", "<f4", (1, 10), 40)], 0.5, "model", 10, []),
                     b"a" * 40)
         sender.send(msg.Done(2))
         sender.send(msg.Statistics(3), b"stats")
