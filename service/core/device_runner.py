@@ -289,6 +289,11 @@ class DeviceRunner:
                 for _ in range(batch.count):
                     self._run_on(engine, batch.inputs, outputs, batch.size)
 
+    def forget_speed(self) -> None:
+        """Drops its measured times: the next batch measures the device anew."""
+        self.seconds_per_sample = None
+        self.times = BatchTimes()
+
     def mark_failed(self) -> None:
         """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""
         if not self.healthy:
