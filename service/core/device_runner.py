@@ -50,6 +50,11 @@ class BatchTimes:
         else:
             self._seconds[size] = previous + _SMOOTHING * (seconds - previous)
 
+    @property
+    def largest(self) -> int:
+        """The largest size run; 0 before any."""
+        return self._sizes[-1] if self._sizes else 0
+
     def measured(self, size: int) -> float | None:
         """The average of batches of exactly `size`; None if none ran."""
         return self._seconds.get(size)

@@ -1,5 +1,5 @@
 """Which of a model's devices the `prefer` policy ranks after the others as much slower, learned
-from the seconds per sample its runners measure on real batches (warm-up feeds no estimate: its
+from the times per sample its runners measure on real batches (warm-up feeds no estimate: its
 first runs build plans). A demoted device stays a failover target, and gets one batch now and
 then at its configured place, its old estimate forgotten, so that a device that got faster (a
 neighbour's load gone) comes back."""
@@ -14,10 +14,10 @@ from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
-# "Much slower": per-sample time averages over whatever batch sizes a device ran, and on CPUs a
-# batch of one costs 2-3 times a large batch's per sample; 4x keeps that mix (and a shared
-# machine's noise) from overturning the configured order, while an emulator or a CPU kernel
-# path against a native runtime (10-100x) crosses it.
+# "Much slower": devices are compared at a batch size both ran, but the other's time may be of a
+# larger batch (on CPUs a batch of one costs 2-3 times a large batch's per sample), and a shared
+# machine's neighbours add noise; 4x keeps those from overturning the configured order, while
+# an emulator or a CPU kernel path against a native runtime (10-100x) crosses it.
 SLOWER = 4.0
 REMEASURE_EVERY_S = 30.0  # one slow batch this often is the price of noticing a recovery
 
@@ -35,23 +35,22 @@ class SlowDevices:
         """`runners` in their order, the much slower ones moved after the others (not one on
         trial: unmeasured again, it takes its next batch in its place)."""
         self._update()
-        slow = [w for w in runners if w in self._demoted and w.seconds_per_sample is not None]
+        slow = [w for w in runners if w in self._demoted and w.times.largest]
         return [w for w in runners if w not in slow] + slow
 
     def _update(self) -> None:
-        speeds = {w: w.seconds_per_sample for w in self._runners
-                  if w.seconds_per_sample is not None}
-        if not speeds:
-            return
-        fastest = min(speeds, key=lambda w: speeds[w])
+        measured = [w for w in self._runners if w.times.largest]
         now = monotonic()
-        for runner, seconds in speeds.items():
-            slower = seconds / speeds[fastest] if speeds[fastest] else math.inf
+        due = [w for w in measured if w in self._demoted and now >= self._demoted[w]]
+        for runner in measured:
+            slower, than = max(((_slower(runner, w), w) for w in measured if w is not runner),
+                               key=lambda pair: pair[0], default=(1.0, runner))
             if slower > SLOWER and runner not in self._demoted:
-                self._demote(runner, fastest, slower, now)
+                self._demote(runner, than, slower, now)
             elif slower <= SLOWER and runner in self._demoted:
-                self._restore(runner, fastest, slower)
-            elif runner in self._demoted and now >= self._demoted[runner]:
+                self._restore(runner, than, slower)
+        for runner in due:  # after the comparisons, which read its times
+            if runner in self._demoted:
                 runner.forget_speed()
                 self._demoted[runner] = now + REMEASURE_EVERY_S
 
@@ -68,6 +67,17 @@ class SlowDevices:
         self._gauges[runner].set(0)
         log.info("model %r: %s is no longer much slower than %s (%.1f times per sample): back "
                  "in its configured place", self._model, _name(runner), _name(fastest), slower)
+
+
+def _slower(runner: DeviceRunner, other: DeviceRunner) -> float:
+    """How many times longer `runner` takes per sample than `other`, both measured, at the
+    largest batch size both have run (each estimate is of a batch that size or larger): a device
+    measured on small batches only (a probe's one sample) is not judged against another's large
+    ones, whose per-sample time a batch's fixed costs weigh less on."""
+    size = min(runner.times.largest, other.times.largest)
+    mine, theirs = runner.times.estimate(size), other.times.estimate(size)
+    assert mine is not None and theirs is not None  # both measured
+    return mine / theirs if theirs else math.inf
 
 
 def _name(runner: DeviceRunner) -> str:

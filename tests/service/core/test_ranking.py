@@ -97,6 +97,18 @@ def test_prefer_ranks_a_much_slower_device_last_until_it_measures_faster(
         "sample)" in caplog.records[1].getMessage()
 
 
+def test_devices_are_compared_at_a_batch_size_both_ran(workers) -> None:
+    fpga, cpu = workers
+    _measured(fpga, 1e-3)  # batches of one only (as a probe's)
+    _measured(cpu, 1e-4)
+    cpu.times = BatchTimes()
+    cpu.times.observe(8, 8 * 1e-4)  # ten times faster per sample, but on batches of eight
+    ranking = _ranking(workers, "prefer")
+    assert ranking.candidates(8) == [fpga, cpu]  # at one sample, cpu0's is a batch of eight
+    cpu.times.observe(1, 2e-4)
+    assert ranking.candidates(8) == [cpu, fpga]  # five times slower at one sample
+
+
 def test_a_strict_prefer_order_keeps_a_much_slower_device_first(workers) -> None:
     fpga, cpu = workers
     _measured(fpga, 1e-2)
