@@ -73,7 +73,7 @@ class Metrics:
         self.device_demoted = Gauge(
             "hetserve_device_demoted",
             "1 while `prefer` ranks a device after the others as much slower on this model",
-            ["model", "device"], registry=r)
+            ["model", "device", "engine"], registry=r)
         self.padding = Counter(
             "hetserve_padding_samples",
             "Zero rows a device computed to fill batches up to a bucket size (never replied)",

@@ -27,7 +27,9 @@ class SlowDevices:
         self._model = model
         self._runners = runners
         self._demoted: dict[DeviceRunner, float] = {}  # -> monotonic() of its next trial
-        self._gauges = {w: metrics.device_demoted.labels(model, w.device.name) for w in runners}
+        # engine too: opencl:cpu0 and onnxruntime:cpu0 are the pair this is most often about
+        self._gauges = {w: metrics.device_demoted.labels(model, w.device.name, w.device.engine)
+                        for w in runners}
         for gauge in self._gauges.values():
             gauge.set(0)
 
@@ -54,19 +56,19 @@ class SlowDevices:
                 runner.forget_speed()
                 self._demoted[runner] = now + REMEASURE_EVERY_S
 
-    def _demote(self, runner: DeviceRunner, fastest: DeviceRunner, slower: float,
+    def _demote(self, runner: DeviceRunner, than: DeviceRunner, slower: float,
                 now: float) -> None:
         self._demoted[runner] = now + REMEASURE_EVERY_S
         self._gauges[runner].set(1)
         log.info("model %r: %s is %.1f times slower per sample than %s: ranked after the faster "
                  "devices (still a failover target), re-measured every %g s", self._model,
-                 _name(runner), slower, _name(fastest), REMEASURE_EVERY_S)
+                 _name(runner), slower, _name(than), REMEASURE_EVERY_S)
 
-    def _restore(self, runner: DeviceRunner, fastest: DeviceRunner, slower: float) -> None:
+    def _restore(self, runner: DeviceRunner, than: DeviceRunner, slower: float) -> None:
         del self._demoted[runner]
         self._gauges[runner].set(0)
         log.info("model %r: %s is no longer much slower than %s (%.1f times per sample): back "
-                 "in its configured place", self._model, _name(runner), _name(fastest), slower)
+                 "in its configured place", self._model, _name(runner), _name(than), slower)
 
 
 def _slower(runner: DeviceRunner, other: DeviceRunner) -> float:

@@ -69,7 +69,7 @@ def test_prefer_ranks_a_much_slower_device_last_until_it_measures_faster(
     fpga, cpu = workers
     metrics = Metrics()
     ranking = _ranking(workers, "prefer", metrics=metrics)
-    demoted = metrics.device_demoted.labels(MODEL, "fpga0")
+    demoted = metrics.device_demoted.labels(MODEL, "fpga0", "faulty")
     _measured(fpga, 4e-4)
     _measured(cpu, 1e-4)  # 4 times: not much slower
     assert ranking.candidates(8) == [fpga, cpu] and demoted._value.get() == 0
