@@ -194,4 +194,6 @@ def format_table(found: dict[str, Any]) -> str:
         lines += ["", f"{'DEVICE':<20} {'MODEL':<24} CAN RUN"]
         lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()
                   for model, answer in models.items()]
+        lines.append("(whether a device is too slow for a model to take its traffic is learned "
+                     "from the batches a daemon serves: hetserve_device_demoted, not known here)")
     return "\n".join(lines)

@@ -199,11 +199,14 @@ def _fold_batch_norm(graph: Graph) -> None:
             continue
         gamma, beta, mean, var = (c[i].astype(np.float64) for i in bn.inputs[1:5])
         scale = gamma / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
-        w = c[conv.inputs[1]].astype(np.float64)
+        w = c[conv.inputs[1]]
         b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] \
             else np.zeros(w.shape[0])
         wname, bname = f"{conv.name}:bn_weight", f"{conv.name}:bn_bias"
-        c[wname] = (w * scale.reshape((-1,) + (1,) * (w.ndim - 1))).astype(np.float32)
+        # The weights scaled in float32 (the per-channel scale rounded once): a float64 copy of
+        # every weight took 60% of ResNet-50's load.
+        c[wname] = w.astype(np.float32, copy=False) * scale.astype(np.float32).reshape(
+            (-1,) + (1,) * (w.ndim - 1))
         c[bname] = ((b - mean) * scale + beta).astype(np.float32)
         conv.inputs = [conv.inputs[0], wname, bname]
         conv.outputs = [bn.outputs[0]]

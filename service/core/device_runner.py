@@ -50,6 +50,11 @@ class BatchTimes:
         else:
             self._seconds[size] = previous + _SMOOTHING * (seconds - previous)
 
+    @property
+    def largest(self) -> int:
+        """The largest size run; 0 before any."""
+        return self._sizes[-1] if self._sizes else 0
+
     def measured(self, size: int) -> float | None:
         """The average of batches of exactly `size`; None if none ran."""
         return self._seconds.get(size)
@@ -305,6 +310,11 @@ class DeviceRunner:
             for batch in batches:
                 for _ in range(batch.count):
                     self._run_on(engine, batch.inputs, outputs, batch.size)
+
+    def forget_speed(self) -> None:
+        """Drops its measured times: the next batch measures the device anew."""
+        self.seconds_per_sample = None
+        self.times = BatchTimes()
 
     def mark_failed(self) -> None:
         """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""

@@ -70,6 +70,10 @@ class Metrics:
             "hetserve_device_healthy",
             "1 while a device runner takes batches, 0 while it backs off",
             ["model", "device", "kind", "engine"], registry=r)
+        self.device_demoted = Gauge(
+            "hetserve_device_demoted",
+            "1 while `prefer` ranks a device after the others as much slower on this model",
+            ["model", "device", "engine"], registry=r)
         self.padding = Counter(
             "hetserve_padding_samples",
             "Zero rows a device computed to fill batches up to a bucket size (never replied)",

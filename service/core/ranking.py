@@ -2,7 +2,8 @@
 
 Policies (the model's `policy` parameter):
 - prefer: the configured order; spill to the next device when the preferred one cannot finish
-  the batch within the latency budget.
+  the batch within the latency budget. A device measured much slower per sample than another
+  (SlowDevices) is ranked after the others, unless the model's `prefer_order` is `strict`.
 - latency: least expected completion time.
 - efficiency: fewest joules per inference among devices that meet the latency budget; every
   model's order while the node is over its power budget (service/core/power_budget.py).
@@ -21,23 +22,28 @@ from service.core.batch_buffers import Batch
 from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.power_budget import PowerBudget
+from service.core.slow_devices import SlowDevices
 from service.core.types import Tensors
 from service.errors import DeviceError
 
 log = logging.getLogger(__name__)
 POLICIES = ("prefer", "latency", "efficiency")
+PREFER_ORDERS = ("measured", "strict")  # `strict`: the configured order, however slow
 _PROBE_EVERY_S = 0.25
 
 
 class DeviceRanking:
     def __init__(self, model: str, runners: list[DeviceRunner], policy: str,
                  latency_budget_s: float, outputs: list[str], metrics: Metrics,
-                 power_budget: PowerBudget | None = None) -> None:
+                 power_budget: PowerBudget | None = None, prefer_order: str = "measured",
+                 ) -> None:
         self.model = model
         self._power_budget = power_budget
         self.runners = runners  # in configured order
         self.policy = policy
         self.latency_budget_s = latency_budget_s
+        self.prefer_order = prefer_order
+        self._slow = SlowDevices(model, runners, metrics) if prefer_order == "measured" else None
         self._outputs = outputs
         self._failovers = {w.device.name: metrics.failovers.labels(model, w.device.name)
                            for w in runners}
@@ -55,6 +61,8 @@ class DeviceRanking:
         policy = "efficiency" if self._power_budget and self._power_budget.by_energy \
             else self.policy
         if policy == "prefer":
+            if self._slow is not None:
+                healthy = self._slow.ranked(healthy)
             first = next((w for w in healthy if fits(w)), None)
             if first is None and healthy:
                 first = min(healthy, key=lambda w: w.expected_completion_s(size))

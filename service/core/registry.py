@@ -35,7 +35,7 @@ from service.core.model import ModelSpec
 from service.core.model_table import UNLOADED, ModelTable
 from service.core.power_budget import PowerBudget
 from service.core.queue_policy import BatchPolicy
-from service.core.ranking import POLICIES, DeviceRanking
+from service.core.ranking import POLICIES, PREFER_ORDERS, DeviceRanking
 from service.core.repository import ModelRepository, RepositoryEntry, check_model_name
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
@@ -162,6 +162,10 @@ class ModelRegistry(ModelTable[LoadedModel]):
         if routing not in POLICIES:
             raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
                               f"expected one of {list(POLICIES)}")
+        prefer_order = _parameter(spec, "prefer_order", "measured")
+        if prefer_order not in PREFER_ORDERS:
+            raise ConfigError(f"model {name!r}: parameters.prefer_order: {prefer_order!r} is "
+                              f"unknown; expected one of {list(PREFER_ORDERS)}")
         budget_s = _budget_s(spec)
         buckets = batch_buckets.Buckets.from_config(spec.config)
         bucket_mode = batch_buckets.check_mode(name, _parameter(spec, "batch_buckets", "auto"))
@@ -199,7 +203,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         workers, warmup_s = await self._warm_up(spec, workers, warmup, outputs)
         _log_gpu_memory(spec, workers, gpu_memory)
         ranking = DeviceRanking(name, workers, routing, budget_s, outputs, self._metrics,
-                                self._power_budget)
+                                self._power_budget, prefer_order)
         policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
         slots = BATCHES_PER_DEVICE * sum(w.instances for w in workers)
         buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
@@ -216,6 +220,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         config.parameters["devices"].string_value = ", ".join(
             f"{w.device.engine}:{w.device.name}" for w in workers)
         config.parameters["policy"].string_value = ranking.policy
+        config.parameters["prefer_order"].string_value = ranking.prefer_order
         config.parameters["latency_budget_ms"].string_value = \
             f"{ranking.latency_budget_s * 1e3:g}"
         config.parameters["batch_buckets"].string_value = bucket_mode

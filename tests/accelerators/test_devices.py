@@ -9,7 +9,7 @@ import sys
 import pyopencl as cl
 import pytest
 
-from accelerators.devices import classify
+from accelerators.devices import classify, format_table
 from accelerators.engine_factory import DeviceSpec, create_engine, device_specs
 from accelerators.opencl.device import NoSuchDeviceError, find_device
 from tests.conftest import MODEL, MODELS
@@ -55,3 +55,11 @@ def test_a_device_this_node_lacks_is_refused_naming_those_it_has() -> None:
         find_device("cpu9")
     with pytest.raises(ValueError, match=r"no such device: onnxruntime:gpu9; this node has "):
         create_engine(DeviceSpec("onnxruntime", "gpu9"), MODELS / MODEL / "1" / "model.onnx")
+
+
+def test_the_models_table_says_slow_devices_are_learned_from_traffic_not_here() -> None:
+    table = format_table({"opencl": [], "onnxruntime": [], "onnxruntime_devices": [],
+                          "models": {"opencl:cpu0": {"mnist_cnn": "yes"}}})
+    assert table.splitlines()[-2].split() == ["opencl:cpu0", "mnist_cnn", "yes"]
+    assert "learned from the batches a daemon serves: hetserve_device_demoted, not known " \
+        "here" in table.splitlines()[-1]

@@ -3,6 +3,7 @@ is lost, the metrics count the failover, and a probe brings the device back."""
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,6 +84,30 @@ def test_the_latency_policy_spreads_load_over_devices(serve, holdout) -> None:
     m = scrape(daemon.metrics_url)
     fpga, cpu = (total(m, "hetserve_inferences_total", device=d) for d in ("fpga0", "cpu0"))
     assert fpga + cpu == 96 and cpu > fpga
+
+
+@pytest.mark.parametrize("prefer_order", ["measured", "strict"])
+def test_prefer_stops_sending_batches_to_a_much_slower_device_unless_the_order_is_pinned(
+        serve, holdout, tmp_path, prefer_order) -> None:
+    # A budget no loaded machine misses: fpga0 always fits it, only its measured speed counts.
+    daemon, control = serve(8, "max_queue_delay_microseconds: 1000",
+                            devices="faulty:fpga0, onnxruntime:cpu0", policy="prefer",
+                            latency_budget_ms="60000", prefer_order=prefer_order)
+    control.set(delay_s=0.05)
+    _infer_all(daemon.url, holdout[0][:48])  # fpga0 busy with its first batch: cpu0 measured too
+    before = total(scrape(daemon.metrics_url), "hetserve_inferences_total", device="fpga0")
+    with grpcclient.InferenceServerClient(daemon.url) as client:
+        devices = {client.infer(MODEL, image_input(holdout[0][i:i + 1])).get_response()
+                   .parameters["device"].string_param for i in range(8)}
+    m = scrape(daemon.metrics_url)
+    served = total(m, "hetserve_inferences_total", device="fpga0") - before
+    demoted = total(m, "hetserve_device_demoted", model=MODEL, device="fpga0")
+    lines = re.findall(r"faulty:fpga0 is [\d.]+ times slower per sample than onnxruntime:cpu0",
+                       (tmp_path / "daemon.log").read_text())
+    if prefer_order == "measured":
+        assert (served, demoted, devices, len(lines)) == (0, 1, {"onnxruntime:cpu0"}, 1)
+    else:
+        assert (served, demoted, devices, lines) == (8, 0, {"faulty:fpga0"}, [])
 
 
 def _unpadded_conv(repo) -> None:

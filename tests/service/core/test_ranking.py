@@ -15,6 +15,7 @@ from accelerators.engine_factory import DeviceSpec
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from accelerators.power.meter import PowerMonitor
 from accelerators.power.model import ModelEstimate
+from service.core import slow_devices
 from service.core.batch_buffers import Batch, BatchBuffers
 from service.core.buckets import Buckets
 from service.core.device_runner import BatchTimes, DeviceRunner
@@ -39,8 +40,10 @@ def workers(tmp_path, monkeypatch):
         w.close()
 
 
-def _ranking(workers, policy: str, budget_s: float = 0.1) -> DeviceRanking:
-    return DeviceRanking(MODEL, workers, policy, budget_s, ["logits"], Metrics())
+def _ranking(workers, policy: str, budget_s: float = 0.1, metrics: Metrics | None = None,
+             prefer_order: str = "measured") -> DeviceRanking:
+    return DeviceRanking(MODEL, workers, policy, budget_s, ["logits"], metrics or Metrics(),
+                         prefer_order=prefer_order)
 
 
 def _measured(worker: DeviceRunner, seconds_per_sample: float, pending: int = 0) -> None:
@@ -53,12 +56,65 @@ def _measured(worker: DeviceRunner, seconds_per_sample: float, pending: int = 0)
 
 def test_prefer_keeps_the_order_and_spills_past_the_budget(workers) -> None:
     fpga, cpu = workers
-    _measured(fpga, 1e-3)
+    _measured(fpga, 2e-4)  # twice cpu0's time per sample: not much slower
     _measured(cpu, 1e-4)
     ranking = _ranking(workers, "prefer")
     assert ranking.candidates(8) == [fpga, cpu]
-    _measured(fpga, 1e-3, pending=200)  # 0.2 s of work queued: past the 0.1 s budget
+    _measured(fpga, 2e-4, pending=1000)  # 0.2 s of work queued: past the 0.1 s budget
     assert ranking.candidates(8) == [cpu, fpga]
+
+
+def test_prefer_ranks_a_much_slower_device_last_until_it_measures_faster(
+        workers, monkeypatch, caplog) -> None:
+    fpga, cpu = workers
+    metrics = Metrics()
+    ranking = _ranking(workers, "prefer", metrics=metrics)
+    demoted = metrics.device_demoted.labels(MODEL, "fpga0", "faulty")
+    _measured(fpga, 4e-4)
+    _measured(cpu, 1e-4)  # 4 times: not much slower
+    assert ranking.candidates(8) == [fpga, cpu] and demoted._value.get() == 0
+    caplog.set_level("INFO", "service.core.slow_devices")
+    _measured(fpga, 5e-4)
+    assert ranking.candidates(8) == ranking.candidates(8) == [cpu, fpga]
+    assert demoted._value.get() == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model {MODEL!r}: faulty:fpga0 is 5.0 times slower per sample than onnxruntime:cpu0: "
+        "ranked after the faster devices (still a failover target), re-measured every 30 s"]
+    cpu.mark_failed()
+    assert ranking.candidates(8) == [fpga, cpu]  # the failover target
+    cpu.mark_healthy()
+    # Its re-measure is due: unmeasured again, it takes the next batch in its place; still slow
+    # when measured, it goes last again, without a word.
+    later = time.monotonic() + slow_devices.REMEASURE_EVERY_S
+    monkeypatch.setattr(slow_devices, "monotonic", lambda: later)
+    assert ranking.candidates(8) == [fpga, cpu] and fpga.seconds_per_sample is None
+    _measured(fpga, 6e-4)
+    assert ranking.candidates(8) == [cpu, fpga] and len(caplog.records) == 1
+    _measured(fpga, 2e-4)  # faster now: back first, said once
+    assert ranking.candidates(8) == ranking.candidates(8) == [fpga, cpu]
+    assert demoted._value.get() == 0 and len(caplog.records) == 2
+    assert "faulty:fpga0 is no longer much slower than onnxruntime:cpu0 (2.0 times per " \
+        "sample)" in caplog.records[1].getMessage()
+
+
+def test_devices_are_compared_at_a_batch_size_both_ran(workers) -> None:
+    fpga, cpu = workers
+    _measured(fpga, 1e-3)  # batches of one only (as a probe's)
+    _measured(cpu, 1e-4)
+    cpu.times = BatchTimes()
+    cpu.times.observe(8, 8 * 1e-4)  # ten times faster per sample, but on batches of eight
+    ranking = _ranking(workers, "prefer")
+    assert ranking.candidates(8) == [fpga, cpu]  # at one sample, cpu0's is a batch of eight
+    cpu.times.observe(1, 2e-4)
+    assert ranking.candidates(8) == [cpu, fpga]  # five times slower at one sample
+
+
+def test_a_strict_prefer_order_keeps_a_much_slower_device_first(workers) -> None:
+    fpga, cpu = workers
+    _measured(fpga, 1e-2)
+    _measured(cpu, 1e-4)
+    assert _ranking(workers, "prefer", prefer_order="strict").candidates(8) == [fpga, cpu]
+    assert _ranking(workers, "prefer").candidates(8) == [cpu, fpga]
 
 
 def test_latency_picks_the_earliest_completion(workers) -> None:

@@ -53,6 +53,13 @@ def test_a_bad_opencl_shapes_parameter_is_reported_naming_it(tmp_path) -> None:
     assert "parameters.opencl_shapes: '0' is not a positive number" in registry.failures[MODEL]
 
 
+def test_an_unknown_prefer_order_is_reported_naming_it(tmp_path) -> None:
+    registry = _load(tmp_path, "onnxruntime:cpu0", config_extra=(
+        'parameters { key: "prefer_order" value: { string_value: "fastest" } }\n'))
+    assert "parameters.prefer_order: 'fastest' is unknown; expected one of ['measured', " \
+        "'strict']" in registry.failures[MODEL]
+
+
 def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch,
                                                            caplog) -> None:
     import tests.service.faulty_engine as faulty
