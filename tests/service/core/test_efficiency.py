@@ -35,7 +35,7 @@ def test_efficiency_sends_the_work_to_the_engine_with_fewer_joules(
         def call(i: int) -> None:
             with grpcclient.InferenceServerClient(daemon.url) as c:
                 result = c.infer(MODEL, image_input(images[i:i + 1]))
-                assert_served(result.as_numpy("logits"), "cpu0", images[i:i + 1])
+                assert_served(result.as_numpy("logits"), "onnxruntime:cpu0", images[i:i + 1])
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(call, range(len(images))))
