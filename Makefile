@@ -41,7 +41,8 @@ kernel-check: setup
 # int8 against ONNX Runtime: minutes, as the emulator runs single work-item loops one iteration at
 # a time (docs/fpga.md).
 fpga-check: setup
-	$(VENV)/bin/pytest -m fpga_models tests/accelerators/test_fpga_models.py
+	$(VENV)/bin/pytest -m fpga_models tests/accelerators/test_fpga_models.py \
+	  tests/accelerators/test_opencl_recurrent.py
 
 # The tests that need an NVIDIA GPU (onnxruntime-gpu; docs/gpu.md); `make test` leaves them out.
 test-gpu: setup

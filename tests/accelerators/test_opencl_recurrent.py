@@ -268,7 +268,14 @@ def test_crnn_recogniser_of_lines_of_any_width(engine_for) -> None:
         _crnn_agrees(engine, model, rng, 3, seed, width)
 
 
-@pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+# The emulated FPGA's tests run in `make fpga-check`'s own process: after Intel's CPU runtime
+# (the fp16 tests' cpu1) and the emulator had both made many contexts in one pytest process, a
+# pipeline's four concurrent kernels waited for TBB workers forever (seen in a full run).
+needs_emulator = pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+
+
+@pytest.mark.fpga_models
+@needs_emulator
 def test_crnn_recogniser_on_the_emulated_fpga(tmp_path, program_cache, caplog) -> None:
     """The convolutions on the FPGA's pipeline, the bidirectional LSTM on the host between its
     passes, as any node the pipeline does not cover."""
@@ -283,7 +290,8 @@ def test_crnn_recogniser_on_the_emulated_fpga(tmp_path, program_cache, caplog) -
     _crnn_agrees(engine, model, rng, 2, seed)
 
 
-@pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
+@pytest.mark.fpga_models
+@needs_emulator
 @pytest.mark.parametrize("op", list(GATES))
 def test_on_the_emulated_fpga_host(tmp_path, program_cache, op) -> None:
     """A recurrent node alone on an FPGA is a host step (ONNX's reference evaluator): Y
