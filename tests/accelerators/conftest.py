@@ -68,6 +68,20 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def agrees_with_onnxruntime(engine: OpenCLEngine, model: onnx.ModelProto,
+                            feeds: dict[str, np.ndarray], tolerance: float) -> None:
+    """Every graph output of `engine` has onnxruntime's shape and is within `tolerance`
+    (rel_err) of its values, on the same feeds."""
+    names = [o.name for o in model.graph.output]
+    refs = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(names, feeds)
+    got = engine.run(feeds, names)
+    for name, ref in zip(names, refs):
+        assert got[name].shape == ref.shape, (name, got[name].shape, ref.shape)
+        err = rel_err(got[name], ref)
+        assert err <= tolerance, f"{name}: relative error {err}"
+
+
 def fresh_rng(fixed: int | None = None) -> tuple[np.random.Generator, int]:
     """A generator with a new seed each run (failures print it), or `fixed` where a test's
     bound is empirical; $HETSERVE_TEST_SEED overrides both, to reproduce or explore."""

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.onnx_models import make_model
-from tests.accelerators.conftest import fresh_rng, rel_err
+from tests.accelerators.conftest import agrees_with_onnxruntime, fresh_rng
 
 TOL = 1e-4
 
@@ -30,13 +29,7 @@ def graph(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]],
 def check(engine_for, model: onnx.ModelProto, **arrays: np.ndarray):
     """Runs both and compares every graph output; returns the engine."""
     engine = engine_for(model)
-    names = [o.name for o in model.graph.output]
-    refs = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(names, arrays)
-    got = engine.run(arrays, names)
-    for name, ref in zip(names, refs):
-        assert got[name].shape == ref.shape, (name, got[name].shape, ref.shape)
-        assert rel_err(got[name], ref) <= TOL, f"{name}: relative error {rel_err(got[name], ref)}"
+    agrees_with_onnxruntime(engine, model, arrays, TOL)
     return engine
 
 

@@ -19,7 +19,13 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedOpError
 from accelerators.opencl.launch import HOST
 from accelerators.opencl.recurrent_lowering import GATES
-from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga, fresh_rng, rel_err
+from tests.accelerators.conftest import (
+    NO_EMULATOR,
+    agrees_with_onnxruntime,
+    emulated_fpga,
+    fresh_rng,
+    rel_err,
+)
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 5e-3}  # fp16: test_opencl_fp16's per-op bound
 # Batch 6: a full tile of the kernels' 4 samples and a partial one.
@@ -54,14 +60,7 @@ def check(engine_for, model: onnx.ModelProto, feeds: dict[str, np.ndarray],
           local_tiles: bool | None = None, precision: str = "fp32"):
     """Runs both and compares every graph output; returns the engine."""
     engine = engine_for(model, local_tiles, precision)
-    names = [o.name for o in model.graph.output]
-    refs = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(names, feeds)
-    got = engine.run(feeds, names)
-    for name, ref in zip(names, refs):
-        assert got[name].shape == ref.shape, (name, got[name].shape, ref.shape)
-        err = rel_err(got[name], ref)
-        assert err <= TOLERANCE[precision], f"{name}: relative error {err}"
+    agrees_with_onnxruntime(engine, model, feeds, TOLERANCE[precision])
     return engine
 
 
