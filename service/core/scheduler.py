@@ -358,10 +358,16 @@ class Scheduler:
             await self._slots.acquire()
             try:
                 pending, waited = await self._next_batch()
-                run = self._begin(pending, waited)
             except BaseException:
                 self._slots.release()
                 raise
+            try:
+                run = self._begin(pending, waited)
+            except Exception as e:  # a bug: its requests fail, the model goes on
+                log.error("model %r: a batch could not begin", self.model, exc_info=e)
+                self._failed(pending, e)
+                self._slots.release()
+                continue
             task = asyncio.create_task(self._run(run))
             self._running.add(task)
             task.add_done_callback(self._ran)

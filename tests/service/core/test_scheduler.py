@@ -16,7 +16,13 @@ from service.core.queue_policy import BatchPolicy, RequestOptions
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost
-from service.errors import ConfigError, DeadlineExceededError, InvalidInputError, QueueFullError
+from service.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    InvalidInputError,
+    ModelUnavailableError,
+    QueueFullError,
+)
 
 
 def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microseconds: 50000",
@@ -182,6 +188,33 @@ def test_a_device_gets_its_next_batch_before_the_last_ones_replies_go_out() -> N
     runs, events = asyncio.run(main())
     assert runs == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert events == ["batch 1", "batch 2", *["reply"] * 8]
+
+
+def test_a_bug_while_a_batch_begins_fails_its_requests_and_the_model_goes_on() -> None:
+    class Once(_Only):
+        def __init__(self, device: _Device) -> None:
+            super().__init__(device)
+            self.calls = 0
+
+        def candidates(self, size):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a bug")
+            return super().candidates(size)
+
+    async def main():
+        runs: list = []
+        policy = _policy(4, "max_queue_delay_microseconds: 0")
+        buffers = BatchBuffers({"x": ((), np.dtype(np.float32))}, 4, 1)
+        b = Scheduler("m", policy, Once(_Device(runs, 0.0, None)), ["y"], 1, buffers,
+                      ModelStatistics(), lambda s: None, lambda: None)
+        with pytest.raises(ModelUnavailableError, match="was not run to the end"):
+            await b.enqueue(_x(1), 1, alone=False)  # queued: the dispatcher begins its batch
+        later = await b.enqueue(_x(2), 1, alone=False)
+        await b.close()
+        return runs, later
+    runs, later = asyncio.run(main())
+    assert runs == [[2]] and later.outputs["y"].tolist() == [4]
 
 
 def test_cancelled_requests_are_dropped_before_running() -> None:
