@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
 
     devices = commands.add_parser(
-        "devices", help="list OpenCL devices and ONNX Runtime providers, as fpga / gpu / cpu")
+        "devices", help="list the devices by the ids a model's `devices` parameter takes "
+                        "(opencl:fpga0, onnxruntime:cpu0), with their platforms")
     devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
     devices.add_argument("--models", metavar="DIR", help="also say which models of this "
                          "repository each device can run (loads each one there)")
