@@ -143,13 +143,14 @@ def inventory() -> dict[str, Any]:
         d["id"] = f"opencl:{device_name(d['kind'], index)}"
         if d["kind"] == "fpga":
             d["board"] = _board(d["emulated"], d["name"])
-    kinds = {p["kind"] for p in found["onnxruntime"]}
-    gpus = [device_name("gpu", i) for i in range(gpu_count())] if "gpu" in kinds else []
+    providers: dict[str, list[str]] = {}  # by kind
+    for p in found["onnxruntime"]:
+        providers.setdefault(p["kind"], []).append(p["provider"])
+    devices = [("gpu", i) for i in range(gpu_count())] if "gpu" in providers else []
+    devices += [("cpu", 0)] if "cpu" in providers else []
     found["onnxruntime_devices"] = [
-        {"id": f"onnxruntime:{name}", "kind": name.rstrip("0123456789"),
-         "providers": [p["provider"] for p in found["onnxruntime"]
-                       if p["kind"] == name.rstrip("0123456789")]}
-        for name in [*gpus, *(["cpu0"] if "cpu" in kinds else [])]]
+        {"id": f"onnxruntime:{device_name(kind, i)}", "kind": kind, "providers": providers[kind]}
+        for kind, i in devices]
     return found
 
 

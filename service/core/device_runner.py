@@ -205,12 +205,9 @@ class DeviceRunner:
             error = None if ran.cancelled() else ran.exception()
             if ran.cancelled() or isinstance(error, asyncio.CancelledError):
                 answer.cancel()
-            elif isinstance(error, Exception):
-                failure = self._failure(size, error)
-                failure.__cause__ = error
-                answer.set_exception(failure)
-            elif error is not None:
-                answer.set_exception(error)
+            elif error is not None:  # a BaseException other than an Exception passes as it is
+                answer.set_exception(self._failure(size, error)
+                                     if isinstance(error, Exception) else error)
             else:
                 result, worked_s = ran.result()
                 if since is not None and idle:
@@ -232,8 +229,11 @@ class DeviceRunner:
             raise self._failure(size, e) from e
 
     def _failure(self, size: int, error: Exception) -> DeviceError:
-        return DeviceError(f"device {self.device.name} failed to run a batch of {size}: "
-                           f"{type(error).__name__}: {error}")
+        """The DeviceError a batch's failure becomes, caused by it."""
+        failure = DeviceError(f"device {self.device.name} failed to run a batch of {size}: "
+                              f"{type(error).__name__}: {error}")
+        failure.__cause__ = error
+        return failure
 
     def _serve(self) -> None:
         """An instance thread: runs batches until close(), each answer handed to its loop."""

@@ -8,7 +8,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_jobs import staging
-from tools.mnist_digits import write_parquet as write_digits  # noqa: F401 (the tests' input)
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
               "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}

@@ -18,13 +18,13 @@ from spark_jobs.api import (
     score_pandas_fn,
 )
 from tests.service.conftest import reply_devices
-from tests.spark_jobs.conftest import write_digits
+from tools.mnist_digits import write_parquet
 
 
 def test_map_in_pandas_map_in_arrow_and_predict_batch_udf_agree(spark, daemon, holdout,
                                                                  tmp_path):
     images, labels = holdout[0][:300], holdout[1][:300]
-    frame = spark.read.parquet(str(write_digits(tmp_path / "d.parquet", images, labels)))
+    frame = spark.read.parquet(str(write_parquet(tmp_path / "d.parquet", images, labels)))
     frame = frame.select("id", "tensor").cache()
 
     pandas_energy, arrow_energy = energy.meter(spark), energy.meter(spark)

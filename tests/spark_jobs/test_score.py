@@ -25,7 +25,8 @@ from spark_jobs.score import parse_args, score, write
 from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
 from tests.conftest import MODELS, ROOT, Daemon, example_repository
 from tests.service.conftest import reply_devices
-from tests.spark_jobs.conftest import SPARK_CONF, write_digits
+from tests.spark_jobs.conftest import SPARK_CONF
+from tools.mnist_digits import write_parquet
 
 
 def _args(daemon, tmp_path: Path, *args: str):
@@ -48,7 +49,7 @@ def _summary(tmp_path: Path) -> dict:
 def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
         spark, daemon, holdout, tmp_path):
     images, labels = holdout
-    source = write_digits(tmp_path / "digits.parquet", images, labels)
+    source = write_parquet(tmp_path / "digits.parquet", images, labels)
     scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64",
                   "--inflight", "3", "--top-k", "10")
     assert len(scored) == len(labels) and scored["id"].is_unique
@@ -66,7 +67,7 @@ def test_parquet_digits_are_scored_once_each_with_top_k_version_and_device(
 
 def test_the_jobs_energy_is_written_inside_its_output_and_equals_the_rows_shares(
         spark, daemon, holdout, tmp_path):
-    source = write_digits(tmp_path / "digits.parquet", holdout[0][:500], holdout[1][:500])
+    source = write_parquet(tmp_path / "digits.parquet", holdout[0][:500], holdout[1][:500])
     scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64",
                   "--energy-column")
     summary = _summary(tmp_path)
@@ -88,7 +89,7 @@ def test_the_jobs_energy_is_written_inside_its_output_and_equals_the_rows_shares
 def test_a_job_scores_through_the_emulated_fpga_and_says_so(spark, holdout, tmp_path):
     daemon = Daemon(tmp_path, example_repository(tmp_path, "opencl:fpga0"))
     try:
-        source = write_digits(tmp_path / "digits.parquet", holdout[0][:300], holdout[1][:300])
+        source = write_parquet(tmp_path / "digits.parquet", holdout[0][:300], holdout[1][:300])
         scored = _run(spark, daemon, tmp_path, "--input", str(source), "--batch-size", "64")
     finally:
         assert daemon.stop() == 0
@@ -207,7 +208,7 @@ def test_malformed_rows_go_to_the_error_output_when_asked(spark, daemon, tmp_pat
 
 
 def test_spark_submit_starts_a_daemon_when_none_answers_and_stops_it(holdout, tmp_path):
-    source = write_digits(tmp_path / "digits.parquet", holdout[0][:200], holdout[1][:200])
+    source = write_parquet(tmp_path / "digits.parquet", holdout[0][:200], holdout[1][:200])
     out = tmp_path / "scored.parquet"
     socket = tmp_path / "run" / "grpc.sock"
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
@@ -229,7 +230,7 @@ def test_spark_submit_starts_a_daemon_when_none_answers_and_stops_it(holdout, tm
 
 
 def test_spark_submit_without_a_daemon_it_may_start_says_why_in_one_line(holdout, tmp_path):
-    source = write_digits(tmp_path / "digits.parquet", holdout[0][:10], holdout[1][:10])
+    source = write_parquet(tmp_path / "digits.parquet", holdout[0][:10], holdout[1][:10])
     socket = tmp_path / "none.sock"
     conf = [arg for key, value in SPARK_CONF.items() for arg in ("--conf", f"{key}={value}")]
     result = subprocess.run(

@@ -13,7 +13,7 @@ from service.local_daemon import DaemonProcess
 from spark_jobs.score import parse_args, score, write
 from tests.conftest import MODELS, free_port, self_signed
 from tests.service.conftest import reply_devices
-from tests.spark_jobs.conftest import write_digits
+from tools.mnist_digits import write_parquet
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_a_job_scores_through_a_daemon_reached_with_tls_and_a_token(spark, tls_d
                                                                      tmp_path):
     address, ca, token = tls_daemon
     images, labels = holdout[0][:400], holdout[1][:400]
-    source = write_digits(tmp_path / "digits.parquet", images, labels)
+    source = write_parquet(tmp_path / "digits.parquet", images, labels)
     scored = _job(spark, tmp_path, source, address, "--tls-ca", str(ca),
                   "--token-file", str(token)).sort_values("id")
     assert scored["id"].tolist() == list(range(400))
@@ -55,7 +55,7 @@ def test_a_job_scores_through_a_daemon_reached_with_tls_and_a_token(spark, tls_d
 def test_without_the_token_the_job_fails_naming_the_missing_credentials(spark, tls_daemon,
                                                                         holdout, tmp_path):
     address, ca, _ = tls_daemon
-    source = write_digits(tmp_path / "digits.parquet", holdout[0][:10], holdout[1][:10])
+    source = write_parquet(tmp_path / "digits.parquet", holdout[0][:10], holdout[1][:10])
     with pytest.raises(InferenceServerException, match="authorization") as refused:
         _job(spark, tmp_path, source, address, "--tls-ca", str(ca))
     assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
