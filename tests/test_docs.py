@@ -4,6 +4,7 @@ that the docs or the code name by its path (`service/core/scheduler.py`) exists.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 
@@ -56,4 +57,39 @@ def test_the_files_the_docs_and_the_code_name_exist() -> None:
     missing = sorted({f"{path} (named in {text.relative_to(ROOT)})" for text in texts
                       for path in _PATH.findall(text.read_text())
                       if not (ROOT / path).exists()})
+    assert not missing, missing
+
+
+# Modules named dotted (`service.core.scheduler`, `python -m bench.floods`), maybe followed by
+# an attribute of theirs (`service.core.types.DeferredTensor`).
+_MODULE = re.compile(r"(?<![\w./-])((?:service|accelerators|spark_jobs|bench|tools)"
+                     r"(?:\.[a-z_][a-z0-9_]*)+)")
+# A package docstring's map of its rooms: `core/`, `errors.py`, beside its __init__.py (or
+# `kernels/`, at the repository's root).
+_ROOM = re.compile(r"(?<![\w./`-])([a-z_][a-z0-9_]*(?:/|\.py))(?![\w])")
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether `dotted`, or a prefix of it longer than its package, is one of our modules."""
+    parts = dotted.split(".")
+    return any(ROOT.joinpath(*parts[:n]).with_suffix(".py").is_file()
+               or (ROOT.joinpath(*parts[:n]) / "__init__.py").is_file()
+               for n in range(len(parts), 1, -1))
+
+
+def test_the_modules_the_docs_and_the_code_name_exist() -> None:
+    texts = [*_documents(), ROOT / "Makefile",
+             *(p for folder in _SOURCES for p in sorted((ROOT / folder).rglob("*.py")))]
+    missing = sorted({f"{name} (named in {text.relative_to(ROOT)})" for text in texts
+                      for name in _MODULE.findall(text.read_text())
+                      if not _is_module(name.rstrip("."))})
+    assert not missing, missing
+
+
+def test_the_package_maps_name_rooms_that_exist() -> None:
+    missing = []
+    for init in sorted(p for folder in _SOURCES for p in (ROOT / folder).rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing += [f"{name} (in {init.relative_to(ROOT)}'s map)" for name in _ROOM.findall(doc)
+                    if not (init.parent / name).exists() and not (ROOT / name).exists()]
     assert not missing, missing

@@ -10,7 +10,7 @@ from service.daemon_log import JsonLines
 
 
 def _record(exc_info=None) -> logging.LogRecord:
-    return logging.LogRecord("service.test", logging.ERROR, __file__, 1, "model %r failed",
+    return logging.LogRecord("service.core.registry", logging.ERROR, __file__, 1, "model %r failed",
                              ("m",), exc_info)
 
 
@@ -19,7 +19,7 @@ def test_a_record_is_one_json_object_on_one_line() -> None:
     entry = json.loads(line)
     assert "\n" not in line and entry["time"].endswith("Z")
     assert {k: entry[k] for k in ("level", "logger", "message", "process")} == {
-        "level": "ERROR", "logger": "service.test", "message": "model 'm' failed",
+        "level": "ERROR", "logger": "service.core.registry", "message": "model 'm' failed",
         "process": "front-end 1"}
     assert "exception" not in entry
 
