@@ -88,7 +88,7 @@ OTHER_VARIABLES = frozenset({
     "HETSERVE_FPGA_BOARD",  # accelerators/opencl/fpga/board.py
     "HETSERVE_FPGA_BINARIES", "HETSERVE_OPENCL_CACHE_DIR",  # accelerators/opencl/program_cache
     "HETSERVE_ICD_VENDORS",  # accelerators/icd.py sets it for its own children
-    "HETSERVE_KERNEL_GRID",  # tests/accelerators/conftest.py
+    "HETSERVE_KERNEL_GRID",  # tests/support/numerics.py
 })
 TEST_PREFIX = "HETSERVE_TEST_"  # the test suite's own knobs
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.daemon import ROOT
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.support.daemon import ROOT
 
 PACKAGES = ("service", "accelerators", "spark_jobs", "kernels")
 # service's rooms, lowest first; a module may import its own room's and lower ones'.
@@ -103,4 +103,17 @@ def test_spark_jobs_takes_only_the_client_side_of_service() -> None:
 def test_accelerators_import_nothing_from_service() -> None:
     reached = [f"{a} imports {b}" for a, targets in _graph().items() for b in targets
                if a.startswith("accelerators") and (b == "service" or b.startswith("service."))]
+    assert not reached, reached
+
+
+def test_no_test_imports_another_test_module_or_a_conftest() -> None:
+    """Shared helpers live in tests/support; conftests hold fixtures, found by pytest."""
+    reached = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            reached += [f"{path.relative_to(ROOT)} imports {name}" for name in names
+                        if name.startswith("tests.") and
+                        name.rpartition(".")[2].startswith(("test_", "conftest"))]
     assert not reached, reached

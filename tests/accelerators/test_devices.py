@@ -12,7 +12,7 @@ import pytest
 from accelerators.devices import classify, format_table
 from accelerators.engine_factory import DeviceSpec, create_engine, device_specs
 from accelerators.opencl.device import NoSuchDeviceError, find_device
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 T = cl.device_type
 

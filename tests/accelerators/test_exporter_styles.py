@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.flops import count_flops
 from accelerators.onnx_models import make_model
-from tests.accelerators.conftest import rel_err
-from tests.conftest import Daemon
+from tests.support.daemon import Daemon
+from tests.support.numerics import rel_err
 
 RNG = np.random.default_rng(45)
 # conv 1->4 3x3 pad 1 on 8x8, bias, ReLU; fully connected 256 -> 3 with bias.

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from accelerators.flops import count_flops
-from tests.accelerators.conftest import rel_err
+from tests.support.numerics import rel_err
 
 MODELS = sorted((Path(__file__).parent / "exporters").glob("*.onnx"))
 # conv 1->8 3x3 on 28x28 -> 26x26, ReLU, pool -> 13x13; conv 8->16 3x3 -> 11x11, ReLU,

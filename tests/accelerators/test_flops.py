@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.flops import count_flops
 from accelerators.onnx_models import make_model
-from tests.conftest import MODELS
+from tests.support.daemon import MODELS
 
 MNIST = MODELS / "mnist_cnn" / "1" / "model.onnx"
 

@@ -31,10 +31,10 @@ from accelerators.opencl.fpga.build import EMULATOR_BINARY, build
 from accelerators.opencl.fpga.manifest import ManifestError, fpga_source, path_of
 from accelerators.opencl.program_cache import ProgramCache, kernel_source
 from service import contract
-from tests.accelerators.conftest import NO_EMULATOR, emulated_fpga
-from tests.conftest import MODEL, MODELS, Daemon, example_repository, image_input
-from tests.service.conftest import scrape, total
-from tests.service.faulty_engine import CONTROL_ENV
+from tests.support.daemon import MODEL, MODELS, Daemon, example_repository, image_input
+from tests.support.faulty_engine import CONTROL_ENV
+from tests.support.metrics import scrape, total
+from tests.support.opencl_devices import NO_EMULATOR, emulated_fpga
 
 pytestmark = pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)
 MNIST = MODELS / MODEL / "1" / "model.onnx"
@@ -215,14 +215,14 @@ def _control(path: Path, **values) -> None:
 
 def test_a_board_that_fails_under_load_fails_over_without_losing_a_request(
         tmp_path, monkeypatch, holdout) -> None:
-    """The real emulated fpga0 with a fault injected (tests/service/faulty_engine.py): it fails
+    """The real emulated fpga0 with a fault injected (tests/support/faulty_engine.py): it fails
     every batch from some point while four clients send; each request still gets its right
     answer, from the next device."""
     control = tmp_path / "control.json"
     _control(control)
     monkeypatch.setenv(CONTROL_ENV, str(control))
     repo = example_repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
-    daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.service.faulty_engine")
+    daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.support.faulty_engine")
     images = holdout[0][:8]
     ref = _reference(images)
     answers: list[str] = []
@@ -263,7 +263,7 @@ def test_a_board_that_fails_its_warm_up_is_dropped_and_the_next_device_serves(
     _control(control, fail=True)
     monkeypatch.setenv(CONTROL_ENV, str(control))
     repo = example_repository(tmp_path, "faulty-opencl:fpga0, onnxruntime:cpu0")
-    daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.service.faulty_engine")
+    daemon = Daemon(tmp_path, repo, "--engine-modules", "tests.support.faulty_engine")
     try:
         with grpcclient.InferenceServerClient(daemon.url) as client:
             config = client.get_model_config(MODEL).config

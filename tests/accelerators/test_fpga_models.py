@@ -15,13 +15,9 @@ import pytest
 
 from accelerators.engine_options import TOLERANCE
 from accelerators.opencl.engine import OpenCLEngine
-from tests.accelerators.conftest import (
-    NO_EMULATOR,
-    emulated_fpga,
-    literal_qdq,
-    output_step,
-    rel_err,
-)
+from tests.support.numerics import rel_err
+from tests.support.onnx_graphs import literal_qdq, output_step
+from tests.support.opencl_devices import NO_EMULATOR, emulated_fpga
 from tools import cnn_architectures, quantize_int8
 
 pytestmark = [pytest.mark.fpga_models,

@@ -23,15 +23,10 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.fpga.lowering import STAGES
 from accelerators.opencl.launch import HOST
 from accelerators.opencl.program_cache import ProgramCache
-from tests.accelerators.conftest import (
-    NO_EMULATOR,
-    emulated_fpga,
-    fresh_rng,
-    literal_qdq,
-    output_step,
-    rel_err,
-)
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
+from tests.support.numerics import fresh_rng, rel_err
+from tests.support.onnx_graphs import literal_qdq, output_step
+from tests.support.opencl_devices import NO_EMULATOR, emulated_fpga
 from tools import quantize_int8
 
 pytestmark = pytest.mark.skipif(emulated_fpga() is None, reason=NO_EMULATOR)

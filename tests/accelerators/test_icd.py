@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from accelerators import icd
-from tests.conftest import MODELS
+from tests.support.daemon import MODELS
 
 LOADER_ENV = ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "HETSERVE_ICD_VENDORS",
               icd.EMULATOR_THREADS)

@@ -13,7 +13,7 @@ from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.input_normalization import Normalization, parse
 from accelerators.onnx_models import make_model
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
-from tests.conftest import MODEL, MODELS, Daemon, example_repository
+from tests.support.daemon import MODEL, MODELS, Daemon, example_repository
 
 
 def test_the_option_names_inputs_and_their_scale_mean_and_std() -> None:

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from accelerators.flops import count_flops
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
+from tests.support.numerics import SMALL_GRID, fresh_rng, rel_err
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = sorted(LIGHT.glob("light_*.onnx"))

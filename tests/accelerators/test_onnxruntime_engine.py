@@ -13,7 +13,7 @@ from accelerators.devices import gpu_count
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 from tools import mnist_digits
 
 PATH = MODELS / MODEL / "1" / "model.onnx"

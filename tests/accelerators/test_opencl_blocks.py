@@ -8,23 +8,17 @@ CoaT), Pad by reflection (TResNet), edge or wrap, and 1-D Conv (ECA-Net)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
 from accelerators.onnx_models import make_model
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import fresh_rng, rel_err
-from tests.accelerators.test_opencl_daemon import DEVICES
-from tests.accelerators.test_opencl_norm import gelu_nodes
-from tests.accelerators.test_opencl_ops import check, graph
-from tests.conftest import Daemon
-from tests.service.conftest import scrape, total
+from tests.support.numerics import fresh_rng, rel_err
+from tests.support.onnx_graphs import check, gelu_nodes, graph
+from tests.support.served import served
 
 TOL = 1e-4
 
@@ -92,35 +86,6 @@ def convnext_block(rng: np.random.Generator, c: int, size: int) -> onnx.ModelPro
     scaled = b.op("Mul", b.op("Transpose", h, perm=[0, 3, 1, 2]),
                   b.const(rng.uniform(0.5, 1, (c, 1, 1)).astype(np.float32)))
     return b.model("x", ["batch", c, size, size], b.op("Add", scaled, "x"))
-
-
-def served(tmp_path: Path, name: str, model: onnx.ModelProto, x: np.ndarray,
-           slices: list[tuple[int, int]]) -> list[np.ndarray]:
-    """The answers of a daemon serving `model` (one input, one output, a free batch axis) on
-    opencl:cpu0 to the slices of `x`; the metrics must show the OpenCL engine ran them all."""
-    repo = tmp_path / "models"
-    (repo / name / "1").mkdir(parents=True)
-    onnx.save(model, str(repo / name / "1" / "model.onnx"))
-    (inp,), (out,) = model.graph.input, model.graph.output
-    dims = [d.dim_value for d in out.type.tensor_type.shape.dim[1:]]
-    (repo / name / "config.pbtxt").write_text(
-        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        f'input [ {{ name: "{inp.name}" data_type: TYPE_FP32 dims: {list(x.shape[1:])} }} ]\n'
-        f'output [ {{ name: "{out.name}" data_type: TYPE_FP32 dims: {dims} }} ]\n' + DEVICES)
-    daemon = Daemon(tmp_path, repo)
-    try:
-        answers = []
-        with grpcclient.InferenceServerClient(daemon.url) as client:
-            for lo, hi in slices:
-                tensor = grpcclient.InferInput(inp.name, list(x[lo:hi].shape), "FP32")
-                tensor.set_data_from_numpy(x[lo:hi])
-                answers.append(client.infer(name, [tensor]).as_numpy(out.name))
-        rows = sum(hi - lo for lo, hi in slices)
-        assert total(scrape(daemon.metrics_url), "hetserve_inferences_total", engine="opencl",
-                     kind="cpu", model=name) == rows
-        return answers
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_daemon_serves_a_convnext_block_through_opencl(tmp_path) -> None:

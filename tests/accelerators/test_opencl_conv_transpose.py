@@ -10,7 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import fresh_rng, rel_err, single_op
+from tests.support.numerics import fresh_rng, rel_err
+from tests.support.onnx_graphs import single_op
 
 # (input shape, weight shape (C_in, C_out / group, *kernel), attributes)
 CASES = [

@@ -17,15 +17,10 @@ import onnx
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 
-from tests.accelerators.conftest import single_op
-from tests.conftest import MODEL, MODELS, Daemon, image_input
-from tests.service.conftest import scrape, total
-
-# Both devices load; `prefer` keeps OpenCL first under a budget no loaded machine misses, and
-# with the order pinned, however much slower than ONNX Runtime it measures.
-DEVICES = ('parameters { key: "devices" value: { string_value: "opencl:cpu0, onnxruntime" } }\n'
-           'parameters { key: "latency_budget_ms" value: { string_value: "60000" } }\n'
-           'parameters { key: "prefer_order" value: { string_value: "strict" } }\n')
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.metrics import scrape, total
+from tests.support.onnx_graphs import single_op
+from tests.support.served import DEVICES
 
 
 def _repository(root: Path) -> Path:

@@ -20,7 +20,7 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
 from accelerators.safe_files import UnsafeFolderError
-from tests.accelerators.conftest import single_op
+from tests.support.onnx_graphs import single_op
 
 
 def test_an_unsupported_op_is_named_with_its_node_at_load(engine_for) -> None:

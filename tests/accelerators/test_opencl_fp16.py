@@ -28,18 +28,11 @@ from accelerators.engine_options import TOLERANCE, EngineOptions
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.launch import Build
 from accelerators.opencl.program_cache import BUILD_OPTIONS, kernel_source
-from tests.accelerators.conftest import (
-    SMALL_GRID,
-    devices_under_test,
-    fp16_device,
-    fresh_rng,
-    rel_err,
-    single_op,
-)
-from tests.accelerators.test_opencl_kernels import CONV, conv_model
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
+from tests.support.numerics import SMALL_GRID, fresh_rng, rel_err
+from tests.support.onnx_graphs import CONV, check_fp16, conv_model, fp32_reference, single_op
+from tests.support.opencl_devices import devices_under_test, fp16_device
 
-OP_TOL = 5e-3
 MNIST = MODELS / MODEL / "1" / "model.onnx"
 
 
@@ -56,25 +49,6 @@ def _and_half_arithmetic() -> list:
 @pytest.fixture(scope="module", params=_and_half_arithmetic())
 def opencl_device(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _fp32_reference(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # test_other_ops first declares a placeholder output shape
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(["y"], inputs)[0].astype(np.float64)
-
-
-def check_fp16(engine_for, model, inputs: dict[str, np.ndarray], seed: int,
-                local_tiles: bool | None = None) -> OpenCLEngine:
-    engine = engine_for(model, local_tiles, precision="fp16")
-    assert engine.build.half
-    got = engine.run(inputs, ["y"])["y"]
-    ref = _fp32_reference(model, inputs)
-    assert got.dtype == np.float32 and got.shape == ref.shape
-    assert rel_err(got, ref) <= OP_TOL, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
-    return engine
 
 
 def _check_mnist(got: np.ndarray, images: np.ndarray, labels: np.ndarray) -> None:
@@ -136,7 +110,7 @@ def test_other_ops(engine_for, op, shapes, consts, attrs) -> None:
     rng, seed = fresh_rng()
     inputs = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     values = {k: (rng.random(s) + 0.5).astype(np.float32) for k, s in consts.items()}
-    out = _fp32_reference(single_op(op, inputs, values, (1,), **attrs), inputs).shape
+    out = fp32_reference(single_op(op, inputs, values, (1,), **attrs), inputs).shape
     check_fp16(engine_for, single_op(op, inputs, values, out, **attrs), inputs, seed)
 
 

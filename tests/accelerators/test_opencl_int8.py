@@ -14,8 +14,9 @@ import pytest
 from onnxruntime.quantization import QuantType
 
 from accelerators.opencl.engine import OpenCLEngine
-from tests.accelerators.conftest import fresh_rng, literal_qdq, output_step
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
+from tests.support.numerics import fresh_rng
+from tests.support.onnx_graphs import literal_qdq, output_step
 from tools import quantize_int8
 
 ACTIVATIONS = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}

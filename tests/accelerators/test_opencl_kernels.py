@@ -6,12 +6,12 @@ checked along with the kernels."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import helper
 
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err, single_op
+from tests.support.numerics import SMALL_GRID, fresh_rng, rel_err
+from tests.support.onnx_graphs import CONV, conv_model, single_op
 
 TOL = 1e-4
 
@@ -25,52 +25,6 @@ def _check(engine, inputs: dict[str, np.ndarray], ref: np.ndarray, seed: int) ->
     got = engine.run(inputs, ["y"])["y"]
     assert got.shape == ref.shape, (got.shape, ref.shape)
     assert rel_err(got, ref) <= TOL, f"relative error {rel_err(got, ref):.2e} (seed {seed})"
-
-
-def conv_ref(x, w, b, strides, pads, dilations, groups):
-    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oc, cg, kh, kw = w.shape
-    extent = ((kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1)
-    win = sliding_window_view(x, extent, axis=(2, 3))[
-        :, :, ::strides[0], ::strides[1], ::dilations[0], ::dilations[1]]
-    mg = oc // groups
-    out = np.concatenate([np.einsum("nchwij,ocij->nohw", win[:, g * cg:(g + 1) * cg],
-                                    w[g * mg:(g + 1) * mg].astype(np.float64))
-                          for g in range(groups)], axis=1)
-    return out + b[None, :, None, None]
-
-
-# n, c, h, w, out channels, kernel, stride, pads (top, left, bottom, right), dilation, groups
-CONV = [
-    (1, 3, 7, 9, 5, 3, 1, (1, 1, 1, 1), 1, 1),
-    (2, 4, 11, 11, 8, 3, 2, (1, 1, 1, 1), 1, 1),
-    (1, 8, 9, 9, 8, 3, 1, (1, 1, 1, 1), 1, 8),  # depthwise
-    (2, 6, 10, 7, 9, 3, 1, (0, 1, 1, 0), 2, 3),  # groups, dilation, asymmetric pads
-    (1, 16, 5, 5, 24, 1, 1, (0, 0, 0, 0), 1, 1),  # 1x1: the GEMM reads the input directly
-    (3, 5, 13, 10, 17, 1, 2, (0, 0, 0, 0), 1, 1),  # 1x1 stride 2
-    (1, 3, 23, 23, 16, 7, 2, (3, 3, 3, 3), 1, 1),
-    (64, 1, 12, 12, 16, 5, 1, (2, 2, 2, 2), 1, 1),
-    (64, 8, 9, 9, 12, 3, 2, (1, 1, 1, 1), 1, 2),
-    (2, 6, 11, 11, 12, 5, 2, (2, 1, 2, 1), 1, 6),  # depthwise, two outputs per channel
-]
-
-
-def conv_model(case: tuple, relu: bool) -> tuple[np.ndarray, onnx.ModelProto, np.ndarray, int]:
-    """A CONV case's input, its one-Conv model (+ Relu, which is fused into the same launch),
-    the float64 reference and the random seed."""
-    n, c, h, w, oc, k, s, pads, d, g = case
-    rng, seed = fresh_rng()
-    x = rng.standard_normal((n, c, h, w), np.float32)
-    wt = rng.standard_normal((oc, c // g, k, k), np.float32)
-    b = rng.standard_normal(oc).astype(np.float32)
-    ref = conv_ref(x, wt, b, (s, s), pads, (d, d), g)
-    model = single_op("Conv", {"x": x}, {"w": wt, "b": b}, ref.shape, kernel_shape=[k, k],
-                      strides=[s, s], pads=list(pads), dilations=[d, d], group=g)
-    if relu:
-        model.graph.node[0].output[0] = "conv"
-        model.graph.node.append(helper.make_node("Relu", ["conv"], ["y"]))
-        ref = np.maximum(ref, 0)
-    return x, model, ref, seed
 
 
 # GEMMs with register tiles (CPUs) and through local memory (GPUs, FPGAs).

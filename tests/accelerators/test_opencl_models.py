@@ -10,8 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.accelerators.conftest import fresh_rng, rel_err
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
+from tests.support.numerics import fresh_rng, rel_err
 from tools import cnn_architectures
 
 

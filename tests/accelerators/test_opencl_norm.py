@@ -7,16 +7,13 @@ load-time refusals of what the engine does not handle."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from onnx import helper
 
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng
-from tests.accelerators.test_opencl_fp16 import check_fp16
-from tests.accelerators.test_opencl_ops import check, graph
+from tests.support.numerics import SMALL_GRID, fresh_rng
+from tests.support.onnx_graphs import check, check_fp16, gelu_nodes, graph
 
 LN_SHAPES = [(2, 5, 7), (3, 96)] if SMALL_GRID else [(2, 5, 7), (3, 4, 96), (2, 3, 2, 130),
                                                      (1, 1, 1000)]
@@ -116,33 +113,6 @@ def test_decomposed_layer_norm_over_axes_apart_is_refused(engine_for) -> None:
     with pytest.raises(UnsupportedModelError, match=r"LayerNormalization node .*only adjacent "
                                                     r"axes .*axes \[1, 3\]"):
         engine_for(model)
-
-
-def gelu_nodes(form: str, x: str = "x", y: str = "y") -> tuple[list, dict]:
-    """GELU as torch exports it before opset 20: exact (Div by sqrt 2, Erf, Add 1, Mul x,
-    Mul 0.5; `half_first`: x * 0.5 first) or tanh (with Pow(x, 3) or x * x * x)."""
-    k = {"sqrt2": np.float32(math.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5),
-         "c": np.float32(0.044715), "s": np.float32(math.sqrt(2 / math.pi)),
-         "three": np.float32(3)}
-    if form.startswith("erf"):
-        core = [helper.make_node("Div", [x, "sqrt2"], ["g_div"]),
-                helper.make_node("Erf", ["g_div"], ["g_core"])]
-    else:
-        cube = [helper.make_node("Pow", [x, "three"], ["g_cube"])] if form == "tanh_pow" else [
-            helper.make_node("Mul", [x, x], ["g_sq"]), helper.make_node("Mul", [x, "g_sq"],
-                                                                         ["g_cube"])]
-        core = cube + [helper.make_node("Mul", ["c", "g_cube"], ["g_c"]),
-                       helper.make_node("Add", [x, "g_c"], ["g_in"]),
-                       helper.make_node("Mul", ["g_in", "s"], ["g_arg"]),
-                       helper.make_node("Tanh", ["g_arg"], ["g_core"])]
-    core.append(helper.make_node("Add", ["g_core", "one"], ["g_add"]))
-    if form == "erf_half_first":
-        core += [helper.make_node("Mul", [x, "half"], ["g_half"]),
-                 helper.make_node("Mul", ["g_half", "g_add"], [y])]
-    else:
-        core += [helper.make_node("Mul", [x, "g_add"], ["g_mul"]),
-                 helper.make_node("Mul", ["g_mul", "half"], [y])]
-    return core, k
 
 
 @pytest.mark.parametrize("form", ["erf", "erf_half_first", "tanh_pow", "tanh_mul"])

@@ -6,31 +6,11 @@ simplification does with them (fusions), since that decides the kernels that run
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from accelerators.onnx_models import make_model
-from tests.accelerators.conftest import agrees_with_onnxruntime, fresh_rng
-
-TOL = 1e-4
-
-
-def graph(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, ...]],
-          consts: dict[str, np.ndarray], outputs: list[str], opset: int = 17) -> onnx.ModelProto:
-    model = make_model(helper.make_graph(
-        nodes, "ops", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
-                       for n, s in inputs.items()],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        [numpy_helper.from_array(v, n) for n, v in consts.items()]), opset)
-    return model
-
-
-def check(engine_for, model: onnx.ModelProto, **arrays: np.ndarray):
-    """Runs both and compares every graph output; returns the engine."""
-    engine = engine_for(model)
-    agrees_with_onnxruntime(engine, model, arrays, TOL)
-    return engine
+from tests.support.numerics import fresh_rng
+from tests.support.onnx_graphs import check, graph
 
 
 def _bn_params(rng, c: int) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from accelerators.onnx_models import make_model
-from tests.accelerators.conftest import fresh_rng, rel_err
+from tests.support.numerics import fresh_rng, rel_err
 
 
 def _versioned(op: str, inputs: list[str], output: str, opset: int, since: int,

@@ -19,13 +19,9 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedOpError
 from accelerators.opencl.launch import HOST
 from accelerators.opencl.recurrent_lowering import GATES
-from tests.accelerators.conftest import (
-    NO_EMULATOR,
-    agrees_with_onnxruntime,
-    emulated_fpga,
-    fresh_rng,
-    rel_err,
-)
+from tests.support.numerics import fresh_rng, rel_err
+from tests.support.onnx_graphs import agrees_with_onnxruntime
+from tests.support.opencl_devices import NO_EMULATOR, emulated_fpga
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 5e-3}  # fp16: test_opencl_fp16's per-op bound
 # Batch 6: a full tile of the kernels' 4 samples and a partial one.

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from accelerators.onnx_models import make_model
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import rel_err
+from tests.support.numerics import rel_err
 
 
 def recognizer(path: Path) -> onnx.ModelProto:

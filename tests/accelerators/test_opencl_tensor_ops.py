@@ -6,31 +6,12 @@ one-input math, Expand and Gather of activations, MatMul of N-D activations."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from accelerators.opencl.ir import UnsupportedModelError
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
-from tests.accelerators.test_opencl_ops import TOL, check, graph
-
-
-def check_batches(engine_for, model, shapes: dict[str, tuple], batches=(1, 3), positive=False,
-                  **load) -> None:
-    """Runs both at each batch size (the graph's "n"), fresh inputs each time."""
-    engine = engine_for(model, **load)
-    names = [o.name for o in model.graph.output]
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for n in batches:
-        rng, seed = fresh_rng()
-        arrays = {k: rng.standard_normal([n if d == "n" else d for d in s], np.float32)
-                  for k, s in shapes.items()}
-        if positive:
-            arrays = {k: np.abs(v) + 0.1 for k, v in arrays.items()}
-        got = engine.run(arrays, names)
-        for name, ref in zip(names, session.run(names, arrays)):
-            assert got[name].shape == ref.shape, (name, n, got[name].shape, ref.shape)
-            assert rel_err(got[name], ref) <= TOL, (name, n, seed, rel_err(got[name], ref))
+from tests.support.numerics import SMALL_GRID, fresh_rng
+from tests.support.onnx_graphs import check, check_batches, graph
 
 
 def ints(*values: int) -> np.ndarray:

@@ -10,9 +10,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.accelerators.conftest import SMALL_GRID, fresh_rng, rel_err
-from tests.accelerators.test_opencl_blocks import served
-from tests.accelerators.test_opencl_tensor_ops import check_batches
+from tests.support.numerics import SMALL_GRID, fresh_rng, rel_err
+from tests.support.onnx_graphs import check_batches
+from tests.support.served import served
 from tools import vit_architecture
 
 SMALL = {"size": 32, "patch": 8, "dim": 32, "heads": 4, "mlp": 64, "layers": 2}

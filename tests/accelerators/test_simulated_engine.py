@@ -15,7 +15,7 @@ from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import EngineOptions
 from accelerators.safe_files import UnsafeFolderError
 from accelerators.simulated_engine import BatchCurve
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 
 def test_the_curve_interpolates_and_grows_past_its_last_size() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.loadgen_run import ScenarioSettings, run_scenario
 from bench.loadgen_sut import SampleLibrary
-from tests.conftest import MODEL, Daemon
+from tests.support.daemon import MODEL, Daemon
 
 SHORT = ScenarioSettings(seconds=1.0, server_qps=100.0, server_latency_ms=50.0)
 

@@ -7,8 +7,8 @@ import dockerfile
 import yaml
 
 from service.settings import Settings
-from tests.conftest import ROOT
 from tests.deploy import commands
+from tests.support.daemon import ROOT
 
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 KUBERNETES = ROOT / "deploy" / "kubernetes"

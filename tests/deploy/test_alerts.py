@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.deploy.conftest import ALERTS, RULES, Prometheus, Stack, prometheus_tool
 from tests.deploy.manifests import daemonsets
+from tests.support.prometheus_stack import ALERTS, RULES, Prometheus, Stack, prometheus_tool
 
 KUBERNETES_CONFIG = RULES.parent / "prometheus-kubernetes.yml"
 

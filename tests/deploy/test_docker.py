@@ -13,9 +13,10 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from tests.conftest import MODELS, ROOT, free_port
+from service.local_daemon import free_port
 from tests.deploy import commands
 from tests.deploy.manifests import DOCKERFILE, image, stages
+from tests.support.daemon import MODELS, ROOT
 
 TARGETS = ("cpu", "gpu")
 

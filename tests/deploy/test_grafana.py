@@ -9,9 +9,9 @@ import re
 
 import yaml
 
-from tests.conftest import MODEL, ROOT
-from tests.deploy.conftest import Stack
-from tests.deploy.test_prometheus import samples
+from tests.support.daemon import MODEL, ROOT
+from tests.support.metrics import samples
+from tests.support.prometheus_stack import Stack
 
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = json.loads((GRAFANA / "dashboards" / "hetserve.json").read_text())

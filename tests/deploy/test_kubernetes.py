@@ -18,9 +18,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from service.local_daemon import free_port
 from spark_jobs import score
 from spark_jobs.daemon import ADDRESS_CONF, ADDRESS_ENV
-from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
 from tests.deploy.manifests import KUBERNETES as FOLDER
 from tests.deploy.manifests import (
@@ -31,6 +31,7 @@ from tests.deploy.manifests import (
     manifests,
     objects,
 )
+from tests.support.daemon import MODELS, ROOT
 
 # The oldest Kubernetes the manifests support (gRPC probes are GA since 1.27) and the newest
 # whose schemas kubernetes-validate ships.

@@ -12,24 +12,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, image_input
-from tests.deploy.conftest import RULES, TRITON, Stack, prometheus_tool, scrape
-
-Series = dict[tuple[str, frozenset], float]
-
-
-def samples(text: str) -> Series:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(series: Series, name: str, **labels: str) -> float:
-    found = [v for (n, ls), v in series.items() if n == name and set(labels.items()) <= ls]
-    assert len(found) == 1, (name, labels, found)
-    return found[0]
+from tests.support.daemon import MODEL, image_input
+from tests.support.metrics import samples, value
+from tests.support.prometheus_stack import RULES, TRITON, Stack, prometheus_tool, scrape
 
 
 def test_promtool_checks_the_rules_their_unit_tests_and_the_example_config() -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from service import local_daemon
+from service.local_daemon import free_port
 from service.ops.systemd import notify
-from tests.conftest import MODELS, ROOT, free_port
 from tests.deploy import commands
+from tests.support.daemon import MODELS, ROOT
 
 UNIT = ROOT / "deploy" / "systemd" / "hetserve.service"
 ENV_FILE = ROOT / "deploy" / "systemd" / "hetserve.env"

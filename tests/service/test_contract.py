@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2
 from service import contract
 from service.core.buckets import Buckets
 from spark_jobs.client import ModelInterface
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 
 def _config(max_batch_size: int, preferred: tuple[int, ...]) -> model_config_pb2.ModelConfig:

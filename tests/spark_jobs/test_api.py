@@ -17,7 +17,7 @@ from spark_jobs.api import (
     score_dataframe,
     score_pandas_fn,
 )
-from tests.service.conftest import reply_devices
+from tests.support.served import reply_devices
 from tools.mnist_digits import write_parquet
 
 

@@ -16,7 +16,7 @@ from spark_jobs.client import ModelInterface
 from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions
 from spark_jobs.daemon import NoDaemonError, NodeDaemon
 from spark_jobs.energy import TallyParam
-from tests.service.conftest import reply_devices
+from tests.support.served import reply_devices
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from spark_jobs.client import (
     RetryPolicy,
     infer,
 )
-from tests.conftest import MODEL, MODELS, Daemon
+from tests.support.daemon import MODEL, MODELS, Daemon
 
 
 def test_a_full_queue_holds_requests_back_until_every_sample_is_answered(holdout, tmp_path,

@@ -21,7 +21,8 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, Daemon, free_port
+from service.local_daemon import free_port
+from tests.support.daemon import ROOT, Daemon
 
 pytestmark = pytest.mark.cluster
 BIN = Path(sys.executable).parent

@@ -17,8 +17,8 @@ from service.local_daemon import is_ready
 from spark_jobs.api import stop_started_daemons
 from spark_jobs.daemon import NodeDaemon, read_owner
 from spark_jobs.score import parse_args, score, write
-from tests.conftest import MODELS
 from tests.spark_jobs.processes import serving, wait
+from tests.support.daemon import MODELS
 
 ENSURE = """
 import sys

@@ -16,8 +16,8 @@ import numpy as np
 
 from spark_jobs.client import ModelInterface, infer
 from spark_jobs.daemon import NodeDaemon, read_owner
-from tests.conftest import MODEL, MODELS
 from tests.spark_jobs.processes import serving, supervising, wait
+from tests.support.daemon import MODEL, MODELS
 
 CALLERS = 4
 ROUNDS = 20

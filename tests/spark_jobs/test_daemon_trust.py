@@ -20,7 +20,7 @@ from service.contract import default_socket
 from service.ops.cli import main
 from spark_jobs.client import ModelInterface
 from spark_jobs.daemon import NodeDaemon, resolve_address
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 # Another user's fake daemon: it makes the folder, listens, plants links to the victim's files
 # and prints how many bytes each connection sent it.

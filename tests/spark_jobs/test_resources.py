@@ -12,7 +12,7 @@ import pytest
 
 from accelerators.devices import opencl_devices
 from spark_jobs.resources import task_profile
-from tests.conftest import ROOT
+from tests.support.daemon import ROOT
 
 
 @pytest.mark.parametrize("kind", ["fpga", "gpu"])

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from service.local_daemon import DaemonProcess
+from service.local_daemon import DaemonProcess, free_port
 from spark_jobs.score import parse_args, score, write
-from tests.conftest import MODELS, free_port, self_signed
-from tests.service.conftest import reply_devices
+from tests.support.daemon import MODELS, self_signed
+from tests.support.served import reply_devices
 from tools.mnist_digits import write_parquet
 
 

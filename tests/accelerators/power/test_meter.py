@@ -12,7 +12,7 @@ from accelerators.power.hwmon import HwmonPower
 from accelerators.power.meter import DeviceMeter, PowerMonitor
 from accelerators.power.model import ModelEstimate
 from accelerators.power.select import SourcePicker, cpu_model_watts
-from tests.accelerators.power.test_sources import write
+from tests.support.sysfs import write
 
 CPU = Device("cpu0", "cpu", "onnxruntime")
 

@@ -18,12 +18,7 @@ from accelerators.power.opae import OpaeSource, parse_power
 from accelerators.power.rapl import RaplSource
 from accelerators.power.source import SourceError
 from accelerators.power.xrt import XrtSource
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-    return path
+from tests.support.sysfs import write
 
 
 def rapl_tree(root: Path, package_uj: int = 1_000_000, max_uj: int = 10_000_000) -> Path:

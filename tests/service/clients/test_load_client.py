@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from service.clients.load_client import ClientPool, infer_request, merge, shares, summary
-from tests.conftest import ROOT, free_port
+from service.local_daemon import free_port
+from tests.support.daemon import ROOT
 
 
 def _part(latencies_ms: list[float], started: float, ended: float, errors: dict | None = None,

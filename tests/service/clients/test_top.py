@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from service.clients.top import Snapshot, quantile, render
-from tests.conftest import ROOT, Daemon
-from tests.deploy.conftest import Load
-from tests.service.conftest import node_devices
+from tests.support.daemon import ROOT, Daemon
+from tests.support.prometheus_stack import Load
+from tests.support.served import node_devices
 
 
 def test_quantile_interpolates_within_buckets_like_prometheus() -> None:

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, Daemon, image_input
-from tests.service.conftest import assert_served, scrape, total, write_model
+from tests.support.daemon import MODEL, Daemon, image_input
+from tests.support.metrics import scrape, total
+from tests.support.served import assert_served, write_model
 
 
 def test_concurrent_requests_are_batched_and_answered_in_order(daemon, holdout) -> None:

@@ -17,9 +17,10 @@ from tritonclient.grpc import model_config_pb2
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from service.core.buckets import Buckets
 from service.errors import ConfigError
-from tests.conftest import MODEL, MODELS, Daemon, image_input
-from tests.service.conftest import scrape, total, write_model
-from tests.service.recording_engine import RECORD_ENV, records
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.metrics import scrape, total
+from tests.support.recording_engine import RECORD_ENV, records
+from tests.support.served import write_model
 
 
 def _config(text: str) -> model_config_pb2.ModelConfig:
@@ -83,7 +84,7 @@ def test_engines_see_only_warmed_bucket_shapes_and_replies_are_unpadded(
     record = tmp_path / "shapes.jsonl"
     monkeypatch.setenv(RECORD_ENV, str(record))
     daemon = Daemon(tmp_path, _repository(tmp_path / "models"), "--engine-modules",
-                    "tests.service.recording_engine")
+                    "tests.support.recording_engine")
     try:
         warmup = records(record)
         engines = {r["engine"] for r in warmup}

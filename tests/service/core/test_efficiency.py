@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, Daemon, image_input
-from tests.service.conftest import ENGINE_MODULE, assert_served, scrape, total, write_model
-from tests.service.faulty_engine import CONTROL_ENV
-from tests.service.recording_engine import RECORD_ENV
+from tests.support.daemon import MODEL, Daemon, image_input
+from tests.support.faulty_engine import CONTROL_ENV
+from tests.support.metrics import scrape, total
+from tests.support.recording_engine import RECORD_ENV
+from tests.support.served import ENGINE_MODULE, assert_served, write_model
 
 SLOW_S = 0.05  # added to each batch of the slow engine
 
@@ -27,7 +28,7 @@ def test_efficiency_sends_the_work_to_the_engine_with_fewer_joules(
                          {"devices": "faulty:gpu0, recording:gpu0", "policy": "efficiency",
                           "latency_budget_ms": "10000"})
     daemon = Daemon(tmp_path, models, "--engine-modules",
-                    f"{ENGINE_MODULE},tests.service.recording_engine",
+                    f"{ENGINE_MODULE},tests.support.recording_engine",
                     "--power-sources", "gpu=model")
     try:
         images = holdout[0][:200]

@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, MODELS, image_input
-from tests.service.conftest import scrape, total
+from tests.support.daemon import MODEL, MODELS, image_input
+from tests.support.metrics import scrape, total
 
 
 def _infer_all(url: str, images: np.ndarray) -> list[np.ndarray]:

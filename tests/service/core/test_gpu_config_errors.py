@@ -9,7 +9,7 @@ import tritonclient.grpc as grpcclient
 
 from accelerators.devices import gpu_count
 from accelerators.onnxruntime_engine import providers
-from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 
 BAD = {
     "bad_option": ('parameters { key: "cudnn_conv_algo_serch" value: { string_value: "1" } }',

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
 
-from tests.conftest import MODEL, ROOT, image_input
-from tests.service.conftest import scrape, total
+from tests.support.daemon import MODEL, ROOT, image_input
+from tests.support.metrics import scrape, total
 
 POWER = ["--power-sources", "gpu=model,fpga=model",
          "--power-model", "gpu0=10:100,fpga0=5:25"]  # idle:busy watts

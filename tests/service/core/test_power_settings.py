@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, Daemon, free_port
-from tests.deploy.conftest import scrape
-from tests.deploy.test_prometheus import samples, value
-from tests.service.conftest import node_devices
+from service.local_daemon import free_port
+from tests.support.daemon import ROOT, Daemon
+from tests.support.metrics import samples, value
+from tests.support.prometheus_stack import scrape
+from tests.support.served import node_devices
 
 
 def test_a_configured_estimate_is_exported_as_the_model_source(tmp_path: Path) -> None:

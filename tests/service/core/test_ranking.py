@@ -24,8 +24,8 @@ from service.core.queue_policy import BatchPolicy
 from service.core.ranking import DeviceRanking
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
-from tests.conftest import MODEL, MODELS
-from tests.service.faulty_engine import CONTROL_ENV, FaultyEngine
+from tests.support.daemon import MODEL, MODELS
+from tests.support.faulty_engine import CONTROL_ENV, FaultyEngine
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from service.core.metrics import Metrics
 from service.core.registry import ModelRegistry
 from service.settings import Settings
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 
 def _load(tmp_path: Path, devices: str, inspect=lambda registry: None,
@@ -62,7 +62,7 @@ def test_an_unknown_prefer_order_is_reported_naming_it(tmp_path) -> None:
 
 def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch,
                                                            caplog) -> None:
-    import tests.service.faulty_engine as faulty
+    import tests.support.faulty_engine as faulty
     monkeypatch.setenv(faulty.CONTROL_ENV, str(tmp_path / "control.json"))
     served = []
 
@@ -79,7 +79,7 @@ def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch
 
 def test_instance_group_count_gives_each_device_of_its_kind_that_many_engines(
         tmp_path, monkeypatch) -> None:
-    import tests.service.faulty_engine as faulty
+    import tests.support.faulty_engine as faulty
     monkeypatch.setenv(faulty.CONTROL_ENV, str(tmp_path / "control.json"))
     threads: list[int] = []
     real = faulty.FaultyEngine.__init__

@@ -15,7 +15,7 @@ from service.core.model import ModelSpec
 from service.core.repository import ModelRepository, check_model_name
 from service.core.warmup import warmup_batches
 from service.errors import ConfigError, ModelNotFoundError
-from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 
 
 def _copy_model(root: Path, name: str, versions: list[int], config: str | None = None) -> None:

@@ -11,8 +11,8 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, image_input
-from tests.service.conftest import scrape, total
+from tests.support.daemon import MODEL, image_input
+from tests.support.metrics import scrape, total
 
 BATCH_S = 0.02  # added to every batch on the device: capacity is max_batch_size / BATCH_S
 

@@ -16,7 +16,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, MODELS, Daemon, free_port, image_input
+from service.local_daemon import free_port
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 
 LINE = re.compile(r"hetserve\.access: (grpc|rest) (\S+) model=(.+?) status=(\S+) "
                   r"duration_ms=(\d+\.\d+) caller='([^']*)'$")

@@ -10,7 +10,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, image_input
+from tests.support.daemon import MODEL, image_input
 
 
 def _infer_error(client, *args, **kwargs) -> InferenceServerException:

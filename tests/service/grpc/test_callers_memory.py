@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,23 +17,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from service.grpc.shared_memory import SHM_ROOT
-from tests.conftest import MODEL, MODELS, Daemon, image_input
-from tests.service.grpc.test_hostile_clients import IMAGE_BYTES, _refused
-
-NOBODY = 65534
-
-
-def _needs_nobody() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is not installed")
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.other_user import IMAGE_BYTES, NOBODY, calls_as_nobody, needs_nobody, refused
 
 
 @pytest.fixture(scope="module", params=["1", "2"], ids=["workers1", "workers2"])
 def group_daemon(request) -> Iterator[Daemon]:
     """A daemon whose socket admits nobody's group too, in a folder nobody can reach."""
-    _needs_nobody()
+    needs_nobody()
     folder = Path(tempfile.mkdtemp(prefix="hetserve-peers-"))
     folder.chmod(0o755)
     d = Daemon(folder, MODELS, "--workers", request.param, "--socket-group", str(NOBODY))
@@ -71,43 +61,9 @@ def nobodys_object() -> Iterator[str]:
     yield from _object("nobody", NOBODY, 0o600)
 
 
-def _as_nobody(daemon: Daemon, calls: str) -> list[str]:
-    """What each call (one per line, using client `c`) gives as nobody over the unix socket:
-    OK or its status."""
-    code = f"""
-import numpy as np
-import tritonclient.grpc as g
-from tritonclient.utils import InferenceServerException
-c = g.InferenceServerClient({daemon.socket_url!r})
-def image(region, nbytes):
-    t = g.InferInput("image", [1, 1, 28, 28], "FP32")
-    t.set_shared_memory(region, nbytes)
-    return t
-def logits(region):
-    o = g.InferRequestedOutput("logits")
-    o.set_shared_memory(region, 40)
-    return o
-pixels = g.InferInput("image", [1, 1, 28, 28], "FP32")
-pixels.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))
-for call in [{", ".join(f"lambda: {line.strip()}" for line in calls.strip().splitlines())}]:
-    try:
-        call()
-        print("OK")
-    except InferenceServerException as e:
-        print(e.status(), e.message())
-"""
-    run = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
-                          "--clear-groups", sys.executable, "-c", code], cwd="/",
-                         capture_output=True, text=True, timeout=60)
-    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
-        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
-    assert run.returncode == 0, run.stderr
-    return run.stdout.splitlines()
-
-
 def test_a_socket_caller_registers_only_objects_it_could_open(
         group_daemon, roots_object, readable_object, nobodys_object) -> None:
-    results = _as_nobody(group_daemon, f"""
+    results = calls_as_nobody(group_daemon, f"""
         c.register_system_shared_memory("roots", {roots_object!r}, {IMAGE_BYTES})
         c.register_system_shared_memory("readable", {readable_object!r}, {IMAGE_BYTES})
         c.infer({MODEL!r}, [image("readable", {IMAGE_BYTES})])
@@ -130,7 +86,7 @@ def test_socket_callers_are_one_uid_each(group_daemon, readable_object) -> None:
     with grpcclient.InferenceServerClient(group_daemon.socket_url) as root:
         root.register_system_shared_memory("roots-region", readable_object, IMAGE_BYTES)
         try:
-            results = _as_nobody(group_daemon, """
+            results = calls_as_nobody(group_daemon, """
                 c.get_system_shared_memory_status("roots-region")
                 c.infer("mnist_cnn", [image("roots-region", 3136)])
                 c.unregister_system_shared_memory("")
@@ -156,7 +112,7 @@ def test_a_byte_count_beyond_the_tensor_is_refused_before_anything_is_read(
             one_image = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
             one_image.set_shared_memory("sparse", 2 << 30)
             for _ in range(3):
-                _refused(lambda: c.infer(MODEL, [one_image]), "INVALID_ARGUMENT",
+                refused(lambda: c.infer(MODEL, [one_image]), "INVALID_ARGUMENT",
                          "shared_memory_byte_size'] 2147483648 received, 3136 expected")
             assert _peak_kib(daemon) - before < 100 << 10
             served = c.infer(MODEL, image_input(holdout[0][:1]))

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, MODELS, Daemon, image_input
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 
 LABELS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 

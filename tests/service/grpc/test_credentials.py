@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service.local_daemon import DaemonProcess
-from tests.conftest import MODELS, ROOT, free_port, self_signed
+from service.local_daemon import DaemonProcess, free_port
+from tests.support.daemon import MODELS, ROOT, self_signed
 
 
 def make_pair(folder: Path, name: str) -> tuple[Path, Path]:

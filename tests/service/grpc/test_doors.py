@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.conftest import MODEL, MODELS, Daemon, image_input
-from tests.service.conftest import as_nobody
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.other_user import as_nobody
 
 PER_PEER, TOTAL = 3, 8
 

@@ -24,7 +24,8 @@ from tritonclient.utils import InferenceServerException
 
 from bench import floods
 from bench.raw_h2 import RawH2
-from tests.conftest import MODEL, MODELS, Daemon, free_port, image_input
+from service.local_daemon import free_port
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s

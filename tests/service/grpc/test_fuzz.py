@@ -15,7 +15,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from service.grpc.handlers import SERVICE
-from tests.conftest import MODEL, Daemon
+from tests.support.daemon import MODEL, Daemon
 
 SEED = 20261123
 MESSAGES = 10_000

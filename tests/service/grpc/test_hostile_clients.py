@@ -26,11 +26,11 @@ from tritonclient.utils import InferenceServerException
 from service.errors import DeadlineExceededError, LimitError, ModelNotFoundError
 from service.grpc import handlers
 from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
-from service.local_daemon import DaemonProcess
-from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input
-from tests.service.conftest import as_nobody, scrape
+from service.local_daemon import DaemonProcess, free_port
+from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input
+from tests.support.metrics import scrape
+from tests.support.other_user import IMAGE_BYTES, as_nobody, refused
 
-IMAGE_BYTES = 28 * 28 * 4
 STREAM_WINDOW = 8
 
 
@@ -62,16 +62,6 @@ def shm(request) -> Iterator[tuple[str, int]]:
     path.unlink(missing_ok=True)
 
 
-def _refused(call, status: str, *fragments: str) -> str:
-    with pytest.raises(InferenceServerException) as refused:
-        call()
-    assert refused.value.status() == f"StatusCode.{status}", refused.value
-    message = refused.value.message()
-    for fragment in fragments:
-        assert fragment in message
-    return message
-
-
 def _serves(daemon: Daemon, holdout) -> None:
     """The daemon is alive and answers a well-behaved client, with no front-end restarted."""
     assert daemon.process.poll() is None
@@ -95,11 +85,11 @@ def test_a_shrunk_object_is_an_error_not_a_signal(daemon, unix, shm, holdout) ->
     served = unix.infer(MODEL, [_in_region("shrinking", 2 * IMAGE_BYTES)])
     np.testing.assert_array_equal(served.as_numpy("logits").argmax(1), holdout[1][:2])
     os.ftruncate(fd, IMAGE_BYTES)  # the client shrinks its object under the daemon
-    _refused(lambda: unix.infer(MODEL, [_in_region("shrinking", 2 * IMAGE_BYTES)]),
+    refused(lambda: unix.infer(MODEL, [_in_region("shrinking", 2 * IMAGE_BYTES)]),
              "INVALID_ARGUMENT", "input 'image'", "'shrinking'", "shrank")
     logits = grpcclient.InferRequestedOutput("logits")
     logits.set_shared_memory("shrinking", 80, offset=2 * IMAGE_BYTES)
-    _refused(lambda: unix.infer(MODEL, image_input(holdout[0][:2]), outputs=[logits]),
+    refused(lambda: unix.infer(MODEL, image_input(holdout[0][:2]), outputs=[logits]),
              "INVALID_ARGUMENT", "output 'logits'", "'shrinking'", "shrank")
     assert os.fstat(fd).st_size == IMAGE_BYTES  # not grown by the daemon's write either
     _serves(daemon, holdout)
@@ -114,7 +104,7 @@ def test_tcp_without_the_token_gets_no_shared_memory(daemon, unix, shm) -> None:
                      lambda: tcp.register_system_shared_memory("mine", key, IMAGE_BYTES),
                      tcp.unregister_system_shared_memory,
                      lambda: tcp.infer(MODEL, [_in_region("victim", IMAGE_BYTES)])):
-            _refused(call, "PERMISSION_DENIED", "needs the daemon's token")
+            refused(call, "PERMISSION_DENIED", "needs the daemon's token")
     assert "victim" in unix.get_system_shared_memory_status().regions
 
 
@@ -139,13 +129,13 @@ def test_regions_belong_to_the_caller_that_registered_them(tmp_path, shm) -> Non
             assert list(unix.get_system_shared_memory_status().regions) == ["socket-users"]
             assert list(tcp.get_system_shared_memory_status(headers=token).regions) == \
                 ["token-holders"]
-            _refused(lambda: tcp.infer(MODEL, [_in_region("socket-users", IMAGE_BYTES)],
+            refused(lambda: tcp.infer(MODEL, [_in_region("socket-users", IMAGE_BYTES)],
                                        headers=token),
                      "INVALID_ARGUMENT", "'socket-users' is not registered by this client")
-            _refused(lambda: tcp.get_system_shared_memory_status("socket-users",
+            refused(lambda: tcp.get_system_shared_memory_status("socket-users",
                                                                  headers=token),
                      "INVALID_ARGUMENT", "is not registered by this client")
-            _refused(lambda: tcp.register_system_shared_memory("socket-users", key, 64,
+            refused(lambda: tcp.register_system_shared_memory("socket-users", key, 64,
                                                                headers=token),
                      "ALREADY_EXISTS", "'socket-users' is already registered")
             tcp.unregister_system_shared_memory(headers=token)  # all of its own
@@ -191,11 +181,11 @@ except InferenceServerException as e:
 # 3. Bounded everything.
 def test_names_and_error_messages_are_bounded(daemon, unix, shm) -> None:
     key, _ = shm
-    message = _refused(lambda: unix.register_system_shared_memory("n" * 20000, key, 64),
+    message = refused(lambda: unix.register_system_shared_memory("n" * 20000, key, 64),
                        "INVALID_ARGUMENT", "expected 1 to 255 letters")
     assert len(message) < 500
     unix.register_system_shared_memory("secret-name", key, IMAGE_BYTES)
-    message = _refused(lambda: unix.infer(MODEL, [_in_region("x" * 5000, IMAGE_BYTES)]),
+    message = refused(lambda: unix.infer(MODEL, [_in_region("x" * 5000, IMAGE_BYTES)]),
                        "INVALID_ARGUMENT", "is not registered")
     assert "secret-name" not in message and len(message) < 500
 
@@ -409,7 +399,7 @@ def test_regions_are_capped_per_client_and_metrics_keep_answering(daemon, unix, 
     key, _ = shm
     for i in range(4):
         unix.register_system_shared_memory(f"r{i}", key, 64)
-    _refused(lambda: unix.register_system_shared_memory("r4", key, 64), "RESOURCE_EXHAUSTED",
+    refused(lambda: unix.register_system_shared_memory("r4", key, 64), "RESOURCE_EXHAUSTED",
              "4 regions are registered by this client", "--max-shm-regions-per-client")
     assert scrape(daemon.metrics_url)
     unix.unregister_system_shared_memory("r0")

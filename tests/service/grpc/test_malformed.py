@@ -9,7 +9,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service.grpc.handlers import SERVICE
-from tests.conftest import MODEL
+from tests.support.daemon import MODEL
 
 TRUNCATED = b"\x0a\x05ab"  # field 1, five bytes announced, two sent: no message parses it
 UNARY = [m.name for m in SERVICE.methods if not m.client_streaming]

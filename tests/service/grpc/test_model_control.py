@@ -16,13 +16,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import MODEL, Daemon, example_repository, image_input
-from tests.service.grpc.test_callers_memory import NOBODY, _as_nobody, _needs_nobody
+from tests.support.daemon import MODEL, Daemon, example_repository, image_input
+from tests.support.other_user import NOBODY, calls_as_nobody, needs_nobody
 
 TOKEN = "admin-s3cret"
 
 
-def _refused(call: Callable[[], object], status: str, *phrases: str) -> str:
+def refused(call: Callable[[], object], status: str, *phrases: str) -> str:
     with pytest.raises(InferenceServerException) as refused:
         call()
     assert refused.value.status() == f"StatusCode.{status}", refused.value
@@ -67,9 +67,9 @@ def _classifies(client: grpcclient.InferenceServerClient, holdout) -> str:
 
 def test_without_model_control_loads_are_refused(daemon) -> None:
     with grpcclient.InferenceServerClient(daemon.socket_url) as client:
-        _refused(lambda: client.load_model(MODEL), "UNAVAILABLE",
+        refused(lambda: client.load_model(MODEL), "UNAVAILABLE",
                  "explicit model load / unload is not allowed", "--model-control-mode explicit")
-        _refused(lambda: client.unload_model(MODEL), "UNAVAILABLE")
+        refused(lambda: client.unload_model(MODEL), "UNAVAILABLE")
         assert client.is_model_ready(MODEL)
 
 
@@ -82,15 +82,15 @@ def test_explicit_mode_loads_reloads_and_unloads_for_those_allowed(tmp_path, hol
         with grpcclient.InferenceServerClient(d.socket_url) as local, \
                 grpcclient.InferenceServerClient(d.url) as tcp:
             assert _index(local)[""][0] == "UNAVAILABLE" and "not loaded" in _index(local)[""][1]
-            _refused(lambda: _classifies(tcp, holdout), "NOT_FOUND", "not loaded")
+            refused(lambda: _classifies(tcp, holdout), "NOT_FOUND", "not loaded")
             for headers in ({}, {"authorization": "Bearer wrong"}):
-                _refused(lambda: tcp.load_model(MODEL, headers=headers), "PERMISSION_DENIED",
+                refused(lambda: tcp.load_model(MODEL, headers=headers), "PERMISSION_DENIED",
                          "root and the daemon's user over the unix socket", "admin token")
             tcp.load_model(MODEL, headers={"authorization": f"Bearer {TOKEN}"})
             assert _classifies(tcp, holdout) == "1"
 
             _add_version(repo, 2, broken=True)  # fails to load: version 1 serves on
-            reason = _refused(lambda: local.load_model(MODEL), "UNAVAILABLE", "version 2")
+            reason = refused(lambda: local.load_model(MODEL), "UNAVAILABLE", "version 2")
             assert _classifies(tcp, holdout) == "1"
             index = _index(local)
             assert index["1"] == ("READY", "") and index[""][0] == "UNAVAILABLE"
@@ -101,13 +101,13 @@ def test_explicit_mode_loads_reloads_and_unloads_for_those_allowed(tmp_path, hol
             local.load_model(MODEL)  # a reload: version 2 replaces version 1
             assert _versions(tcp) == ["2"] and _classifies(tcp, holdout) == "2"
             assert _index(local) == {"2": ("READY", "")}
-            _refused(lambda: local.load_model(MODEL, config="{}"), "INVALID_ARGUMENT",
+            refused(lambda: local.load_model(MODEL, config="{}"), "INVALID_ARGUMENT",
                      "parameters ['config']")
-            _refused(lambda: local.load_model("../etc"), "NOT_FOUND")
-            _refused(lambda: local.load_model("absent"), "NOT_FOUND", "no such folder")
+            refused(lambda: local.load_model("../etc"), "NOT_FOUND")
+            refused(lambda: local.load_model("absent"), "NOT_FOUND", "no such folder")
 
             local.unload_model(MODEL)
-            _refused(lambda: _classifies(tcp, holdout), "NOT_FOUND", "unloaded")
+            refused(lambda: _classifies(tcp, holdout), "NOT_FOUND", "unloaded")
             assert _index(local) == {"": ("UNAVAILABLE", "unloaded")}
     finally:
         assert d.stop() == 0
@@ -115,14 +115,14 @@ def test_explicit_mode_loads_reloads_and_unloads_for_those_allowed(tmp_path, hol
 
 def test_other_socket_users_may_not_load() -> None:
     """nobody reaches the socket (--socket-group) and may infer, but not load or unload."""
-    _needs_nobody()
+    needs_nobody()
     folder = Path(tempfile.mkdtemp(prefix="hetserve-control-"))
     folder.chmod(0o755)
     repo = example_repository(folder, "onnxruntime:cpu0")
     d = Daemon(folder, repo, "--model-control-mode", "explicit", "--load-model", MODEL,
                "--socket-group", str(NOBODY))
     try:
-        results = _as_nobody(d, f"""
+        results = calls_as_nobody(d, f"""
             c.infer({MODEL!r}, [pixels])
             c.load_model({MODEL!r})
             c.unload_model({MODEL!r})
@@ -139,7 +139,7 @@ def test_poll_mode_follows_the_repository(tmp_path, holdout) -> None:
     d = Daemon(tmp_path, repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.5")
     try:
         with grpcclient.InferenceServerClient(d.socket_url) as client:
-            _refused(lambda: client.load_model(MODEL), "UNAVAILABLE",
+            refused(lambda: client.load_model(MODEL), "UNAVAILABLE",
                      "explicit model load / unload is not allowed if polling is enabled")
             _add_version(repo, 2)
             _until(lambda: _versions(client) == ["2"])

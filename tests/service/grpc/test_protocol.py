@@ -7,8 +7,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import MODEL, image_input
-from tests.service.conftest import assert_served, reply_devices
+from tests.support.daemon import MODEL, image_input
+from tests.support.served import assert_served, reply_devices
 
 
 def test_server_and_model_metadata(client: grpcclient.InferenceServerClient) -> None:

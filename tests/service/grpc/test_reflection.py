@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from tests.conftest import Daemon
+from tests.support.daemon import Daemon
 
 SERVICES = {"inference.GRPCInferenceService", "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection"}

@@ -13,8 +13,9 @@ import tritonclient.grpc as grpcclient
 
 from accelerators.flops import count_flops
 from service import contract
-from tests.conftest import MODEL, ROOT, Daemon, image_input
-from tests.service.conftest import node_devices, scrape, total
+from tests.support.daemon import MODEL, ROOT, Daemon, image_input
+from tests.support.metrics import scrape, total
+from tests.support.served import node_devices
 
 REQUESTS = 600
 STREAMED = 20

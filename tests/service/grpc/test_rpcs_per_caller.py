@@ -16,8 +16,9 @@ import tritonclient.grpc as grpcclient
 
 from service.errors import LimitError
 from service.grpc.inflight import ANONYMOUS, InflightLimit
-from tests.conftest import MODEL, MODELS, Daemon, free_port, image_input
-from tests.service.conftest import as_nobody
+from service.local_daemon import free_port
+from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.other_user import as_nobody
 
 PER_CALLER = 4
 FLAG = "--max-rpcs-per-caller"

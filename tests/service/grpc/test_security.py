@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 
 from service.grpc.auth import check_exposure
 from service.grpc.credentials import ExposureError
-from service.local_daemon import DaemonProcess
-from tests.conftest import MODEL, MODELS, ROOT, free_port, image_input, self_signed
+from service.local_daemon import DaemonProcess, free_port
+from tests.support.daemon import MODEL, MODELS, ROOT, image_input, self_signed
 
 TOKEN = "s3cret-token"
 

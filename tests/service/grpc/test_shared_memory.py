@@ -16,8 +16,8 @@ from tritonclient.utils import InferenceServerException
 from service.errors import PermissionDeniedError
 from service.grpc.door import Peer
 from service.grpc.shared_memory import SHM_ROOT, Caller, Limits, SharedMemoryRegions, caller
-from tests.conftest import MODEL
-from tests.service.conftest import assert_served
+from tests.support.daemon import MODEL
+from tests.support.served import assert_served
 
 REGION_BYTES = 8192
 
@@ -37,7 +37,7 @@ def region(request):
     shm.destroy_shared_memory_region(handle)
 
 
-def _refused(call, status: str, message: str) -> None:
+def refused(call, status: str, message: str) -> None:
     with pytest.raises(InferenceServerException, match=message) as refused:
         call()
     assert refused.value.status() == f"StatusCode.{status}"
@@ -71,7 +71,7 @@ def test_inputs_and_outputs_travel_through_shared_memory(client, holdout, region
     ("/../etc/passwd", "key: '/../etc/passwd' received, expected a POSIX shared memory name"),
     ("/hetserve-no-such-region", "cannot open shared memory '/hetserve-no-such-region'")])
 def test_keys_outside_dev_shm_or_missing_are_refused(client, key, message) -> None:
-    _refused(lambda: client.register_system_shared_memory("bad", key, 64), "INVALID_ARGUMENT",
+    refused(lambda: client.register_system_shared_memory("bad", key, 64), "INVALID_ARGUMENT",
              message)
 
 
@@ -81,7 +81,7 @@ def test_a_symbolic_link_in_dev_shm_is_not_followed(client, tmp_path) -> None:
     link = SHM_ROOT / f"hetserve-test-link-{os.getpid()}"
     link.symlink_to(target)
     try:
-        _refused(lambda: client.register_system_shared_memory("link", f"/{link.name}", 64),
+        refused(lambda: client.register_system_shared_memory("link", f"/{link.name}", 64),
                  "INVALID_ARGUMENT", f"cannot open shared memory '/{link.name}'")
     finally:
         link.unlink()
@@ -91,22 +91,22 @@ def test_unknown_duplicate_and_too_small_regions_are_refused(client, holdout, re
     key, _ = region
     image = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
     image.set_shared_memory("nowhere", 3136)
-    _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+    refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
              "input 'image': shared memory region 'nowhere' is not registered")
     client.register_system_shared_memory("small", key, 1024)
     try:
-        _refused(lambda: client.register_system_shared_memory("small", key, 1024),
+        refused(lambda: client.register_system_shared_memory("small", key, 1024),
                  "ALREADY_EXISTS", "'small' is already registered")
         image.set_shared_memory("small", 3136)
-        _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+        refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
                  "byte_size 3136 received, region 'small' holds 1024 bytes")
         image.set_shared_memory("small", 1024)
-        _refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
+        refused(lambda: client.infer(MODEL, [image]), "INVALID_ARGUMENT",
                  r"parameters\['shared_memory_byte_size'\] 1024 received, 3136 expected")
         image.set_data_from_numpy(holdout[0][:1])
         logits = grpcclient.InferRequestedOutput("logits")
         logits.set_shared_memory("small", 8)
-        _refused(lambda: client.infer(MODEL, [image], outputs=[logits]), "INVALID_ARGUMENT",
+        refused(lambda: client.infer(MODEL, [image], outputs=[logits]), "INVALID_ARGUMENT",
                  "output 'logits': shared_memory_byte_size 8 received, the output needs 40")
     finally:
         client.unregister_system_shared_memory("small")

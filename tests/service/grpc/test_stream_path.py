@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-import tests.service.faulty_engine  # noqa: F401  (registers faulty:<device>)
+import tests.support.faulty_engine  # noqa: F401  (registers faulty:<device>)
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
@@ -27,9 +27,9 @@ from service.grpc.servicer import InferenceServicer
 from service.grpc.shared_memory import SharedMemoryRegions
 from service.grpc.uploads import UploadBudget
 from service.settings import Settings
-from tests.conftest import MODEL
-from tests.service.conftest import Control, assert_served, write_model
-from tests.service.faulty_engine import CONTROL_ENV
+from tests.support.daemon import MODEL
+from tests.support.faulty_engine import CONTROL_ENV
+from tests.support.served import Control, assert_served, write_model
 
 METHOD = f"/{handlers.SERVICE.full_name}/ModelStreamInfer"
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, image_input
-from tests.service.conftest import assert_served, node_devices
+from tests.support.daemon import MODEL, image_input
+from tests.support.served import assert_served, node_devices
 
 
 def test_streaming_inference(client, holdout) -> None:

@@ -20,9 +20,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from service.local_daemon import DaemonProcess
-from tests.conftest import MODEL, MODELS, Daemon, example_repository, free_port
-from tests.service.conftest import scrape, total
+from service.local_daemon import DaemonProcess, free_port
+from tests.support.daemon import MODEL, MODELS, Daemon, example_repository
+from tests.support.metrics import scrape, total
 
 ADMIN = "admin-t0ken"
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from service.local_daemon import free_port
-from tests.conftest import MODEL, image_input
+from tests.support.daemon import MODEL, image_input
 
 
 def test_sigterm_drains_requests_in_flight(serve, holdout) -> None:

@@ -8,7 +8,8 @@ import sys
 
 import tritonclient.grpc as grpcclient
 
-from tests.conftest import MODEL, MODELS, Daemon, free_port
+from service.local_daemon import free_port
+from tests.support.daemon import MODEL, MODELS, Daemon
 
 
 def test_a_taken_port_is_a_clear_start_up_error(daemon, tmp_path) -> None:

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.local_daemon import DaemonProcess, free_port, serve_command
-from tests.conftest import MODEL, MODELS, Daemon
+from tests.support.daemon import MODEL, MODELS, Daemon
 
 
 def _with_broken_model(root: Path) -> Path:

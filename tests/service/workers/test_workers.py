@@ -25,11 +25,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from accelerators.engine_options import TOLERANCE
-from service.local_daemon import DaemonProcess
+from service.local_daemon import DaemonProcess, free_port
 from service.ops.server import default_workers
 from spark_jobs import client as spark_client
-from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input, self_signed
-from tests.service.conftest import scrape, total
+from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input, self_signed
+from tests.support.metrics import scrape, total
 
 
 def frontends(owner: int) -> dict[int, int]:
@@ -228,7 +228,7 @@ def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, ho
 def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
         tmp_path: Path, holdout, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.service.conftest import ENGINE_MODULE, Control, write_model
-    from tests.service.faulty_engine import CONTROL_ENV
+    from tests.support.faulty_engine import CONTROL_ENV
 
     control = Control(tmp_path / "control.json")
     monkeypatch.setenv(CONTROL_ENV, str(control.path))

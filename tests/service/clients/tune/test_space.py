@@ -9,7 +9,7 @@ from accelerators.engine_factory import DeviceSpec
 from service.clients.tune import space
 from service.clients.tune.space import Candidate
 from service.core.model import ModelSpec
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 
 def _shipped() -> model_config_pb2.ModelConfig:

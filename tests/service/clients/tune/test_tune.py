@@ -18,8 +18,8 @@ import tritonclient.grpc as grpcclient
 from service.clients import perf_analyzer
 from service.clients.tune import rank
 from service.ops.cli import main
-from tests.conftest import MODEL, MODELS, Daemon
-from tests.service.faulty_engine import CONTROL_ENV
+from tests.support.daemon import MODEL, MODELS, Daemon
+from tests.support.faulty_engine import CONTROL_ENV
 
 # One short load point per candidate (the shortest that always holds two power samples) and a
 # small budget: a tune test takes seconds per candidate, not minutes.
@@ -135,7 +135,7 @@ def test_a_candidate_that_fails_is_reported_and_the_sweep_goes_on(
     control.write_text(json.dumps({"fail": True}))
     monkeypatch.setenv(CONTROL_ENV, str(control))
     report = tmp_path / "report"
-    assert _tune(model_dir, report, "--engine-modules", "tests.service.faulty_engine",
+    assert _tune(model_dir, report, "--engine-modules", "tests.support.faulty_engine",
                  "--devices", "faulty:fpga0", "onnxruntime:cpu0", "--budget-s", "30",
                  *QUICK) == 0
     results = json.loads((report / "results.json").read_text())

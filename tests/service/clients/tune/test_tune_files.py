@@ -20,7 +20,7 @@ from service.clients.tune.measure import Measurement
 from service.clients.tune.space import Candidate
 from service.clients.tune.sweep import SweepResult
 from service.ops.cli import main
-from tests.conftest import MODEL, MODELS
+from tests.support.daemon import MODEL, MODELS
 
 NOBODY = 65534
 
