@@ -44,21 +44,36 @@ DEFAULT_LATENCY_BUDGET_MS = 100
 
 
 @dataclass(frozen=True)
+class InstanceGroups:
+    """instance_group as Triton reads it: engine instances per device kind."""
+
+    groups: tuple[tuple[int, int], ...]  # (kind, count), in order
+
+    @classmethod
+    def parse(cls, config: model_config_pb2.ModelConfig) -> InstanceGroups:
+        for group in config.instance_group:
+            if group.count < 0:
+                raise ConfigError(f"model {config.name!r}: instance_group count {group.count} "
+                                  "is negative; expected 1 or more engine instances")
+        return cls(tuple((group.kind, group.count) for group in config.instance_group))
+
+    def count(self, kind: str) -> int:
+        """Engine instances per device of `kind` ("cpu", "gpu", "fpga"; "" while unknown): the
+        count of the first group of that kind (KIND_AUTO: any kind), else 1."""
+        wanted = _GROUP_KINDS.get(kind)
+        return next((max(1, count) for group_kind, count in self.groups
+                     if group_kind in (_Group.KIND_AUTO, wanted)), 1)  # unset count: 1
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where the model runs and how a batch picks its device."""
 
     devices: tuple[DeviceSpec, ...]  # configured order; `onnxruntime` as one device per GPU
-    groups: tuple[tuple[int, int], ...]  # instance_group's (kind, count), in order
+    instances: InstanceGroups
     policy: str  # ranking policy (POLICIES)
     prefer_order: str  # PREFER_ORDERS
     latency_budget_s: float
-
-    def instances(self, kind: str) -> int:
-        """Engine instances per device of `kind` ("cpu", "gpu", "fpga"; "" while unknown): the
-        count of the first instance_group of that kind (KIND_AUTO: any kind), else 1."""
-        wanted = _GROUP_KINDS.get(kind)
-        return next((max(1, count) for group_kind, count in self.groups
-                     if group_kind in (_Group.KIND_AUTO, wanted)), 1)  # unset count: 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ class ModelSettings:
             raise ConfigError(f"model {name!r}: {e}") from e
         placement = Placement(
             _devices(config, params.get("devices", DEFAULT_DEVICES), node_gpus),
-            _groups(config), policy, prefer_order, budget_s)
+            InstanceGroups.parse(config), policy, prefer_order, budget_s)
         return cls(spec, parse_batch_policy(config, max_queue_size), model_buckets, bucket_mode,
                    placement, engine, _opencl_shapes(name, params), warmup)
 
@@ -216,14 +231,6 @@ def _opencl_shapes(model: str, params: dict[str, str]) -> int | None:
         raise ConfigError(f"model {model!r}: parameters.opencl_shapes: {text!r} is not a "
                           "positive number of request shapes")
     return int(text) if text else None
-
-
-def _groups(config: model_config_pb2.ModelConfig) -> tuple[tuple[int, int], ...]:
-    for group in config.instance_group:
-        if group.count < 0:
-            raise ConfigError(f"model {config.name!r}: instance_group count {group.count} "
-                              "is negative; expected 1 or more engine instances")
-    return tuple((group.kind, group.count) for group in config.instance_group)
 
 
 def _devices(config: model_config_pb2.ModelConfig, text: str,

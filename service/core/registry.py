@@ -263,11 +263,11 @@ class ModelRegistry(ModelTable[LoadedModel]):
                 max(1, len(os.sched_getaffinity(0)) // count) if count > 1 else 0)
 
         spec, options, shapes = settings.spec, settings.engine, settings.opencl_shapes
-        guess = threads(settings.placement.instances(device.kind))
+        guess = threads(settings.placement.instances.count(device.kind))
         served = spec.served_dims()
         first = create_engine(device, path, guess, options, served, shapes)
         _check_signature(spec, first)
-        count = settings.placement.instances(first.device.kind)
+        count = settings.placement.instances.count(first.device.kind)
         # A device named without its kind ("onnxruntime") reveals the kind only now.
         engines = [first] if threads(count) == guess else []
         return engines + [create_engine(device, path, threads(count), options, served, shapes)

@@ -33,7 +33,7 @@ def test_defaults_are_filled_in_and_typed() -> None:
     assert [str(d) for d in place.devices] == ["onnxruntime"]
     assert (place.policy, place.prefer_order, place.latency_budget_s) == ("prefer", "measured",
                                                                           0.1)
-    assert place.instances("cpu") == place.instances("gpu") == 1
+    assert place.instances.count("cpu") == place.instances.count("gpu") == 1
     assert settings.buckets is not None and settings.buckets.sizes == (1, 2, 4, 8)
     assert settings.bucket_mode == "auto" and settings.opencl_shapes is None
     assert not settings.batching.batching  # no dynamic_batching block
@@ -50,7 +50,7 @@ def test_parameters_are_read_with_their_values() -> None:
     assert [str(d) for d in place.devices] == ["opencl:cpu0", "onnxruntime:cpu0"]
     assert (place.policy, place.prefer_order, place.latency_budget_s) == ("latency", "strict",
                                                                           0.0025)
-    assert (place.instances("cpu"), place.instances("gpu")) == (3, 1)
+    assert (place.instances.count("cpu"), place.instances.count("gpu")) == (3, 1)
     assert settings.opencl_shapes == 4 and settings.engine.fp16
     assert settings.batching.max_queue_delay_s == 0.0005
     assert settings.buckets_for("gpu") is None  # batch_buckets off
