@@ -1,7 +1,8 @@
 """One model version's settings, parsed and validated once from its config.pbtxt: what it takes
 and returns (ModelSpec), its queue policy and batching, its batch buckets, where it runs
-(devices, engine instances, routing), its engines' options and its warm-up. Nothing else reads
-the config; the configuration the daemon reports back is rendered from these settings.
+(devices, engine instances, routing), its engines' options and its warm-up (model_warmup,
+through service/core/warmup.py). A load reads the config only here; the configuration the daemon
+reports back is rendered from these settings.
 
 hetserve's own choices sit under `parameters` (string values):
 

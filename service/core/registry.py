@@ -1,6 +1,7 @@
-"""Loaded models: each version with a device runner on every device of its `devices` parameter
-that can run it, ranked by its policy, and a scheduler. A model that fails to load is kept as a
-reason, reported by readiness and the index, and never takes others down.
+"""Loaded models: each version's settings (service/core/model_settings.py), a device runner on
+every device of its `devices` parameter that can run it, ranked by its policy, and a scheduler.
+A model that fails to load is kept as a reason, reported by readiness and the index, and never
+takes others down.
 
 Models load, reload and unload while the daemon serves (service/core/model_control.py says when).
 A reload loads and warms the versions that are new or whose files changed while the others
