@@ -5,11 +5,11 @@ Accelerator runtimes re-plan when an input's shape changes (ONNX Runtime's CUDA 
 bucket, or split into runs of the largest bucket and a padded rest. Padding rows are cut off the
 outputs before anyone sees them. The sizes are the contract's (service.contract.batch_buckets):
 config.pbtxt's `dynamic_batching.preferred_batch_size`, else the powers of two below
-`max_batch_size` and `max_batch_size` itself.
+`max_batch_size` and `max_batch_size` itself (service/core/model_settings.py reads them).
 
 Whether a device batches by buckets is the model's `batch_buckets` parameter: `auto` (the
 default: on for GPUs and FPGAs, off for CPUs, where padding only costs compute; see
-docs/BENCHMARKS.md), `on` or `off`.
+docs/BENCHMARKS.md), `on` or `off` (ModelSettings.buckets_for).
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2
 
-from service import contract
 from service.core.types import Tensors
-from service.errors import ConfigError
 
-MODES = ("auto", "on", "off")
 AUTO_KINDS = ("gpu", "fpga")  # kinds that batch by buckets under `auto`
 
 EngineRun = Callable[[Tensors, list[str]], Tensors]
@@ -34,20 +30,6 @@ EngineRun = Callable[[Tensors, list[str]], Tensors]
 @dataclass(frozen=True)
 class Buckets:
     sizes: tuple[int, ...]  # ascending, at least one
-
-    @classmethod
-    def from_config(cls, config: model_config_pb2.ModelConfig) -> Buckets | None:
-        """The model's buckets; None for a model without a batch axis (max_batch_size 0)."""
-        limit = config.max_batch_size
-        if limit <= 0:
-            return None
-        preferred = sorted(set(config.dynamic_batching.preferred_batch_size))
-        bad = [p for p in preferred if not 1 <= p <= limit]
-        if bad:
-            raise ConfigError(
-                f"model {config.name!r}: dynamic_batching.preferred_batch_size {bad[0]} is "
-                f"outside what max_batch_size {limit} allows; accepted values are 1 to {limit}")
-        return cls(contract.batch_buckets(limit, preferred))
 
     def plan(self, size: int) -> list[tuple[int, int]]:
         """(rows, bucket) per engine run for a batch of `size` rows."""
@@ -79,18 +61,6 @@ class Buckets:
         if len(parts) == 1:
             return parts[0], padding
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}, padding
-
-
-def enabled(mode: str, kind: str) -> bool:
-    """Whether a device of `kind` batches by buckets under the model's `batch_buckets` mode."""
-    return mode == "on" or (mode == "auto" and kind in AUTO_KINDS)
-
-
-def check_mode(model: str, mode: str) -> str:
-    if mode not in MODES:
-        raise ConfigError(f"model {model!r}: parameters.batch_buckets: {mode!r} is unknown; "
-                          f"expected one of {list(MODES)}")
-    return mode
 
 
 class _PadBuffers(threading.local):

@@ -1,4 +1,5 @@
-"""What a served model accepts and returns, and the checks every request passes before queueing."""
+"""What a served model accepts and returns (the inputs/outputs part of its settings,
+service/core/model_settings.py), and the checks every request passes before queueing."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from tritonclient.grpc import model_config_pb2
 
 from service import contract
 from service.errors import ConfigError, InvalidInputError
-
-_Group = model_config_pb2.ModelInstanceGroup
-_GROUP_KINDS = {"cpu": _Group.KIND_CPU, "gpu": _Group.KIND_GPU}
 
 
 class Shaped(Protocol):
@@ -68,32 +66,6 @@ class ModelSpec:
         """Each input's dims after its batch axis as served (-1: any size): with a batch axis
         the config's dims, without one the config's dims after the first."""
         return {t.name: t.dims if self.max_batch_size > 0 else t.dims[1:] for t in self.inputs}
-
-    def instances(self, kind: str) -> int:
-        """Engine instances per device of `kind` ("cpu", "gpu", "fpga"; "" while unknown): the
-        count of the first instance_group of that kind (KIND_AUTO: any kind), else 1."""
-        wanted = _GROUP_KINDS.get(kind)
-        for group in self.config.instance_group:
-            if group.count < 0:
-                raise ConfigError(f"model {self.name!r}: instance_group count {group.count} "
-                                  "is negative; expected 1 or more engine instances")
-            if group.kind in (_Group.KIND_AUTO, wanted):
-                return max(1, group.count)  # Triton reads an unset count as 1
-        return 1
-
-    def gpus(self, node_gpus: int) -> list[int]:
-        """The GPUs the model's instances run on, as Triton reads instance_group: the `gpus` of
-        its KIND_GPU (or KIND_AUTO) groups, every GPU of the node where no group lists any."""
-        listed = []
-        for i, group in enumerate(self.config.instance_group):
-            for gpu in group.gpus:
-                if not 0 <= gpu < node_gpus:
-                    raise ConfigError(
-                        f"model {self.name!r}: instance_group[{i}].gpus: GPU {gpu} is not on "
-                        f"this node; accepted GPU indexes: {list(range(node_gpus))}")
-                if group.kind in (_Group.KIND_GPU, _Group.KIND_AUTO) and gpu not in listed:
-                    listed.append(gpu)
-        return listed or list(range(node_gpus))
 
     def shape_with_batch(self, spec: TensorSpec) -> list[int]:
         """The shape clients see in metadata: -1 leads when the model batches."""

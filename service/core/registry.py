@@ -1,6 +1,7 @@
-"""Loaded models: each version with a device runner on every device of its `devices` parameter
-that can run it, ranked by its policy, and a scheduler. A model that fails to load is kept as a
-reason, reported by readiness and the index, and never takes others down.
+"""Loaded models: each version's settings (service/core/model_settings.py), a device runner on
+every device of its `devices` parameter that can run it, ranked by its policy, and a scheduler.
+A model that fails to load is kept as a reason, reported by readiness and the index, and never
+takes others down.
 
 Models load, reload and unload while the daemon serves (service/core/model_control.py says when).
 A reload loads and warms the versions that are new or whose files changed while the others
@@ -23,23 +24,22 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators.devices import gpu_count, gpu_memory_used
 from accelerators.engine import Engine, PlansPerShape
-from accelerators.engine_factory import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
-from accelerators.engine_options import EngineOptions, OptionError
+from accelerators.engine_factory import DeviceSpec, create_engine
+from accelerators.engine_options import OptionError
 from accelerators.flops import FlopCounter
 from service import contract
-from service.core import buckets as batch_buckets
 from service.core.batch_buffers import BatchBuffers
 from service.core.device_runner import DeviceRunner
 from service.core.metrics import Metrics
 from service.core.model import ModelSpec
+from service.core.model_settings import ModelSettings
 from service.core.model_table import UNLOADED, ModelTable
 from service.core.power_budget import PowerBudget
-from service.core.queue_policy import BatchPolicy
-from service.core.ranking import POLICIES, PREFER_ORDERS, DeviceRanking
+from service.core.ranking import DeviceRanking
 from service.core.repository import ModelRepository, RepositoryEntry, check_model_name
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
-from service.core.warmup import WarmupBatch, warmup_batches
+from service.core.warmup import WarmupBatch
 from service.errors import ConfigError, ModelNotFoundError
 from service.settings import Settings
 
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 # Batches in flight per device. One: while a device runs a batch the next one grows, so a busy
 # device gets the largest batches (with two, a small batch would follow every large one).
 BATCHES_PER_DEVICE = 1
-DEFAULT_LATENCY_BUDGET_MS = 100
 
 
 @dataclass
@@ -156,80 +155,57 @@ class ModelRegistry(ModelTable[LoadedModel]):
 
     async def _load_version(self, entry: RepositoryEntry, version: int,
                             path: Path) -> LoadedModel:
-        name = entry.name
-        spec = ModelSpec.from_config(entry.config, version, entry.labels)
-        routing = _parameter(spec, "policy", "prefer")
-        if routing not in POLICIES:
-            raise ConfigError(f"model {name!r}: parameters.policy: {routing!r} is unknown; "
-                              f"expected one of {list(POLICIES)}")
-        prefer_order = _parameter(spec, "prefer_order", "measured")
-        if prefer_order not in PREFER_ORDERS:
-            raise ConfigError(f"model {name!r}: parameters.prefer_order: {prefer_order!r} is "
-                              f"unknown; expected one of {list(PREFER_ORDERS)}")
-        budget_s = _budget_s(spec)
-        buckets = batch_buckets.Buckets.from_config(spec.config)
-        bucket_mode = batch_buckets.check_mode(name, _parameter(spec, "batch_buckets", "auto"))
-        warmup = warmup_batches(spec, buckets, path.parent.parent)
-        try:
-            ort_options = EngineOptions.from_config(spec.config)
-        except OptionError as e:
-            raise ConfigError(f"model {name!r}: {e}") from e
-        devices = _parameter(spec, "devices", DEFAULT_DEVICES)
+        # Off the event loop: the warm-up data files are read, the GPUs counted.
+        settings = await asyncio.to_thread(lambda: ModelSettings.parse(
+            entry.config, version, path.parent.parent, labels=entry.labels,
+            max_queue_size=self._settings.max_queue_size, node_gpus=gpu_count()))
+        spec, name = settings.spec, entry.name
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
-        shapes = _opencl_shapes(spec)
-        engines = await asyncio.to_thread(self._engines, spec, path, devices, ort_options, shapes)
+        engines = await asyncio.to_thread(self._engines, settings, path)
         batched = spec.max_batch_size > 0  # else a request, whatever its first dim, is a sample
         flops = await asyncio.to_thread(
             FlopCounter, path, {t.name: t.dims for t in spec.inputs}, batched)
-
-        def worker(instances: list[Engine]) -> DeviceRunner:
-            bucketed = buckets if buckets and batch_buckets.enabled(
-                bucket_mode, instances[0].device.kind) else None
-            if ort_options.cuda_graphs and not bucketed and instances[0].device.kind == "gpu":
-                raise ConfigError(f"model {name!r}: optimization.cuda.graphs needs fixed batch "
-                                  "shapes: batch_buckets 'auto' or 'on' and max_batch_size > 0")
-            for engine in instances if bucketed else ():
-                if isinstance(engine, PlansPerShape):
-                    assert bucketed is not None  # no engines to fix otherwise
-                    try:
-                        engine.fix_batch_sizes(bucketed.sizes)
-                    except OptionError as e:
-                        raise ConfigError(f"model {name!r}: {e}") from e
-            return DeviceRunner(name, instances, self._metrics, flops, bucketed, str(version))
-
-        # Off the event loop too: a worker's power meter may probe sensors (fpgainfo, sysfs).
-        workers = await asyncio.to_thread(lambda: [worker(e) for e in engines])
+        # Off the event loop too: a runner's power meter may probe sensors (fpgainfo, sysfs).
+        runners = await asyncio.to_thread(
+            lambda: [self._runner(settings, instances, flops) for instances in engines])
         outputs = [o.name for o in spec.outputs]
-        workers, warmup_s = await self._warm_up(spec, workers, warmup, outputs)
-        _log_gpu_memory(spec, workers, gpu_memory)
-        ranking = DeviceRanking(name, workers, routing, budget_s, outputs, self._metrics,
-                                self._power_budget, prefer_order)
-        policy = BatchPolicy.from_config(entry.config, self._settings.max_queue_size)
-        slots = BATCHES_PER_DEVICE * sum(w.instances for w in workers)
+        runners, warmup_s = await self._warm_up(spec, runners, list(settings.warmup), outputs)
+        _log_gpu_memory(spec, runners, gpu_memory)
+        place = settings.placement
+        ranking = DeviceRanking(name, runners, place.policy, place.latency_budget_s, outputs,
+                                self._metrics, self._power_budget, place.prefer_order)
+        slots = BATCHES_PER_DEVICE * sum(r.instances for r in runners)
         buffers = BatchBuffers({t.name: (t.dims, contract.served_dtype(t.datatype))
                                 for t in spec.inputs}, spec.max_batch_size, slots)
         stats = ModelStatistics()
         scheduler = Scheduler(
-            name, policy, ranking, outputs, slots, buffers, stats,
+            name, settings.batching, ranking, outputs, slots, buffers, stats,
             self._metrics.queue_duration.labels(model=name, version=str(version)).observe,
             self._metrics.expired.labels(model=name, version=str(version)).inc,
             self._power_budget)
-        config = model_config_pb2.ModelConfig()
-        config.CopyFrom(entry.config)
-        policy.effective(config)
-        config.parameters["devices"].string_value = ", ".join(
-            f"{w.device.engine}:{w.device.name}" for w in workers)
-        config.parameters["policy"].string_value = ranking.policy
-        config.parameters["prefer_order"].string_value = ranking.prefer_order
-        config.parameters["latency_budget_ms"].string_value = \
-            f"{ranking.latency_budget_s * 1e3:g}"
-        config.parameters["batch_buckets"].string_value = bucket_mode
+        devices = [f"{r.device.engine}:{r.device.name}" for r in runners]
         log.info("model %r version %d ready on %s (policy %s, instances %s, batch sizes %s, "
-                 "warm-up %.2f s)", name, version, config.parameters["devices"].string_value,
-                 ranking.policy, [w.instances for w in workers],
-                 [list(w.buckets.sizes) if w.buckets else "any" for w in workers], warmup_s)
-        return LoadedModel(spec, config, ranking, scheduler, stats, entry.stamps[version],
-                           next(self._generations))
+                 "warm-up %.2f s)", name, version, ", ".join(devices), place.policy,
+                 [r.instances for r in runners],
+                 [list(r.buckets.sizes) if r.buckets else "any" for r in runners], warmup_s)
+        return LoadedModel(spec, settings.effective_config(devices), ranking, scheduler, stats,
+                           entry.stamps[version], next(self._generations))
+
+    def _runner(self, settings: ModelSettings, instances: list[Engine],
+                flops: FlopCounter) -> DeviceRunner:
+        """The device runner of one device's engine instances, their plans fixed to its buckets
+        where it batches by buckets."""
+        name = settings.spec.name
+        bucketed = settings.buckets_for(instances[0].device.kind)
+        for engine in instances if bucketed else ():
+            if isinstance(engine, PlansPerShape):
+                assert bucketed is not None  # no engines to fix otherwise
+                try:
+                    engine.fix_batch_sizes(bucketed.sizes)
+                except OptionError as e:
+                    raise ConfigError(f"model {name!r}: {e}") from e
+        return DeviceRunner(name, instances, self._metrics, flops, bucketed,
+                            str(settings.spec.version))
 
     async def _warm_up(self, spec: ModelSpec, workers: list[DeviceRunner],
                        batches: list[WarmupBatch], outputs: list[str],
@@ -257,18 +233,14 @@ class ModelRegistry(ModelTable[LoadedModel]):
                                              version=str(spec.version)).set(seconds)
         return [w for w in workers if w not in failed], seconds
 
-    def _engines(self, spec: ModelSpec, path: Path, text: str, ort_options: EngineOptions,
-                 shapes: int | None) -> list[list[Engine]]:
+    def _engines(self, settings: ModelSettings, path: Path) -> list[list[Engine]]:
         """The engine instances of every device of the model's `devices` parameter that can run
         it; each device that cannot is logged with its reason."""
-        try:
-            devices = _every_gpu(spec, parse_devices(text))
-        except ValueError as e:
-            raise ConfigError(f"model {spec.name!r}: parameters.devices: {e}") from e
+        spec = settings.spec
         engines, reasons = [], []
-        for device in devices:
+        for device in settings.placement.devices:
             try:
-                engines.append(self._instances(spec, device, path, ort_options, shapes))
+                engines.append(self._instances(settings, device, path))
                 continue
             except OptionError as e:  # the config asks for what this node cannot give
                 raise ConfigError(f"model {spec.name!r}: {e}") from e
@@ -283,23 +255,24 @@ class ModelRegistry(ModelTable[LoadedModel]):
                               f"{path}: " + "; ".join(reasons))
         return engines
 
-    def _instances(self, spec: ModelSpec, device: DeviceSpec, path: Path,
-                   ort_options: EngineOptions, shapes: int | None) -> list[Engine]:
+    def _instances(self, settings: ModelSettings, device: DeviceSpec,
+                   path: Path) -> list[Engine]:
         """instance_group's count of engines on one device. Unless --intra-op-threads says
         otherwise, several instances split the cores between them rather than each taking all."""
         def threads(count: int) -> int:
             return self._settings.intra_op_threads or (
                 max(1, len(os.sched_getaffinity(0)) // count) if count > 1 else 0)
 
-        guess = threads(spec.instances(device.kind))
+        spec, options, shapes = settings.spec, settings.engine, settings.opencl_shapes
+        guess = threads(settings.placement.instances.count(device.kind))
         served = spec.served_dims()
-        first = create_engine(device, path, guess, ort_options, served, shapes)
+        first = create_engine(device, path, guess, options, served, shapes)
         _check_signature(spec, first)
-        count = spec.instances(first.device.kind)
+        count = settings.placement.instances.count(first.device.kind)
         # A device named without its kind ("onnxruntime") reveals the kind only now.
         engines = [first] if threads(count) == guess else []
-        return engines + [create_engine(device, path, threads(count), ort_options, served,
-                                        shapes) for _ in range(count - len(engines))]
+        return engines + [create_engine(device, path, threads(count), options, served, shapes)
+                          for _ in range(count - len(engines))]
 
     async def close(self) -> None:
         for lock in list(self._locks.values()):  # a load under way ends first; none after
@@ -307,35 +280,6 @@ class ModelRegistry(ModelTable[LoadedModel]):
         for model in self.loaded():
             await model.scheduler.close()
         self._models.clear()
-
-
-def _parameter(spec: ModelSpec, key: str, default: str) -> str:
-    param = spec.config.parameters.get(key)
-    return param.string_value.strip() if param is not None else default
-
-
-def _opencl_shapes(spec: ModelSpec) -> int | None:
-    """parameters.opencl_shapes: the request shapes whose plans the OpenCL engine keeps for a
-    model with variable dims; None: its default."""
-    text = _parameter(spec, "opencl_shapes", "")
-    if text and not (text.isdigit() and int(text) > 0):
-        raise ConfigError(f"model {spec.name!r}: parameters.opencl_shapes: {text!r} is not a "
-                          "positive number of request shapes")
-    return int(text) if text else None
-
-
-def _every_gpu(spec: ModelSpec, devices: list[DeviceSpec]) -> list[DeviceSpec]:
-    """`onnxruntime` (its best device) becomes `onnxruntime:gpuN` for each GPU the model's
-    instance_group allows (every GPU of the node by default) where the node has GPUs."""
-    node_gpus = gpu_count()
-    gpus = spec.gpus(node_gpus)  # checks the indexes even where no GPU is used
-    out = []
-    for device in devices:
-        if device.engine == "onnxruntime" and not device.device and node_gpus:
-            out += [DeviceSpec("onnxruntime", f"gpu{i}") for i in gpus]
-        else:
-            out.append(device)
-    return out
 
 
 def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceRunner],
@@ -347,18 +291,6 @@ def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceRunner],
     if grown:
         log.info("model %r version %d holds GPU memory (growth over its load): %s", spec.name,
                  spec.version, ", ".join(f"{gpu} {mib:.0f} MiB" for gpu, mib in grown.items()))
-
-
-def _budget_s(spec: ModelSpec) -> float:
-    text = _parameter(spec, "latency_budget_ms", str(DEFAULT_LATENCY_BUDGET_MS))
-    try:
-        budget = float(text)
-    except ValueError:
-        budget = -1.0
-    if not budget > 0:
-        raise ConfigError(f"model {spec.name!r}: parameters.latency_budget_ms: {text!r} is not "
-                          "a positive number of milliseconds")
-    return budget / 1e3
 
 
 def _check_signature(spec: ModelSpec, engine: Engine) -> None:

@@ -79,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _model(path: Path) -> tuple[Path, bool]:
     """The .onnx file, and whether its config asks for fp16."""
-    from accelerators.engine_options import EngineOptions
+    from service.core.engine_settings import parse_engine_options
     from service.core.repository import ModelRepository
 
     if not path.is_dir():
         return path, False
     entry = ModelRepository(path.parent).load(path.name)
-    return entry.versions[max(entry.versions)], EngineOptions.from_config(entry.config).fp16
+    return entry.versions[max(entry.versions)], parse_engine_options(entry.config).fp16
 
 
 def _fpga_id(text: str) -> str:

@@ -13,6 +13,7 @@ from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.input_normalization import Normalization, parse
 from accelerators.onnx_models import make_model
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
+from service.core.engine_settings import parse_engine_options
 from tests.support.daemon import MODEL, MODELS, Daemon, example_repository
 
 
@@ -31,7 +32,7 @@ def test_the_option_names_inputs_and_their_scale_mean_and_std() -> None:
 ])
 def test_a_malformed_option_is_refused_naming_the_part(text, message) -> None:
     with pytest.raises(OptionError, match=message):
-        EngineOptions.from_config(_config(text))
+        parse_engine_options(_config(text))
 
 
 def _config(uint8_inputs: str):

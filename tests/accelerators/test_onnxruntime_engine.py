@@ -13,6 +13,7 @@ from accelerators.devices import gpu_count
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
+from service.core.engine_settings import parse_engine_options
 from tests.support.daemon import MODEL, MODELS
 from tools import mnist_digits
 
@@ -24,7 +25,7 @@ needs_gpu = pytest.mark.skipif(
 
 
 def _options(text: str) -> EngineOptions:
-    return EngineOptions.from_config(text_format.Parse(text, model_config_pb2.ModelConfig()))
+    return parse_engine_options(text_format.Parse(text, model_config_pb2.ModelConfig()))
 
 
 def _param(key: str, value: str) -> str:

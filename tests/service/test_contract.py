@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from service import contract
-from service.core.buckets import Buckets
+from service.core.model_settings import parse_buckets
 from spark_jobs.client import ModelInterface
 from tests.support.daemon import MODEL, MODELS
 
@@ -27,7 +27,7 @@ def _cases() -> list[tuple[int, tuple[int, ...]]]:
 
 @pytest.mark.parametrize("max_batch_size, preferred", _cases())
 def test_full_client_requests_are_never_padded(max_batch_size, preferred) -> None:
-    buckets = Buckets.from_config(_config(max_batch_size, preferred))
+    buckets = parse_buckets(_config(max_batch_size, preferred))
     client = ModelInterface("m", "x", "FP32", (1,), "y", max_batch_size,
                             preferred_batch_sizes=preferred)
     assert client.batch_buckets == buckets.sizes  # one rule, both sides

@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from accelerators.engine_factory import DEFAULT_DEVICES, DeviceSpec, parse_devices
+from service.core.model_settings import InstanceGroups
 
 _Group = model_config_pb2.ModelInstanceGroup
 # Queue delays tried (µs): no window, and windows up to a few ms; only those well under a p99
@@ -50,19 +51,12 @@ def _kinds(devices: str) -> set[str]:
 def shipped_candidate(config: model_config_pb2.ModelConfig, devices: str) -> Candidate:
     """The shipped config as a candidate; `devices` the list its daemon actually served."""
     kinds = _kinds(devices)
-    instances = max((_instances(config, kind) for kind in kinds), default=1)
+    groups = InstanceGroups.parse(config)
+    instances = max((groups.count(kind) for kind in kinds), default=1)
     batching = config.HasField("dynamic_batching")
     return Candidate(devices, instances,
                      config.dynamic_batching.max_queue_delay_microseconds if batching else None,
                      tuple(sorted(config.dynamic_batching.preferred_batch_size)))
-
-
-def _instances(config: model_config_pb2.ModelConfig, kind: str) -> int:
-    wanted = {"cpu": _Group.KIND_CPU, "gpu": _Group.KIND_GPU}.get(kind)
-    for group in config.instance_group:
-        if group.kind in (_Group.KIND_AUTO, wanted):
-            return max(1, group.count)
-    return 1
 
 
 def render(config: model_config_pb2.ModelConfig, candidate: Candidate) -> str:

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2
 
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from service.core.buckets import Buckets
+from service.core.model_settings import parse_buckets
 from service.errors import ConfigError
 from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 from tests.support.metrics import scrape, total
@@ -29,16 +30,16 @@ def _config(text: str) -> model_config_pb2.ModelConfig:
 
 def test_buckets_are_the_preferred_sizes_else_powers_of_two_and_the_maximum() -> None:
     # max_batch_size itself too: a client's full request of 20 rows is one unpadded run.
-    assert Buckets.from_config(_config("max_batch_size: 20")).sizes == (1, 2, 4, 8, 16, 20)
-    assert Buckets.from_config(_config(
+    assert parse_buckets(_config("max_batch_size: 20")).sizes == (1, 2, 4, 8, 16, 20)
+    assert parse_buckets(_config(
         "max_batch_size: 64 dynamic_batching { preferred_batch_size: [8, 2] }")).sizes == (2, 8)
-    assert Buckets.from_config(_config("max_batch_size: 0")) is None
+    assert parse_buckets(_config("max_batch_size: 0")) is None
 
 
 def test_a_preferred_size_above_max_batch_size_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"preferred_batch_size 16 .* accepted values are "
                                           r"1 to 8"):
-        Buckets.from_config(_config(
+        parse_buckets(_config(
             "max_batch_size: 8 dynamic_batching { preferred_batch_size: [4, 16] }"))
 
 

@@ -20,7 +20,7 @@ from service.core.batch_buffers import Batch, BatchBuffers
 from service.core.buckets import Buckets
 from service.core.device_runner import BatchTimes, DeviceRunner
 from service.core.metrics import Metrics
-from service.core.queue_policy import BatchPolicy
+from service.core.model_settings import parse_batch_policy
 from service.core.ranking import DeviceRanking
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
@@ -150,7 +150,7 @@ def test_efficiency_ranks_an_emulator_without_figures_of_its_own_last(workers) -
 def _scheduler(ranking: DeviceRanking) -> Scheduler:
     config = text_format.Parse("max_batch_size: 8", model_config_pb2.ModelConfig())
     buffers = BatchBuffers({"image": ((1, 28, 28), np.dtype(np.float32))}, 8, 1)
-    return Scheduler(MODEL, BatchPolicy.from_config(config, 64), ranking, ["logits"], 1,
+    return Scheduler(MODEL, parse_batch_policy(config, 64), ranking, ["logits"], 1,
                      buffers, ModelStatistics(), lambda s: None, lambda: None)
 
 

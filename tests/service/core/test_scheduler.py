@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from service.core.batch_buffers import BatchBuffers
+from service.core.model_settings import ModelSettings, parse_batch_policy
 from service.core.queue_policy import BatchPolicy, RequestOptions
 from service.core.scheduler import Scheduler
 from service.core.statistics import ModelStatistics
@@ -33,7 +35,7 @@ def _policy(max_batch_size: int, batching: str | None = "max_queue_delay_microse
     if batching is not None:
         text += f"dynamic_batching {{ {batching} }}\n"
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
-    return BatchPolicy.from_config(config, max_queue_size)
+    return parse_batch_policy(config, max_queue_size)
 
 
 class _Device:
@@ -388,13 +390,16 @@ def test_an_input_that_cannot_be_read_fails_its_request_alone() -> None:
 
 
 def test_policy_from_config_and_the_effective_config() -> None:
-    text = ("max_batch_size: 8 dynamic_batching { priority_levels: 3 "
-            "priority_queue_policy { key: 1 value: { max_queue_size: 5 } } }")
-    config = text_format.Parse(text, model_config_pb2.ModelConfig())
-    policy = BatchPolicy.from_config(config, 64)
+    text = ('name: "m" max_batch_size: 8 dynamic_batching { priority_levels: 3 '
+            "priority_queue_policy { key: 1 value: { max_queue_size: 5 } } } "
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ] '
+            'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]')
+    settings = ModelSettings.parse(text_format.Parse(text, model_config_pb2.ModelConfig()), 1,
+                                   Path(), max_queue_size=64, node_gpus=0)
+    policy = settings.batching
     assert [q.max_queue_size for q in policy.levels] == [5, 64, 64]
     assert policy.default_priority == 2 and policy.level(0) == 1 and policy.level(9) == 1
-    policy.effective(config)
+    config = settings.effective_config(["onnxruntime:cpu0"])
     assert config.dynamic_batching.default_priority_level == 2
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 64
 
@@ -542,7 +547,7 @@ def test_a_bad_window_fails_the_model_naming_the_field(text, message) -> None:
     config = text_format.Parse(f'name: "m" max_batch_size: 8 {text}',
                                model_config_pb2.ModelConfig())
     with pytest.raises(ConfigError, match=message):
-        BatchPolicy.from_config(config, 100)
+        parse_batch_policy(config, 100)
 
 
 @pytest.mark.parametrize("batch_s, handoff_s, inline", [

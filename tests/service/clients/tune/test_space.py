@@ -8,7 +8,7 @@ from tritonclient.grpc import model_config_pb2
 from accelerators.engine_factory import DeviceSpec
 from service.clients.tune import space
 from service.clients.tune.space import Candidate
-from service.core.model import ModelSpec
+from service.core.model_settings import InstanceGroups
 from tests.support.daemon import MODEL, MODELS
 
 
@@ -28,7 +28,7 @@ def test_a_rendered_candidate_keeps_the_rest_of_the_config_and_reads_back_as_its
     config = text_format.Parse(space.render(_shipped(), candidate),
                                model_config_pb2.ModelConfig())
     assert space.shipped_candidate(config, space.devices_of(config)) == candidate
-    assert ModelSpec.from_config(config, 1).instances("cpu") == 3
+    assert InstanceGroups.parse(config).count("cpu") == 3
     assert (config.max_batch_size, config.input[0].name) == (128, "image")
     unbatched = text_format.Parse(space.render(_shipped(), Candidate("onnxruntime:cpu0", 1,
                                                                      None, ())),
