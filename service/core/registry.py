@@ -207,23 +207,23 @@ class ModelRegistry(ModelTable[LoadedModel]):
         return DeviceRunner(name, instances, self._metrics, flops, bucketed,
                             str(settings.spec.version))
 
-    async def _warm_up(self, spec: ModelSpec, workers: list[DeviceRunner],
+    async def _warm_up(self, spec: ModelSpec, runners: list[DeviceRunner],
                        batches: list[WarmupBatch], outputs: list[str],
                        ) -> tuple[list[DeviceRunner], float]:
-        """Runs the warm-up on every worker's instances at once. A device that fails it is
+        """Runs the warm-up on every device runner's instances at once. A device that fails it is
         dropped, with one log line naming it and the cause, and the others serve; only when
         every device fails does the model fail. The devices that passed, and the seconds (also
         exported)."""
         started = time.perf_counter()
         results = await asyncio.gather(*(asyncio.to_thread(w.warm_up, batches, outputs)
-                                         for w in workers), return_exceptions=True)
-        failed = {w: r for w, r in zip(workers, results) if isinstance(r, Exception)}
-        for worker, error in failed.items():
-            worker.close()
+                                         for w in runners), return_exceptions=True)
+        failed = {w: r for w, r in zip(runners, results) if isinstance(r, Exception)}
+        for runner, error in failed.items():
+            runner.close()
             log.warning("model %r version %d: %s:%s failed its warm-up and is dropped: %s: %s",
-                        spec.name, spec.version, worker.device.engine, worker.device.name,
+                        spec.name, spec.version, runner.device.engine, runner.device.name,
                         type(error).__name__, error)
-        if len(failed) == len(workers):
+        if len(failed) == len(runners):
             raise ConfigError(f"model {spec.name!r} version {spec.version}: warm-up failed on "
                               "every device: " + "; ".join(
                                   f"{w.device.name}: {type(e).__name__}: {e}"
@@ -231,7 +231,7 @@ class ModelRegistry(ModelTable[LoadedModel]):
         seconds = time.perf_counter() - started
         self._metrics.warmup_duration.labels(model=spec.name,
                                              version=str(spec.version)).set(seconds)
-        return [w for w in workers if w not in failed], seconds
+        return [w for w in runners if w not in failed], seconds
 
     def _engines(self, settings: ModelSettings, path: Path) -> list[list[Engine]]:
         """The engine instances of every device of the model's `devices` parameter that can run
@@ -282,11 +282,11 @@ class ModelRegistry(ModelTable[LoadedModel]):
         self._models.clear()
 
 
-def _log_gpu_memory(spec: ModelSpec, workers: list[DeviceRunner],
+def _log_gpu_memory(spec: ModelSpec, runners: list[DeviceRunner],
                     before: dict[str, int]) -> None:
     """The growth of each used GPU's memory over the model's load (engines and warm-up)."""
     after = gpu_memory_used()
-    used = sorted({w.device.name for w in workers if w.device.kind == "gpu"} & set(before))
+    used = sorted({w.device.name for w in runners if w.device.kind == "gpu"} & set(before))
     grown = {gpu: (after.get(gpu, before[gpu]) - before[gpu]) / 2**20 for gpu in used}
     if grown:
         log.info("model %r version %d holds GPU memory (growth over its load): %s", spec.name,
