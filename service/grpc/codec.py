@@ -27,7 +27,7 @@ M = TypeVar("M", bound=Message)
 _MAX_TENSOR_BYTES = 1 << 40
 # Typed contents are converted value by value: up to INLINE_TYPED_VALUES on the event loop
 # (about 0.2 ms), more in the decoding process (service/grpc/decoding.py), at most
-# MAX_TYPED_VALUES an input (65,536 take 3-40 ms there on a shared 2-vCPU machine).
+# MAX_TYPED_VALUES an input (65,536 take 3-10 ms there on a shared 2-vCPU machine).
 INLINE_TYPED_VALUES = 4096
 MAX_TYPED_VALUES = 1 << 16
 # The tensor parameters that place it in shared memory (what REST refuses, too).

@@ -21,10 +21,10 @@ from service.grpc.codec import SHM_KEYS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
-# An infer request's JSON part is parsed on the event loop up to INLINE_JSON_BYTES (about 0.5
-# ms), else in the decoding process (service/grpc/decoding.py), at most MAX_JSON_BYTES (about
-# 25 ms there on a shared 2-vCPU machine); tensors beyond travel as binary data
-# (tritonclient.http's default), which costs nothing to parse.
+# An infer request's JSON part is parsed on the event loop up to INLINE_JSON_BYTES (about 0.2
+# ms), else in the decoding process (service/grpc/decoding.py), at most MAX_JSON_BYTES (25-80 ms
+# there on a shared 2-vCPU machine); tensors beyond travel as binary data (tritonclient.http's
+# default), which costs nothing to parse.
 INLINE_JSON_BYTES = 16 << 10
 MAX_JSON_BYTES = 512 << 10
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
