@@ -1,6 +1,7 @@
 """Decoding too slow for the event loop (many typed values, a large JSON body) happens in the
 decoding process (service/grpc/decoding.py): its answers are those of raw bytes, its errors come
-back as statuses, and a binary request is answered while such a decode is in progress."""
+back as statuses, each caller waits its own turn, and a binary request is answered while such a
+decode is in progress."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import http.client
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +76,25 @@ def test_the_decoding_process_converts_and_its_errors_come_back() -> None:
     array, error = asyncio.run(run())
     assert array.dtype == np.float32 and array.tolist() == [[1.5, -2.0], [3.25, 0.0]]
     assert str(error) == "input 'x': contents hold values outside the range of INT8"
+
+
+def test_a_callers_decodes_wait_their_turn_behind_anothers_first() -> None:
+    """Caller a asks for three decodes, then b for one: b's runs second, not fourth."""
+    async def run() -> list[str]:
+        pool, done = DecodePool(), []
+
+        async def decode(caller: str, tag: str) -> None:
+            await pool.run(caller, time.sleep, 0.2)
+            done.append(tag)
+        try:
+            first = [asyncio.create_task(decode("a", f"a{i}")) for i in range(3)]
+            await asyncio.sleep(0)  # a's three are asked for before b's
+            await asyncio.gather(*first, decode("b", "b0"))
+        finally:
+            pool.close()
+        return done
+
+    assert asyncio.run(run()) == ["a0", "b0", "a1", "a2"]
 
 
 def test_many_typed_values_are_answered_as_raw_bytes_are(rest, holdout) -> None:
