@@ -32,7 +32,7 @@ class DecodePool:
         self._turns[caller] = (turn, waiting + 1)
         try:
             async with turn:
-                done = asyncio.wrap_future(self._pool().submit(work, *args))
+                done = asyncio.wrap_future(self._submit(work, args))
                 try:
                     return await asyncio.shield(done)
                 except asyncio.CancelledError:
@@ -50,6 +50,13 @@ class DecodePool:
                 del self._turns[caller]
             else:
                 self._turns[caller] = (turn, waiting - 1)
+
+    def _submit(self, work: Callable[..., T], args: tuple) -> concurrent.futures.Future[T]:
+        try:
+            return self._pool().submit(work, *args)
+        except concurrent.futures.process.BrokenProcessPool:  # it ended while idle: a new one
+            self.close()
+            return self._pool().submit(work, *args)
 
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._executor is None:

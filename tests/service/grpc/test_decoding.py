@@ -162,3 +162,21 @@ def test_a_binary_request_is_answered_while_a_json_body_is_decoded(one_process,
     assert status == 200
     assert list(np.array(document["outputs"][0]["data"]).reshape(8, 10).argmax(1)) == \
         list(holdout[1][:8])
+
+
+def test_a_decoding_process_that_ended_is_replaced(one_process, holdout) -> None:
+    """Killed while idle: the next large body starts a new one and is answered."""
+    images = holdout[0][:8].astype(np.float32)
+    assert _json_infer(one_process.http, images)[0] == 200  # the process runs
+    (decoder,) = _decoders(one_process.process.pid)
+    os.kill(decoder, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    children = Path(f"/proc/{one_process.process.pid}/task/{one_process.process.pid}/children")
+    while str(decoder) in children.read_text().split():  # until the daemon has reaped it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, document = _json_infer(one_process.http, images)
+    assert status == 200, document
+    assert list(np.array(document["outputs"][0]["data"]).reshape(8, 10).argmax(1)) == \
+        list(holdout[1][:8])
+    assert _decoders(one_process.process.pid) not in ([], [decoder])
