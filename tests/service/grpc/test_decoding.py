@@ -180,3 +180,20 @@ def test_a_decoding_process_that_ended_is_replaced(one_process, holdout) -> None
     assert list(np.array(document["outputs"][0]["data"]).reshape(8, 10).argmax(1)) == \
         list(holdout[1][:8])
     assert _decoders(one_process.process.pid) not in ([], [decoder])
+
+
+def test_a_stream_answers_many_typed_values_and_what_follows(rest, holdout) -> None:
+    images = holdout[0][:TYPED_IMAGES].astype(np.float32)
+    typed = service_pb2.ModelInferRequest(model_name=MODEL, id="typed")
+    typed.inputs.add(name="image", datatype="FP32", shape=images.shape
+                     ).contents.fp32_contents.extend(images.ravel().tolist())
+    raw = service_pb2.ModelInferRequest(model_name=MODEL, id="raw")
+    raw.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
+    raw.raw_input_contents.append(images[:1].tobytes())
+    with grpcclient.InferenceServerClient(rest.socket_url) as client:
+        replies = list(client._client_stub.ModelStreamInfer(iter([typed, raw]), timeout=60))
+    assert not [r.error_message for r in replies if r.error_message]
+    answers = {r.infer_response.id: np.frombuffer(r.infer_response.raw_output_contents[0],
+                                                  np.float32) for r in replies}
+    assert list(answers["typed"].reshape(-1, 10).argmax(1)) == list(holdout[1][:TYPED_IMAGES])
+    assert answers["raw"].argmax() == holdout[1][0]
