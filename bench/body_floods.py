@@ -1,8 +1,10 @@
 """The floods of request bodies that bench/floods.py runs: uploads that never finish, and requests
 decoded at the daemon's caps. Each attacker process is one caller (bench/floods.py runs several,
 each as a uid of its own, where it may) and prints what happened as counts, in JSON. The decode
-flood's requests ask for an output the model lacks: each is decoded in full, then refused
-INVALID_ARGUMENT, so that what it costs the other callers is the decoding, not a device's time."""
+flood's requests ask for an output the model lacks, so that what they cost the other callers is
+decoding, not a device's time: the JSON is parsed in full (in the daemon's decoding process), then
+refused 400; the typed requests are refused INVALID_ARGUMENT from their header, before any of
+their values is converted."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from service.core.model import Shaped
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Inputs, ServedModel, ServedModels
@@ -48,20 +49,18 @@ class DataPlane:
             return False
         return self.ready
 
-    def submit(self, model: ServedModel, inputs: Inputs, requested_outputs: list[str],
-               options: RequestOptions = DEFAULT_OPTIONS
-               ) -> tuple[list[str], asyncio.Future[Answer]]:
-        """Validates and queues a request now (raising what refuses it); returns the names of
-        the outputs to reply with and the future of the batch's answer (`select` picks them
-        from it). Cancelling the future withdraws the request."""
+    def check(self, model: ServedModel, inputs: Mapping[str, Shaped],
+              requested_outputs: list[str]) -> tuple[list[str], int]:
+        """Checks a request's inputs (their headers: names, datatypes, shapes; no value need be
+        read) and outputs against the model, counting a refusal; returns the names of the
+        outputs to reply with (`select` picks them from the answer) and the batch size."""
         start = time.monotonic()
         try:
             size = model.spec.validate(inputs)
-            names = model.spec.check_outputs(requested_outputs)
+            return model.spec.check_outputs(requested_outputs), size
         except BaseException:
             model.stats.fail.add(time.monotonic() - start)
             raise
-        return names, self.enqueue(model, inputs, size, options, start)
 
     def enqueue(self, model: ServedModel, inputs: Inputs, size: int,
                 options: RequestOptions = DEFAULT_OPTIONS, start: float | None = None,

@@ -7,6 +7,7 @@ import math
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -24,9 +25,12 @@ from service.grpc.shared_memory import Caller, RegionTensor, SharedMemoryRegions
 M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
 _MAX_TENSOR_BYTES = 1 << 40
-# The tensor parameters that place it in shared memory (what REST refuses, too).
-# Typed contents are converted value by value on the event loop: 65,536 take about 4 ms.
+# Typed contents are converted value by value: up to INLINE_TYPED_VALUES on the event loop
+# (about 0.2 ms), more in the decoding process (service/grpc/decoding.py), at most
+# MAX_TYPED_VALUES an input (65,536 take 3-10 ms there on a shared 2-vCPU machine).
+INLINE_TYPED_VALUES = 4096
 MAX_TYPED_VALUES = 1 << 16
+# The tensor parameters that place it in shared memory (what REST refuses, too).
 SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
@@ -46,23 +50,33 @@ def uses_shared_memory(request: service_pb2.ModelInferRequest) -> bool:
                for key in SHM_KEYS)
 
 
-def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryRegions,
-                  caller: Caller | None) -> dict[str, np.ndarray | RegionTensor]:
-    """Each input from `caller`'s shared memory (read only where its batch is assembled), raw
-    bytes (one entry per input not in shared memory, in order; no copy) or typed contents."""
-    raw = request.raw_input_contents
-    inputs = list(request.inputs)
-    in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
-                 for t in inputs]
-    expected_raw = in_memory.count(None)
-    if raw and len(raw) != expected_raw:
-        raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
-                                f"{expected_raw} expected (one per input not in shared memory)")
-    raw_entries = iter(raw)
-    arrays: dict[str, np.ndarray | RegionTensor] = {}
-    for t, place in zip(inputs, in_memory):
+@dataclass(frozen=True, slots=True)
+class Header:
+    """An input as its request's header describes it, before any of its values is read: what
+    the model checks first (ModelSpec.validate)."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Typed:
+    """An input's typed contents, still to be converted (`typed`, in the decoding process where
+    they are many): their message's bytes, and what they must become."""
+
+    contents: bytes  # a serialized InferTensorContents
+    datatype: str
+    shape: tuple[int, ...]
+    field: str  # the request's, for errors
+
+
+def headers(request: service_pb2.ModelInferRequest) -> dict[str, Header]:
+    """Each input's datatype and shape, checked for what any model needs (a known datatype,
+    non-negative dimensions of a bounded size, each name once); no value is read."""
+    found: dict[str, Header] = {}
+    for t in request.inputs:
         field = f"input {shown(t.name)}"
-        if t.name in arrays:
+        if t.name in found:
             raise InvalidInputError(f"inputs: {field} appears twice")
         dtype = contract.numpy_dtype(t.datatype)
         if dtype is None:
@@ -72,11 +86,36 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
         if shape and min(shape) < 0:
             raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, "
                                     "expected non-negative dimensions")
-        count = math.prod(shape)
         # A zero dimension makes any shape empty: bound the others too.
-        if (count or math.prod(max(d, 1) for d in shape)) * dtype.itemsize > _MAX_TENSOR_BYTES:
+        if (math.prod(shape) or math.prod(max(d, 1) for d in shape)) * dtype.itemsize > \
+                _MAX_TENSOR_BYTES:
             raise InvalidInputError(f"{field}: shape {list(shape)[:8]} received, expected "
                                     f"dimensions that describe at most {_MAX_TENSOR_BYTES} bytes")
+        found[t.name] = Header(dtype, shape)
+    return found
+
+
+def decode_inputs(request: service_pb2.ModelInferRequest, found: dict[str, Header],
+                  regions: SharedMemoryRegions, caller: Caller | None
+                  ) -> dict[str, np.ndarray | RegionTensor | Typed]:
+    """Each input of a request whose `headers` are `found` (and checked against the model): from
+    `caller`'s shared memory (read only where its batch is assembled), raw bytes (one entry per
+    input not in shared memory, in order; no copy), or typed contents, converted here when they
+    are few, else left to convert (Typed)."""
+    raw = request.raw_input_contents
+    inputs = list(request.inputs)
+    in_memory = [_shared_memory(t.parameters, "input", t.name) if t.parameters else None
+                 for t in inputs]
+    expected_raw = in_memory.count(None)
+    if raw and len(raw) != expected_raw:
+        raise InvalidInputError(f"raw_input_contents: {len(raw)} entries received, "
+                                f"{expected_raw} expected (one per input not in shared memory)")
+    raw_entries = iter(raw)
+    arrays: dict[str, np.ndarray | RegionTensor | Typed] = {}
+    for t, place in zip(inputs, in_memory):
+        field = f"input {shown(t.name)}"
+        dtype, shape = found[t.name].dtype, found[t.name].shape
+        count = math.prod(shape)
         if place is not None or raw:
             where = "its shared memory" if place is not None else "raw_input_contents"
             if t.HasField("contents") and t.contents.ListFields():
@@ -96,24 +135,31 @@ def decode_inputs(request: service_pb2.ModelInferRequest, regions: SharedMemoryR
                     f"{field}: {where} holds {len(data)} bytes, {expected} expected "
                     f"for {t.datatype} {list(shape)}")
             arrays[t.name] = np.ndarray(shape, dtype, buffer=data)  # a view of the bytes
-        else:
-            values = getattr(t.contents, contract.CONTENTS_FIELD.get(t.datatype, ""), ())
-            if len(values) > MAX_TYPED_VALUES:  # refused before any value is converted
-                raise InvalidInputError(
-                    f"{field}: {len(values)} values in contents received; typed contents are "
-                    f"taken up to {MAX_TYPED_VALUES} values (decoding more would stall other "
-                    "callers): send larger tensors as raw_input_contents or shared memory")
-            if len(values) != count:
-                raise InvalidInputError(
-                    f"{field}: {len(values)} values in contents received, {count} "
-                    f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
-            try:
-                arrays[t.name] = np.asarray(values, dtype).reshape(shape)
-            except OverflowError:
-                raise InvalidInputError(
-                    f"{field}: contents hold values outside the range of "
-                    f"{t.datatype}") from None
+            continue
+        values = len(getattr(t.contents, contract.CONTENTS_FIELD.get(t.datatype, ""), ()))
+        if values > MAX_TYPED_VALUES:  # refused before any value is converted
+            raise InvalidInputError(
+                f"{field}: {values} values in contents received; typed contents are "
+                f"taken up to {MAX_TYPED_VALUES} values: send larger tensors as "
+                "raw_input_contents or shared memory")
+        if values != count:
+            raise InvalidInputError(
+                f"{field}: {values} values in contents received, {count} "
+                f"expected for {t.datatype} {list(shape)} (FP16 travels only as raw bytes)")
+        tensor = Typed(t.contents.SerializeToString(), t.datatype, shape, field)
+        arrays[t.name] = typed(tensor) if values <= INLINE_TYPED_VALUES else tensor
     return arrays
+
+
+def typed(tensor: Typed) -> np.ndarray:
+    """Typed contents converted, value by value (protobuf's repeated fields hold no buffer)."""
+    contents = service_pb2.InferTensorContents.FromString(tensor.contents)
+    values = getattr(contents, contract.CONTENTS_FIELD[tensor.datatype])
+    try:
+        return np.asarray(values, contract.numpy_dtype(tensor.datatype)).reshape(tensor.shape)
+    except OverflowError:
+        raise InvalidInputError(f"{tensor.field}: contents hold values outside the range of "
+                                f"{tensor.datatype}") from None
 
 
 def encode_response(request: service_pb2.ModelInferRequest, spec: ModelSpec, answer: Answer,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
+from typing import TypeVar
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram
@@ -23,10 +25,13 @@ from service.core.types import Answer, ModelControls, ServedModel
 from service.errors import HetserveError, Status, StreamIdleError, status_of
 from service.grpc import codec, shared_memory
 from service.grpc.credentials import admin_token, holds
+from service.grpc.decoding import DecodePool
 from service.grpc.door import Peers
 from service.grpc.inflight import InflightLimit
 from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -55,6 +60,7 @@ class InferenceServicer:
         self._token_uid = settings.shm_uid_for_token
         self._stream_window = settings.max_stream_inflight
         self._inflight = InflightLimit(settings.max_rpcs_per_caller)  # gRPC's and REST's
+        self.decoding = DecodePool()  # gRPC's and REST's; the daemon closes it
         self._stream_idle_s = settings.stream_idle_s
         self._energy = settings.response_energy
         # Children per served model version (and status code): a bounded set of labels.
@@ -205,8 +211,8 @@ class InferenceServicer:
                         request = pb.ModelInferRequest()
                         try:
                             request = codec.parse_message(pb.ModelInferRequest, data)
-                            call = self._submit(request, context,
-                                                self._caller_of(request, context))
+                            call = await self._submit(request, context,
+                                                      self._caller_of(request, context))
                         except Exception as e:
                             replies.put_nowait(self._error_reply(request, e))
                             continue
@@ -248,17 +254,18 @@ class InferenceServicer:
 
     async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
                      caller: Caller | None) -> pb.ModelInferResponse:
-        call = self._submit(request, context, caller)
+        call = await self._submit(request, context, caller)
         try:
             await call.answer  # a cancelled caller cancels it, which withdraws the request
         except HetserveError:
             pass  # _finish counts it and raises it
         return self._finish(call)
 
-    def _submit(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
-                caller: Caller | None) -> _Call:
-        """Decodes, validates and queues a request; raises (and counts) what refuses it.
-        `caller` owns the shared memory regions it may name."""
+    async def _submit(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
+                      caller: Caller | None) -> _Call:
+        """Checks the request's header against the model, then decodes its values (many typed
+        values in the decoding process, in the caller's turn) and queues it; raises (and
+        counts) what refuses it. `caller` owns the shared memory regions it may name."""
         start = time.perf_counter()
         model = None
         held = ""  # the in-flight count it holds, from before decoding until it is answered
@@ -266,11 +273,14 @@ class InferenceServicer:
             model = self._plane.model(request.model_name, request.model_version)
             queue_caller = self._queue_caller(context)
             held = self._inflight.enter(*queue_caller)
-            names, answer = self._plane.submit(
-                model, codec.decode_inputs(request, self._regions, caller),
-                [o.name for o in request.outputs],
-                codec.request_options(request, context.time_remaining(), *queue_caller))
-        except Exception as e:
+            headers = codec.headers(request)
+            names, size = self._plane.check(model, headers, [o.name for o in request.outputs])
+            options = codec.request_options(request, context.time_remaining(), *queue_caller)
+            inputs = {name: await self.decoding.run(queue_caller[0], codec.typed, tensor)
+                      if isinstance(tensor, codec.Typed) else tensor for name, tensor in
+                      codec.decode_inputs(request, headers, self._regions, caller).items()}
+            answer = self._plane.enqueue(model, inputs, size, options)
+        except BaseException as e:
             self._inflight.leave(held)
             if isinstance(e, HetserveError):
                 # only served names become label values: clients cannot grow the set
@@ -279,6 +289,12 @@ class InferenceServicer:
         answer.add_done_callback(lambda _: self._inflight.leave(held))
         self._track_pending(model.spec, answer)
         return _Call(request, model, names, answer, start, caller)
+
+    async def decoded(self, context: grpc.aio.ServicerContext, work: Callable[..., T],
+                      *args: object) -> T:
+        """`work(*args)` in the decoding process, in the turn of the call's caller (as its queue
+        places count it): REST's large JSON bodies."""
+        return await self.decoding.run(self._queue_caller(context)[0], work, *args)
 
     def _track_pending(self, spec: ModelSpec, answer: asyncio.Future[Answer]) -> None:
         """Pending from queueing until the answer is done, however it ends (cancelled too)."""

@@ -21,8 +21,11 @@ from service.grpc.codec import SHM_KEYS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
-# The JSON part is parsed on the event loop: 512 KiB take about 5 ms; tensors beyond travel as
-# binary data (tritonclient.http's default), which costs nothing to parse.
+# An infer request's JSON part is parsed on the event loop up to INLINE_JSON_BYTES (about 0.2
+# ms), else in the decoding process (service/grpc/decoding.py), at most MAX_JSON_BYTES (25-80 ms
+# there on a shared 2-vCPU machine); tensors beyond travel as binary data (tritonclient.http's
+# default), which costs nothing to parse.
+INLINE_JSON_BYTES = 16 << 10
 MAX_JSON_BYTES = 512 << 10
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
@@ -82,6 +85,20 @@ def infer_request(body: bytes, header_length: str | None, model: str,
         _set_parameters(request.outputs.add(name=name).parameters, wanted,
                         f"outputs[{i}].parameters")
     return request, binary_outputs
+
+
+def json_bytes(body: bytes, header_length: str | None) -> int:
+    """How much of an infer request's body is JSON (all of it where the header is not a
+    number: infer_request refuses it)."""
+    return int(header_length) if header_length and header_length.isdigit() else len(body)
+
+
+def serialized_infer_request(body: bytes, header_length: str | None, model: str,
+                             version: str) -> tuple[bytes, set[str] | None]:
+    """infer_request, in the decoding process: the request's bytes (its message class does not
+    pickle)."""
+    request, binary_outputs = infer_request(body, header_length, model, version)
+    return request.SerializeToString(), binary_outputs
 
 
 def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memoryview) -> int:

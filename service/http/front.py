@@ -237,9 +237,14 @@ class HttpFront:
         return web.Response(status=200)
 
     async def _infer(self, request: web.Request) -> web.Response:
-        message, binary = codec.infer_request(
-            await self._body(request), request.headers.get(codec.HEADER_LENGTH),
-            request.match_info["model"], _version(request))
+        body, length = await self._body(request), request.headers.get(codec.HEADER_LENGTH)
+        where = (body, length, request.match_info["model"], _version(request))
+        if codec.json_bytes(body, length) <= codec.INLINE_JSON_BYTES:
+            message, binary = codec.infer_request(*where)
+        else:  # off the event loop, in the caller's turn
+            data, binary = await self._servicer.decoded(
+                _Call(request), codec.serialized_infer_request, *where)
+            message = pb.ModelInferRequest.FromString(data)
         body, header_length = codec.infer_response(
             await self._servicer.ModelInfer(message, _Call(request)), binary)
         if header_length is None:

@@ -69,6 +69,7 @@ async def serve(settings: Settings) -> None:
             cleanup.callback(regions.close)
             peers = Peers(UploadBudget.from_settings(settings))
             servicer = InferenceServicer(plane, metrics, regions, peers, settings, control)
+            cleanup.callback(servicer.decoding.close)
             front: GrpcFront | Frontends = GrpcFront(settings, token, servicer, plane, peers)
             http = HttpFront(settings, token, servicer, peers, metrics) \
                 if settings.http_port else None

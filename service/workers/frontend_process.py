@@ -114,6 +114,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     await owner.first
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
+        cleanup.callback(servicer.decoding.close)
         await front.start(cleanup)
         if http is not None:
             await http.start(cleanup)

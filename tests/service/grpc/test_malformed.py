@@ -66,15 +66,36 @@ def test_contents_and_raw_bytes_for_one_input_are_refused(daemon, holdout) -> No
                                       "received; send the tensor in one of them")
 
 
-def test_contents_out_of_their_datatype_range_are_refused(daemon) -> None:
+def test_the_header_is_checked_against_the_model_before_any_value_is_converted(daemon) -> None:
+    """83 digits as INT8 contents, each out of INT8's range: the model's datatype is named, so
+    the values were never converted (converting them would have failed on their range)."""
     request = service_pb2.ModelInferRequest(model_name=MODEL)
-    request.inputs.add(name="image", datatype="INT8", shape=[1, 1]).contents.int_contents.append(
-        300)
+    request.inputs.add(name="image", datatype="INT8", shape=[83, 1, 28, 28]
+                       ).contents.int_contents.extend([300] * (83 * 784))
     with grpc.insecure_channel(daemon.url) as channel:
         with pytest.raises(grpc.RpcError) as caught:
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "outside the range of INT8" in caught.value.details()
+    assert caught.value.details() == "input 'image': datatype INT8 received, FP32 expected"
+
+
+@pytest.mark.parametrize("shape, output, message", [
+    ([83, 1, 28, 27], "logits", "input 'image': shape [83, 1, 28, 27] received, "
+                                "[-1, 1, 28, 28] expected"),
+    ([83, 1, 28, 28], "no-such-output", "outputs: unknown output 'no-such-output'"),
+])
+def test_a_typed_request_the_model_refuses_is_refused_from_its_header(daemon, shape, output,
+                                                                     message) -> None:
+    """Typed contents at the cap, with the wrong shape or an output the model lacks."""
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="FP32", shape=shape).contents.fp32_contents.extend(
+        [0.25] * int(np.prod(shape)))
+    request.outputs.add(name=output)
+    with grpc.insecure_channel(daemon.url) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(message)
 
 
 @pytest.mark.parametrize("method", ["CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
