@@ -25,7 +25,8 @@ from service.errors import InvalidInputError
 from service.grpc import codec
 from service.grpc.decoding import DecodePool
 from service.http.codec import INLINE_JSON_BYTES
-from tests.conftest import MODEL, Daemon, example_repository, free_port, image_input
+from service.local_daemon import free_port
+from tests.support.daemon import MODEL, Daemon, example_repository, image_input
 
 TYPED_IMAGES = 83  # 65,072 values: above what is converted on the event loop, under the cap
 
