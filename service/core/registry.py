@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
@@ -26,6 +26,7 @@ from accelerators.engine import Engine, PlansPerShape
 from accelerators.engine_factory import DEFAULT_DEVICES, DeviceSpec, create_engine, parse_devices
 from accelerators.engine_options import EngineOptions, OptionError
 from accelerators.flops import FlopCounter
+from accelerators.input_minimums import minimum_sizes
 from service import contract
 from service.core import buckets as batch_buckets
 from service.core.batch_buffers import BatchBuffers
@@ -181,6 +182,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
         batched = spec.max_batch_size > 0  # else a request, whatever its first dim, is a sample
         flops = await asyncio.to_thread(
             FlopCounter, path, {t.name: t.dims for t in spec.inputs}, batched)
+        spec = replace(spec, minimums=await asyncio.to_thread(
+            minimum_sizes, path, {t.name: t.dims for t in spec.inputs}, batched))
 
         def worker(instances: list[Engine]) -> DeviceRunner:
             bucketed = buckets if buckets and batch_buckets.enabled(
