@@ -110,6 +110,44 @@ def test_prefer_stops_sending_batches_to_a_much_slower_device_unless_the_order_i
         assert (served, demoted, devices, lines) == (8, 0, {"faulty:fpga0"}, [])
 
 
+@pytest.mark.parametrize("seconds, prefer_order", [(0.5, "measured"), (1e-6, "measured"),
+                                                   (0.5, "strict")],
+                         ids=["slower", "faster", "slower_strict"])
+def test_under_light_load_a_much_slower_first_device_is_found_out(
+        tmp_path, holdout, seconds, prefer_order) -> None:
+    """One request at a time, so that the first device alone would ever run: a simulated
+    fpga0 of `seconds` per batch first, onnxruntime:cpu0 second."""
+    from tests.conftest import Daemon
+    from tests.service.conftest import write_model
+    repo = write_model(tmp_path / "models", 8, "max_queue_delay_microseconds: 500",
+                       {"devices": "simulated:fpga0, onnxruntime:cpu0", "policy": "prefer",
+                        "simulated_curve": "sim.curve", "latency_budget_ms": "60000",
+                        "prefer_order": prefer_order})
+    (repo / MODEL / "sim.curve").write_text(f"1 {seconds}\n")
+    config = repo / MODEL / "config.pbtxt"  # the example's own device list goes
+    config.write_text(config.read_text().replace(
+        'parameters { key: "devices" value: { string_value: "opencl:fpga0, onnxruntime" } }\n',
+        ""))
+    daemon = Daemon(tmp_path, repo)
+    try:
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            devices = [client.infer(MODEL, image_input(holdout[0][i:i + 1])).get_response()
+                       .parameters["device"].string_param for i in range(6)]
+        demoted = total(scrape(daemon.metrics_url), "hetserve_device_demoted", model=MODEL,
+                        device="fpga0")
+    finally:
+        assert daemon.stop() == 0
+    lines = re.findall(r"simulated:fpga0 is [\d.]+ times slower per sample than "
+                       r"onnxruntime:cpu0", (tmp_path / "daemon.log").read_text())
+    fpga, cpu = "simulated:fpga0", "onnxruntime:cpu0"
+    if prefer_order == "strict":
+        assert (devices, demoted, lines) == ([fpga] * 6, 0, [])
+    elif seconds > 0.1:  # measured first, then cpu0's trial batch: fpga0 found out
+        assert (devices, demoted, len(lines)) == ([fpga, cpu] + [cpu] * 4, 1, 1)
+    else:  # cpu0 tried once, and fpga0 keeps its place
+        assert (devices, demoted, lines) == ([fpga, cpu] + [fpga] * 4, 0, [])
+
+
 def _unpadded_conv(repo) -> None:
     """A 3x3 convolution without padding over any height and width: 2x2 is too small."""
     from onnx import TensorProto, helper, numpy_helper
