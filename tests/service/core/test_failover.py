@@ -168,27 +168,50 @@ def _unpadded_conv(repo) -> None:
         'parameters { key: "devices" value: { string_value: "onnxruntime:cpu0, opencl:cpu0" } }\n')
 
 
+def _reshape_by_three(repo) -> None:
+    """Reshapes any height and width into 3 rows: a shape whose sample count is not a multiple
+    of 3 fails on every device, a rule no size minimum expresses."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accelerators.onnx_models import make_model
+    (repo / "thirds" / "1").mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, "k"])
+    target = numpy_helper.from_array(np.array([0, 3, -1], np.int64), "target")
+    (repo / "thirds" / "1" / "model.onnx").write_bytes(make_model(helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["r"]),
+         helper.make_node("Relu", ["r"], ["y"])], "g", [x], [y], [target]),
+        17).SerializeToString())
+    (repo / "thirds" / "config.pbtxt").write_text(
+        (repo / "conv" / "config.pbtxt").read_text().replace('"conv"', '"thirds"')
+        .replace("dims: [ 2, -1, -1 ]", "dims: [ 3, -1 ]"))
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])  # 2: front-ends check what the owner found
 def test_inputs_too_small_for_the_model_are_invalid_naming_the_minimum(tmp_path, workers) -> None:
     from tests.conftest import Daemon
     repo = tmp_path / "models"
     _unpadded_conv(repo)
+    _reshape_by_three(repo)
     daemon = Daemon(tmp_path, repo, "--workers", workers)
 
-    def infer(height: int, width: int) -> np.ndarray:
+    def infer(height: int, width: int, model: str = "conv") -> np.ndarray:
         tensor = grpcclient.InferInput("x", [1, 1, height, width], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 1, height, width), np.float32))
         with grpcclient.InferenceServerClient(daemon.url) as client:
-            return client.infer("conv", [tensor]).as_numpy("y")
+            return client.infer(model, [tensor]).as_numpy("y")
 
-    def refusal(height: int, width: int) -> tuple[str, str]:
+    def refusal(height: int, width: int, model: str = "conv") -> tuple[str, str]:
         with pytest.raises(InferenceServerException) as e:
-            infer(height, width)
+            infer(height, width, model)
         return e.value.status(), e.value.message()
     try:
         assert infer(3, 3).shape == (1, 2, 1, 1)  # the minimum itself runs
         short, narrow = refusal(2, 5), refusal(5, 2)
         assert infer(6, 4).shape == (1, 2, 4, 2)
+        assert infer(3, 3, "thirds").shape == (1, 3, 3)
+        # No minimum finds this one out: the devices refuse it, and still run what they ran.
+        status, message = refusal(2, 2, "thirds")
         metrics = scrape(daemon.metrics_url)
     finally:
         assert daemon.stop() == 0
@@ -196,5 +219,9 @@ def test_inputs_too_small_for_the_model_are_invalid_naming_the_minimum(tmp_path,
                      "dim 2 is 2; the model's kernels and strides need at least 3")
     assert narrow == ("StatusCode.INVALID_ARGUMENT", "input 'x': shape [1, 1, 5, 2] received, "
                       "dim 3 is 2; the model's kernels and strides need at least 3")
+    assert status == "StatusCode.INVALID_ARGUMENT"
+    assert "inputs {'x': [1, 1, 2, 2]}: model 'thirds' cannot run them" in message
     assert total(metrics, "hetserve_failovers_total") == 0
     assert total(metrics, "hetserve_device_healthy", model="conv") == 2
+    # onnxruntime:cpu0 alone: the OpenCL engine cannot plan it at its probe size, 64 x 64
+    assert total(metrics, "hetserve_device_healthy", model="thirds") == 1
