@@ -34,7 +34,7 @@ def minimum_sizes(path: Path | str, dims: dict[str, tuple[int, ...]], batched: b
         return {}
 
     def fits(name: str, axis: int, size: int) -> bool:
-        shapes = dict(large, **{name: large[name][:axis] + (size,) + large[name][axis + 1:]})
+        shapes = {**large, name: large[name][:axis] + (size,) + large[name][axis + 1:]}
         inferred = _inferred(graph, shapes)
         return inferred is not None and all(
             d > 0 for tensor, shape in inferred if tensor in watched for d in shape)
