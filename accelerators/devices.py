@@ -196,5 +196,7 @@ def format_table(found: dict[str, Any]) -> str:
         lines += [f"{spec:<20} {model:<24} {answer}" for spec, models in found["models"].items()
                   for model, answer in models.items()]
         lines.append("(whether a device is too slow for a model to take its traffic is learned "
-                     "from the batches a daemon serves: hetserve_device_demoted, not known here)")
+                     "from the batches a daemon serves, each device tried even under light "
+                     "load unless prefer_order is strict: hetserve_device_demoted and the "
+                     "daemon's log, not known here)")
     return "\n".join(lines)

@@ -54,6 +54,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from accelerators.einsum_equation import explicit
 from accelerators.onnx_folding import Activation, fold
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def count_flops(path: Path | str, served: dict[str, tuple[int, ...]] | None = No
     for node in model.graph.node:
         try:
             flops = _node_flops(node, shapes)
-        except (KeyError, IndexError):  # shapes inference could not fix, or malformed
+        except (KeyError, IndexError, ValueError):  # shapes inference could not fix, malformed
             flops = None
         if flops is None or flops < 0:
             uncounted.add(node.op_type)
@@ -322,14 +323,8 @@ def _scores(batch: int, heads: int, queries: int, keys: int, qk_hidden: int, v_h
 
 def _summed(equation: str | bytes, operands: list[tuple[int, ...]]) -> int:
     """The product of the sizes of an Einsum's summed letters (in an input, not the output)."""
-    if isinstance(equation, bytes):
-        equation = equation.decode()
-    inputs, arrow, output = equation.replace(" ", "").partition("->")
-    if not arrow:  # implicit: the output is the letters that appear once
-        output = "".join(c for c in inputs if c.isalpha() and inputs.count(c) == 1)
+    inputs, _, output = explicit(equation, [len(s) for s in operands]).partition("->")
     sizes: dict[str, int] = {}
     for letters, shape in zip(inputs.split(","), operands):
-        if "." in letters:  # broadcast ellipses: not counted
-            raise KeyError(letters)
         sizes.update(zip(letters, shape))
     return math.prod(size for letter, size in sizes.items() if letter not in output)

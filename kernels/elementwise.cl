@@ -82,14 +82,24 @@ void unary(__global const DATA* x, __global DATA* out, const int total, const in
     STORE_DATA(r, out, i);
 }
 
-// Copies `outer` blocks of `inner` values into a wider tensor: Concat along any axis.
+// Concat's inputs, up to eight in one launch (DenseNet concatenates 5-25 inputs per layer):
+// source k holds `outer` blocks of n_k values, written after the sources before it, from
+// `dst_offset` of each block of `dst_stride`; `part` is the n_k's sum. Unused sources: n_k = 0.
+#define CONCAT_PART(k) if (j < n##k) { dst[at] = s##k[o * n##k + j]; return; } j -= n##k;
 __kernel __attribute__((reqd_work_group_size(WG_1D, 1, 1)))
-void copy_strided(__global const BITS* src, __global BITS* dst, const int outer,
-                  const int inner, const int dst_stride, const int dst_offset) {
+void concat_parts(__global BITS* dst, const int outer, const int part, const int dst_stride,
+                  const int dst_offset,
+                  __global const BITS* s0, const int n0, __global const BITS* s1, const int n1,
+                  __global const BITS* s2, const int n2, __global const BITS* s3, const int n3,
+                  __global const BITS* s4, const int n4, __global const BITS* s5, const int n5,
+                  __global const BITS* s6, const int n6, __global const BITS* s7, const int n7) {
     const int i = get_global_id(0);
-    if (i >= outer * inner) return;
-    const int o = i / inner, j = i % inner;
-    dst[o * dst_stride + dst_offset + j] = src[i];
+    if (i >= outer * part) return;
+    const int o = i / part;
+    const int at = o * dst_stride + dst_offset + i % part;  // the sources are contiguous there
+    int j = i % part;
+    CONCAT_PART(0) CONCAT_PART(1) CONCAT_PART(2) CONCAT_PART(3)
+    CONCAT_PART(4) CONCAT_PART(5) CONCAT_PART(6) CONCAT_PART(7)
 }
 
 // A BatchNormalization that no convolution absorbs (DenseNet's BN -> ReLU -> Conv), folded at

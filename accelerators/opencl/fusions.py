@@ -5,7 +5,8 @@ LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, 
 exporters emit it before opset 17) becomes one `LayerNormalization`; GroupNorm as torch exports
 it (Reshape, InstanceNormalization, Reshape, Mul, Add) one `GroupNormalization`. An Einsum that
 is a batched matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with
-the Transposes (and an Unsqueeze) that bring its letters into MatMul's order."""
+the Transposes (and an Unsqueeze) that bring its letters into MatMul's order; one with `...` is
+rewritten the same way by the lowering, which knows its operands' ranks."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from accelerators.einsum_equation import explicit
 from accelerators.opencl.ir import Graph, Node
 
 _TOL = 1e-4  # constants of the patterns as exporters round them (1.4142135, 0.044715, ...)
@@ -214,53 +216,63 @@ def _fuse_group_norm(graph: Graph) -> None:
 
 
 def _einsum_as_matmul(graph: Graph) -> None:
-    """Two operands, one letter k summed (in both, not in the output), one column letter (in
-    the second operand and the output), the others in the output: batch letters in both
-    operands, row letters in the first only. The operands are transposed to (batch, rows, k)
-    and (batch, k, column), the second given a 1 for each row letter but the last (numpy's
-    broadcasting of MatMul's batch axes), and the product transposed to the output's order:
+    """Each Einsum whose equation needs no ranks (no `...`) that einsum_as_matmul takes, as
+    its nodes; the others are left to the lowering, which knows the ranks."""
+    for node in [n for n in graph.nodes if n.op == "Einsum"]:
+        equation = node.attrs.get("equation", "")
+        nodes = None if "..." in equation else einsum_as_matmul(
+            node, explicit(equation, ()), graph.consts, graph.opset)
+        if nodes is not None:
+            at = graph.nodes.index(node)
+            graph.nodes[at:at + 1] = nodes
+            graph.fused["Einsum->MatMul"] += 1
+
+
+def einsum_as_matmul(node: Node, equation: str, consts: dict, opset: int) -> list[Node] | None:
+    """The nodes that compute Einsum `node` of explicit `equation` (einsum_equation.explicit)
+    as a MatMul, None where it is not a batched matrix product: two operands, one letter k
+    summed (in both, not in the output), one column letter (in the second operand and the
+    output), the others in the output: batch letters in both operands, row letters in the first
+    only. The operands are transposed to (batch, rows, k) and (batch, k, column), the second
+    given a 1 for each row letter but the last (numpy's broadcasting of MatMul's batch axes;
+    its axes go into `consts` from opset 13), and the product transposed to the output's order:
     MaxViT's "BGHID,BGHJD->BGHIJ" transposes only its second operand, MViTv2's relative
     positions "byhwc,hkc->byhwk" all three."""
-    for node in [n for n in graph.nodes if n.op == "Einsum" and len(n.inputs) == 2]:
-        lhs, arrow, out = node.attrs.get("equation", "").replace(" ", "").partition("->")
-        a, _, b = lhs.partition(",")
-        summed = [c for c in a if c in b and c not in out]
-        batch = [c for c in out if c in a and c in b]
-        rows = [c for c in out if c in a and c not in b]
-        column = [c for c in out if c in b and c not in a]
-        if not arrow or "." in lhs or any(len(set(t)) != len(t) for t in (a, b, out)) \
-                or len(summed) != 1 or len(column) != 1 or not rows \
-                or sorted(a) != sorted(batch + rows + summed) \
-                or sorted(b) != sorted(batch + summed + column) \
-                or sorted(out) != sorted(batch + rows + column):
-            continue
+    lhs, _, out = equation.partition("->")
+    a, _, b = lhs.partition(",")
+    summed = [c for c in a if c in b and c not in out]
+    batch = [c for c in out if c in a and c in b]
+    rows = [c for c in out if c in a and c not in b]
+    column = [c for c in out if c in b and c not in a]
+    if len(node.inputs) != 2 or any(len(set(t)) != len(t) for t in (a, b, out)) \
+            or len(summed) != 1 or len(column) != 1 or not rows \
+            or sorted(a) != sorted(batch + rows + summed) \
+            or sorted(b) != sorted(batch + summed + column) \
+            or sorted(out) != sorted(batch + rows + column):
+        return None
+    nodes: list[Node] = []
 
-        def insert(op: str, source: str, attrs: dict, extra: Sequence[str] = ()) -> str:
-            """A node reading `source` placed just before the Einsum; its output's name."""
-            name = f"{node.name}:{op.lower()}{len(graph.nodes)}"
-            graph.nodes.insert(graph.nodes.index(node), Node(op, name, [source, *extra], [name],
-                                                             attrs))
-            return name
+    def add(op: str, source: str, attrs: dict, extra: Sequence[str] = ()) -> str:
+        name = f"{node.name}:{op.lower()}{len(nodes)}"
+        nodes.append(Node(op, name, [source, *extra], [name], attrs))
+        return name
 
-        operands = []
-        for source, letters, order in ((node.inputs[0], a, batch + rows + summed),
-                                       (node.inputs[1], b, batch + summed + column)):
-            if list(letters) != order:
-                source = insert("Transpose", source, {"perm": [letters.index(c) for c in order]})
-            operands.append(source)
-        if len(rows) > 1:  # a 1 for each row letter but the last: they broadcast
-            axes = list(range(len(batch), len(batch) + len(rows) - 1))
-            if graph.opset < 13:
-                operands[1] = insert("Unsqueeze", operands[1], {"axes": axes})
-            else:
-                graph.consts[f"{node.name}:axes"] = np.array(axes, np.int64)
-                operands[1] = insert("Unsqueeze", operands[1], {}, [f"{node.name}:axes"])
-        product = batch + rows + column
-        node.op, node.inputs, node.attrs = "MatMul", operands, {}
-        if product != list(out):
-            output = node.outputs[0]
-            node.outputs = [f"{node.name}:product"]
-            graph.nodes.insert(graph.nodes.index(node) + 1, Node(
-                "Transpose", f"{node.name}:to_output", node.outputs, [output],
-                {"perm": [product.index(c) for c in out]}))
-        graph.fused["Einsum->MatMul"] += 1
+    operands = []
+    for source, letters, order in ((node.inputs[0], a, batch + rows + summed),
+                                   (node.inputs[1], b, batch + summed + column)):
+        if list(letters) != order:
+            source = add("Transpose", source, {"perm": [letters.index(c) for c in order]})
+        operands.append(source)
+    if len(rows) > 1:  # a 1 for each row letter but the last: they broadcast
+        axes = list(range(len(batch), len(batch) + len(rows) - 1))
+        if opset < 13:
+            operands[1] = add("Unsqueeze", operands[1], {"axes": axes})
+        else:
+            consts[f"{node.name}:axes"] = np.array(axes, np.int64)
+            operands[1] = add("Unsqueeze", operands[1], {}, [f"{node.name}:axes"])
+    product = batch + rows + column
+    if product == list(out):
+        return [*nodes, Node("MatMul", node.name, operands, node.outputs)]
+    return [*nodes, Node("MatMul", node.name, operands, [f"{node.name}:product"]),
+            Node("Transpose", f"{node.name}:to_output", [f"{node.name}:product"], node.outputs,
+                 {"perm": [product.index(c) for c in out]})]

@@ -1,8 +1,8 @@
 """Lowering of the ops that move data without arithmetic on it (Transpose, Slice, Split, Expand,
 Tile and Gather of activations: ShuffleNet's channel shuffle and channel split, attention's
 heads, a ViT's class token) to one kernel, `gather_strided`, which copies a strided view of
-rank <= 6 into a contiguous tensor (a broadcast axis is one of stride 0); Concat to a
-`copy_strided` per input; Pad to `pad`; a Cast between float types is a view."""
+rank <= 6 into a contiguous tensor (a broadcast axis is one of stride 0); Concat to
+`concat_parts`, one launch per eight inputs; Pad to `pad`; a Cast between float types is a view."""
 
 from __future__ import annotations
 
@@ -228,16 +228,24 @@ def pad(lw: Lowering, node: Node, args: list) -> None:
         np.float32(np.ravel(value)[0]), np.int32(PAD_MODES[mode])])
 
 
+CONCAT_PARTS = 8  # sources of one concat_parts launch (kernels/elementwise.cl)
+
+
 def concat(lw: Lowering, node: Node, args: list) -> None:
+    """One launch per CONCAT_PARTS inputs (a plan's launches each cost a kernel object to
+    build: DenseNet-121's 58 Concats of up to 25 inputs were 840 copies, one per input)."""
     rank = len(args[0].shape)
     axis = node.attrs["axis"] % rank
     shape = list(args[0].shape)
     shape[axis] = sum(v.shape[axis] for v in args)
     out = lw.values[node.outputs[0]] = lw.new(node.outputs[0], tuple(shape))
-    outer, offset = math.prod(shape[:axis]), 0
-    for v, name in zip(args, node.inputs):
-        inner = math.prod(v.shape[axis:])
-        lw.emit(node, "copy_strided", outer * inner, [
-            lw.ref(v, name), Ref(out.storage),
-            *ints(outer, inner, math.prod(shape[axis:]), offset)])
-        offset += inner
+    outer, offset, stride = math.prod(shape[:axis]), 0, math.prod(shape[axis:])
+    parts = [(lw.ref(v, name), math.prod(v.shape[axis:])) for v, name in zip(args, node.inputs)]
+    for first in range(0, len(parts), CONCAT_PARTS):
+        group = parts[first:first + CONCAT_PARTS]
+        size = sum(inner for _, inner in group)
+        padded = group + [(group[0][0], 0)] * (CONCAT_PARTS - len(group))
+        lw.emit(node, "concat_parts", outer * size, [
+            Ref(out.storage), *ints(outer, size, stride, offset),
+            *(arg for ref, inner in padded for arg in (ref, np.int32(inner)))])
+        offset += size

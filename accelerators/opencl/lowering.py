@@ -5,10 +5,12 @@ input's buffer."""
 
 from __future__ import annotations
 
+from accelerators.einsum_equation import explicit
 from accelerators.onnx_folding import SHAPE_READERS, host_inputs
 from accelerators.opencl import (
     conv_lowering,
     elementwise_lowering,
+    fusions,
     layout_lowering,
     matmul_lowering,
     norm_lowering,
@@ -22,6 +24,25 @@ from accelerators.opencl.launch import Build, Dyn, Lowered, Samples
 from accelerators.opencl.lowering_state import Lowering, OpLowering
 
 VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")  # aliases of their input's buffer
+
+
+def _einsum(lw: Lowering, node: Node, args: list) -> None:
+    """An Einsum that load left: with `...`, spelt out now that its operands' ranks are known
+    and lowered as the nodes fusions.einsum_as_matmul makes of it; any other kind is refused."""
+    equation = node.attrs.get("equation", "")
+    try:
+        spelt = explicit(equation, [len(a.shape) for a in args if a is not None])
+    except ValueError as e:
+        raise UnsupportedModelError(f"node {node.name!r}: {e}") from None
+    nodes = fusions.einsum_as_matmul(node, spelt, lw.values, lw.graph.opset)
+    if nodes is None:
+        raise UnsupportedOpError(
+            f"op 'Einsum' (domain 'ai.onnx', opset {lw.graph.opset}) of node {node.name!r}, "
+            f"equation {equation!r}: the OpenCL engine runs an Einsum only as a batched matrix "
+            "product (one letter summed, one column letter)")
+    for part in nodes:
+        _lower_node(lw, part, LOWERINGS, None)
+
 
 LOWERINGS: dict[str, OpLowering] = {
     "Conv": conv_lowering.conv,
@@ -59,6 +80,7 @@ LOWERINGS: dict[str, OpLowering] = {
     "Pad": layout_lowering.pad,
     "Concat": layout_lowering.concat,
     **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent_lowering.recurrent),
+    "Einsum": _einsum,
 }
 
 

@@ -45,10 +45,14 @@ class ModelSpec:
     config: model_config_pb2.ModelConfig
     # An output's class labels, from its label_filename: what `classification` replies name.
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    # input -> {axis of the request's shape: the least size the model's kernels and strides
+    # allow} (accelerators/input_minimums.py), for variable dims whose least size is above 1.
+    minimums: dict[str, dict[int, int]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig, version: int,
-                    labels: dict[str, tuple[str, ...]] | None = None) -> ModelSpec:
+                    labels: dict[str, tuple[str, ...]] | None = None,
+                    minimums: dict[str, dict[int, int]] | None = None) -> ModelSpec:
         def specs(items) -> tuple[TensorSpec, ...]:
             return tuple(TensorSpec(t.name, contract.wire_from_config(t.data_type), tuple(t.dims))
                          for t in items)
@@ -60,7 +64,8 @@ class ModelSpec:
                                   f"{model_config_pb2.DataType.Name(t.data_type)}; expected one "
                                   f"of {contract.wire_names()}")
         return cls(config.name, version, config.max_batch_size,
-                   specs(config.input), specs(config.output), config, labels or {})
+                   specs(config.input), specs(config.output), config, labels or {},
+                   minimums or {})
 
     def served_dims(self) -> dict[str, tuple[int, ...]]:
         """Each input's dims after its batch axis as served (-1: any size): with a batch axis
@@ -99,6 +104,11 @@ class ModelSpec:
             elif not spec.matches(shape):
                 raise InvalidInputError(f"input {spec.name!r}: shape {list(shape)} received, "
                                         f"{list(spec.dims)} expected")
+            for axis, least in self.minimums.get(spec.name, {}).items():
+                if shape[axis] < least:
+                    raise InvalidInputError(
+                        f"input {spec.name!r}: shape {list(shape)} received, dim {axis} is "
+                        f"{shape[axis]}; the model's kernels and strides need at least {least}")
         if self.max_batch_size == 0:
             return 1
         if len(batch_sizes) > 1:

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
@@ -27,6 +27,7 @@ from accelerators.engine import Engine, PlansPerShape
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.engine_options import OptionError
 from accelerators.flops import FlopCounter
+from accelerators.input_minimums import minimum_sizes
 from service import contract
 from service.core.batch_buffers import BatchBuffers
 from service.core.device_runner import DeviceRunner
@@ -165,6 +166,8 @@ class ModelRegistry(ModelTable[LoadedModel]):
         batched = spec.max_batch_size > 0  # else a request, whatever its first dim, is a sample
         flops = await asyncio.to_thread(
             FlopCounter, path, {t.name: t.dims for t in spec.inputs}, batched)
+        spec = replace(spec, minimums=await asyncio.to_thread(
+            minimum_sizes, path, {t.name: t.dims for t in spec.inputs}, batched))
         # Off the event loop too: a runner's power meter may probe sensors (fpgainfo, sysfs).
         runners = await asyncio.to_thread(
             lambda: [self._runner(settings, instances, flops) for instances in engines])

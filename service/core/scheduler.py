@@ -280,9 +280,8 @@ class Scheduler:
         batch = self._batch([pending])
         try:
             answer = device.run_inline(batch, self._outputs, pending.size)
-        except DeviceError as e:  # the queue runs it on the next device
-            self._ranking.failed(device, batch, e)
-            return False
+        except DeviceError:  # the queue runs it again, and tells a fault of the inputs from
+            return False  # one of the device's before it blames the device (_execute)
         finally:
             batch.release()
         self._idle_since = time.monotonic()
@@ -565,8 +564,10 @@ class Scheduler:
                        since: float | None = None) -> Answer:
         """The batch's answer from the first of `devices` (the ranking's order) that runs it;
         `first`: the first device's answer, where the batch was handed to it already; `since`:
-        Device.run's."""
-        errors = []
+        Device.run's. A device that failed it is blamed (ranking.failed) only once the batch
+        is not found at fault: a later device that refuses the inputs clears the earlier ones
+        (a device never measured, on trial, has no sample of its own to tell)."""
+        failed: list[tuple[Device, DeviceError]] = []
         size = batch.size
         for i, device in enumerate(devices):
             try:
@@ -582,13 +583,16 @@ class Scheduler:
                     raise _InputsRefused(
                         f"inputs {shapes}: model {self.model!r} cannot run them, though its "
                         f"device runs the inputs it ran before: {e}") from None
-                errors.append(str(e))
-                self._ranking.failed(device, batch, e)
+                failed.append((device, e))
                 continue
+            for culprit, error in failed:
+                self._ranking.failed(culprit, batch, error)
             self._ranking.succeeded(device)
             return answer
+        for culprit, error in failed:
+            self._ranking.failed(culprit, batch, error)
         raise DeviceError(f"model {self.model!r}: every device failed the batch: "
-                          + "; ".join(errors))
+                          + "; ".join(str(e) for _, e in failed))
 
     async def _runs_what_it_ran(self, device: Device) -> bool:
         """Whether `device` still runs a sample it ran before: then a batch it failed failed

@@ -1,8 +1,10 @@
 """Which of a model's devices the `prefer` policy ranks after the others as much slower, learned
 from the times per sample its runners measure on real batches (warm-up feeds no estimate: its
-first runs build plans). A demoted device stays a failover target, and gets one batch now and
-then at its configured place, its old estimate forgotten, so that a device that got faster (a
-neighbour's load gone) comes back."""
+first runs build plans). Under light load only the first device would ever run a batch, and a
+much slower first device would never be found out: so an idle device not measured yet takes one
+batch ahead of the others once another is measured. A demoted device stays a failover target,
+and every REMEASURE_EVERY_S its old estimate is forgotten, so that it takes one such batch, and
+a device that got faster (a neighbour's load gone) comes back."""
 
 from __future__ import annotations
 
@@ -34,11 +36,16 @@ class SlowDevices:
             gauge.set(0)
 
     def ranked(self, runners: list[DeviceRunner]) -> list[DeviceRunner]:
-        """`runners` in their order, the much slower ones moved after the others (not one on
-        trial: unmeasured again, it takes its next batch in its place)."""
+        """`runners` in their order, the much slower ones moved after the others; first, where
+        another is measured, an idle one that is not (on trial: busy with that batch, it is
+        passed over for the next ones until its time is in)."""
         self._update()
         slow = [w for w in runners if w in self._demoted and w.times.largest]
-        return [w for w in runners if w not in slow] + slow
+        order = [w for w in runners if w not in slow] + slow
+        trial = next((w for w in order if not w.times.largest and w.idle), None)
+        if trial is None or not any(w.times.largest for w in order):
+            return order
+        return [trial] + [w for w in order if w is not trial]
 
     def _update(self) -> None:
         measured = [w for w in self._runners if w.times.largest]

@@ -105,6 +105,7 @@ class Catalog(_Message, frozen=True):
     generations: list[int]  # which load of its model each one is
     sizes: list[int]
     labels: list[dict[str, list[str]]]  # each one's outputs' class labels
+    minimums: list[dict[str, dict[int, int]]]  # each one's ModelSpec.minimums
     failures: dict[str, str]  # model name -> why it is not served
 
 

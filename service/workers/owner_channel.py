@@ -120,6 +120,7 @@ def catalog(plane: DataPlane) -> tuple[msg.Catalog, bytes]:
     return (msg.Catalog([m.spec.version for m in models], [m.generation for m in models],
                         [len(c) for c in configs],
                         [{k: list(v) for k, v in m.spec.labels.items()} for m in models],
+                        [m.spec.minimums for m in models],
                         plane.models.failures),
             b"".join(configs))
 

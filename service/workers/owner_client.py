@@ -217,13 +217,13 @@ class Catalog(ModelTable[RemoteModel]):
     def update(self, owner: OwnerClient, catalog: msg.Catalog, payload: memoryview) -> None:
         models: dict[str, dict[int, RemoteModel]] = {}
         start = 0
-        for version, generation, size, labels in zip(
+        for version, generation, size, labels, minimums in zip(
                 catalog.versions, catalog.generations, catalog.sizes, catalog.labels,
-                strict=True):
+                catalog.minimums, strict=True):
             config = model_config_pb2.ModelConfig.FromString(bytes(payload[start:start + size]))
             start += size
             spec = ModelSpec.from_config(config, version,
-                                         {k: tuple(v) for k, v in labels.items()})
+                                         {k: tuple(v) for k, v in labels.items()}, minimums)
             models.setdefault(spec.name, {})[version] = RemoteModel(
                 spec, config, RemoteScheduler(owner, spec, version, generation), generation)
         latest = {name: versions[max(versions)] for name, versions in models.items()}

@@ -61,5 +61,6 @@ def test_the_models_table_says_slow_devices_are_learned_from_traffic_not_here() 
     table = format_table({"opencl": [], "onnxruntime": [], "onnxruntime_devices": [],
                           "models": {"opencl:cpu0": {"mnist_cnn": "yes"}}})
     assert table.splitlines()[-2].split() == ["opencl:cpu0", "mnist_cnn", "yes"]
-    assert "learned from the batches a daemon serves: hetserve_device_demoted, not known " \
-        "here" in table.splitlines()[-1]
+    assert "learned from the batches a daemon serves, each device tried even under light " \
+        "load unless prefer_order is strict: hetserve_device_demoted and the daemon's log, " \
+        "not known here" in table.splitlines()[-1]

@@ -150,6 +150,21 @@ def test_decoder_attention_normalization_and_reduction_ops_match_a_hand_count(tm
     assert count.uncounted == ("TopK",) and count.partial
 
 
+@pytest.mark.parametrize("equation, summed", [
+    ("...id,...jd->...ij", 16), ("...id,...jd", 16), ("b...d,b...d->b...", 16)])
+def test_einsum_with_an_ellipsis_is_counted(tmp_path, equation, summed) -> None:
+    """Explicit, implicit (the output `...ij`) and a dot product over heads: 2 x outputs x the
+    summed size, at attention's shapes (n, heads 3, tokens 4, 16)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    onnx.save(make_model(helper.make_graph(
+        [helper.make_node("Einsum", ["x", "x"], ["y"], equation=equation)], "g", [x], [y]),
+        17), tmp_path / "model.onnx")
+    count = count_flops(tmp_path / "model.onnx", {"x": (3, 4, 16)})
+    outputs = 3 * 4 * (4 if "j" in equation else 1)
+    assert (count.by_op(), count.partial) == ({"Einsum": 2 * outputs * summed}, False)
+
+
 def test_variable_dims_are_counted_per_request_shape_and_named_once(tmp_path, caplog) -> None:
     from accelerators.flops import FlopCounter
     _symbolic_conv(tmp_path / "model.onnx")

@@ -201,6 +201,30 @@ def test_einsum_of_a_batched_matrix_product(engine_for, equation, shapes) -> Non
     assert engine.graph.fused["Einsum->MatMul"] == 1
 
 
+@pytest.mark.parametrize("equation, shapes", [
+    ("...ij,...jk->...ik", [(2, 3, 4, 5), (2, 3, 5, 6)]),
+    ("...qd,...kd", [(2, 3, 5, 4), (2, 3, 6, 4)]),  # implicit output: ...kq, sorted
+    ("...ij,jk->...ik", [(2, 3, 4, 5), (5, 6)]),  # a weight without the ellipsis
+    ("b...ik,b...kj->b...ij", [(2, 3, 4, 5), (2, 3, 5, 6)]),  # the ellipsis in the middle
+    ("...ij,...jk->...ik", [(2, 1, 4, 5), (1, 3, 5, 6)]),  # broadcast size-1 dims
+    ("...ij,...jk->...ik", [(4, 5), (5, 6)])], ids=[  # an empty ellipsis
+        "batched", "implicit", "one_sided", "middle", "broadcast", "empty"])
+def test_einsum_with_an_ellipsis(engine_for, equation, shapes) -> None:
+    rng, _ = fresh_rng()
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    model = graph([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)],
+                  {"a": a.shape, "b": b.shape}, {}, ["y"])
+    check(engine_for, model, a=a, b=b)
+
+
+def test_einsum_with_an_ellipsis_of_another_kind_is_refused(engine_for) -> None:
+    model = graph([helper.make_node("Einsum", ["a", "b"], ["y"], equation="...i,...i->...",
+                                    name="dot")], {"a": (2, 3), "b": (2, 3)}, {}, ["y"])
+    with pytest.raises(UnsupportedModelError,
+                       match=r"op 'Einsum' .* node 'dot', equation '...i,...i->...'"):
+        engine_for(model)
+
+
 def test_einsum_of_another_kind_is_refused(engine_for) -> None:
     model = graph([helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,ij->i",
                                     name="dot")], {"a": (2, 3), "b": (2, 3)}, {}, ["y"])

@@ -222,3 +222,21 @@ def test_an_input_normalization_folds_into_an_unpadded_convolution(engine_for, p
     assert sum(engine.graph.fused[f"{op}+Conv"] for op in ("Sub", "Div", "Mul")) == folded
     conv = 1 if engine.build.tiling else 2  # conv_local, or im2col + GEMM
     assert len(engine.plan(2).launches) == (conv if folded else conv + 3)
+
+
+@pytest.mark.parametrize("count, axis", [(11, 1), (3, 1), (9, -1), (8, 0)])
+def test_concat_of_many_inputs_takes_one_launch_per_eight(engine_for, count, axis) -> None:
+    """DenseNet's dense blocks concatenate up to 25 inputs along the channels; a constant
+    among them (a learned token) is uploaded and copied like the others."""
+    rng, _ = fresh_rng()
+    shapes = [[2, 2, 3, 4] for _ in range(count)]
+    for i, shape in enumerate(shapes):
+        shape[axis] += i % 3
+    arrays = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    const = arrays.pop(f"x{count - 1}")
+    model = graph([helper.make_node("Concat", list(arrays) + ["c"], ["c_out"], axis=axis),
+                   helper.make_node("Relu", ["c_out"], ["y"])],
+                  {n: a.shape for n, a in arrays.items()}, {"c": const}, ["y"])
+    engine = check(engine_for, model, **arrays)
+    assert [la.kernel for la in engine.plan(2).launches].count("concat_parts") == \
+        -(-count // 8)

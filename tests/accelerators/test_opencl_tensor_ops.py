@@ -38,7 +38,7 @@ def test_class_token_shape_code_folds_per_batch(engine_for) -> None:
     model = graph(nodes, {"x": ("n", 5, d)}, consts, ["y"])
     check_batches(engine_for, model, {"x": ("n", 5, d)})
     launches = engine_for(model).plan(2).launches
-    assert {la.kernel for la in launches} == {"copy_strided"}
+    assert {la.kernel for la in launches} == {"concat_parts"}
 
 
 def test_constant_subgraphs_fold_once_at_load(engine_for) -> None:

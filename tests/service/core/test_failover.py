@@ -110,6 +110,44 @@ def test_prefer_stops_sending_batches_to_a_much_slower_device_unless_the_order_i
         assert (served, demoted, devices, lines) == (8, 0, {"faulty:fpga0"}, [])
 
 
+@pytest.mark.parametrize("seconds, prefer_order", [(0.5, "measured"), (1e-6, "measured"),
+                                                   (0.5, "strict")],
+                         ids=["slower", "faster", "slower_strict"])
+def test_under_light_load_a_much_slower_first_device_is_found_out(
+        tmp_path, holdout, seconds, prefer_order) -> None:
+    """One request at a time, so that the first device alone would ever run: a simulated
+    fpga0 of `seconds` per batch first, onnxruntime:cpu0 second."""
+    from tests.conftest import Daemon
+    from tests.service.conftest import write_model
+    repo = write_model(tmp_path / "models", 8, "max_queue_delay_microseconds: 500",
+                       {"devices": "simulated:fpga0, onnxruntime:cpu0", "policy": "prefer",
+                        "simulated_curve": "sim.curve", "latency_budget_ms": "60000",
+                        "prefer_order": prefer_order})
+    (repo / MODEL / "sim.curve").write_text(f"1 {seconds}\n")
+    config = repo / MODEL / "config.pbtxt"  # the example's own device list goes
+    config.write_text(config.read_text().replace(
+        'parameters { key: "devices" value: { string_value: "opencl:fpga0, onnxruntime" } }\n',
+        ""))
+    daemon = Daemon(tmp_path, repo)
+    try:
+        with grpcclient.InferenceServerClient(daemon.url) as client:
+            devices = [client.infer(MODEL, image_input(holdout[0][i:i + 1])).get_response()
+                       .parameters["device"].string_param for i in range(6)]
+        demoted = total(scrape(daemon.metrics_url), "hetserve_device_demoted", model=MODEL,
+                        device="fpga0")
+    finally:
+        assert daemon.stop() == 0
+    lines = re.findall(r"simulated:fpga0 is [\d.]+ times slower per sample than "
+                       r"onnxruntime:cpu0", (tmp_path / "daemon.log").read_text())
+    fpga, cpu = "simulated:fpga0", "onnxruntime:cpu0"
+    if prefer_order == "strict":
+        assert (devices, demoted, lines) == ([fpga] * 6, 0, [])
+    elif seconds > 0.1:  # measured first, then cpu0's trial batch: fpga0 found out
+        assert (devices, demoted, len(lines)) == ([fpga, cpu] + [cpu] * 4, 1, 1)
+    else:  # cpu0 tried once, and fpga0 keeps its place
+        assert (devices, demoted, lines) == ([fpga, cpu] + [fpga] * 4, 0, [])
+
+
 def _unpadded_conv(repo) -> None:
     """A 3x3 convolution without padding over any height and width: 2x2 is too small."""
     from onnx import TensorProto, helper, numpy_helper
@@ -130,26 +168,60 @@ def _unpadded_conv(repo) -> None:
         'parameters { key: "devices" value: { string_value: "onnxruntime:cpu0, opencl:cpu0" } }\n')
 
 
-def test_inputs_too_small_for_the_model_are_invalid_and_no_device_is_blamed(tmp_path) -> None:
+def _reshape_by_three(repo) -> None:
+    """Reshapes any height and width into 3 rows: a shape whose sample count is not a multiple
+    of 3 fails on every device, a rule no size minimum expresses."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accelerators.onnx_models import make_model
+    (repo / "thirds" / "1").mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, "k"])
+    target = numpy_helper.from_array(np.array([0, 3, -1], np.int64), "target")
+    (repo / "thirds" / "1" / "model.onnx").write_bytes(make_model(helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["r"]),
+         helper.make_node("Relu", ["r"], ["y"])], "g", [x], [y], [target]),
+        17).SerializeToString())
+    (repo / "thirds" / "config.pbtxt").write_text(
+        (repo / "conv" / "config.pbtxt").read_text().replace('"conv"', '"thirds"')
+        .replace("dims: [ 2, -1, -1 ]", "dims: [ 3, -1 ]"))
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: front-ends check what the owner found
+def test_inputs_too_small_for_the_model_are_invalid_naming_the_minimum(tmp_path, workers) -> None:
     from tests.conftest import Daemon
     repo = tmp_path / "models"
     _unpadded_conv(repo)
-    daemon = Daemon(tmp_path, repo)
+    _reshape_by_three(repo)
+    daemon = Daemon(tmp_path, repo, "--workers", workers)
 
-    def infer(size: int) -> np.ndarray:
-        tensor = grpcclient.InferInput("x", [1, 1, size, size], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 1, size, size), np.float32))
+    def infer(height: int, width: int, model: str = "conv") -> np.ndarray:
+        tensor = grpcclient.InferInput("x", [1, 1, height, width], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 1, height, width), np.float32))
         with grpcclient.InferenceServerClient(daemon.url) as client:
-            return client.infer("conv", [tensor]).as_numpy("y")
+            return client.infer(model, [tensor]).as_numpy("y")
+
+    def refusal(height: int, width: int, model: str = "conv") -> tuple[str, str]:
+        with pytest.raises(InferenceServerException) as e:
+            infer(height, width, model)
+        return e.value.status(), e.value.message()
     try:
-        assert infer(5).shape == (1, 2, 3, 3)
-        with pytest.raises(InferenceServerException) as small:
-            infer(2)
-        assert infer(6).shape == (1, 2, 4, 4)
+        assert infer(3, 3).shape == (1, 2, 1, 1)  # the minimum itself runs
+        short, narrow = refusal(2, 5), refusal(5, 2)
+        assert infer(6, 4).shape == (1, 2, 4, 2)
+        assert infer(3, 3, "thirds").shape == (1, 3, 3)
+        # No minimum finds this one out: the devices refuse it, and still run what they ran.
+        status, message = refusal(2, 2, "thirds")
         metrics = scrape(daemon.metrics_url)
     finally:
         assert daemon.stop() == 0
-    assert small.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "inputs {'x': [1, 1, 2, 2]}: model 'conv' cannot run them" in small.value.message()
+    assert short == ("StatusCode.INVALID_ARGUMENT", "input 'x': shape [1, 1, 2, 5] received, "
+                     "dim 2 is 2; the model's kernels and strides need at least 3")
+    assert narrow == ("StatusCode.INVALID_ARGUMENT", "input 'x': shape [1, 1, 5, 2] received, "
+                      "dim 3 is 2; the model's kernels and strides need at least 3")
+    assert status == "StatusCode.INVALID_ARGUMENT"
+    assert "inputs {'x': [1, 1, 2, 2]}: model 'thirds' cannot run them" in message
     assert total(metrics, "hetserve_failovers_total") == 0
     assert total(metrics, "hetserve_device_healthy", model="conv") == 2
+    # onnxruntime:cpu0 alone: the OpenCL engine cannot plan it at its probe size, 64 x 64
+    assert total(metrics, "hetserve_device_healthy", model="thirds") == 1

@@ -97,6 +97,24 @@ def test_prefer_ranks_a_much_slower_device_last_until_it_measures_faster(
         "sample)" in caplog.records[1].getMessage()
 
 
+def test_an_idle_unmeasured_device_takes_one_batch_first_once_another_is_measured(
+        workers) -> None:
+    """Under light load only the first device would run: the others are tried, one batch at a
+    time, so that a much slower first device is found out; never with prefer_order strict."""
+    fpga, cpu = workers
+    ranking, strict = _ranking(workers, "prefer"), _ranking(workers, "prefer",
+                                                            prefer_order="strict")
+    assert ranking.candidates(1) == [fpga, cpu]  # nothing measured: the configured order
+    _measured(fpga, 1e-3)
+    assert ranking.candidates(1) == [cpu, fpga] and strict.candidates(1) == [fpga, cpu]
+    cpu.pending_samples = 1  # its trial batch runs: the next ones go to the measured device
+    assert ranking.candidates(1) == [fpga, cpu]
+    _measured(cpu, 1e-4)  # measured ten times faster: fpga0 goes last
+    assert ranking.candidates(1) == [cpu, fpga]
+    _measured(cpu, 5e-4)  # twice as fast only: the configured order again
+    assert ranking.candidates(1) == [fpga, cpu]
+
+
 def test_devices_are_compared_at_a_batch_size_both_ran(workers) -> None:
     fpga, cpu = workers
     _measured(fpga, 1e-3)  # batches of one only (as a probe's)
@@ -199,6 +217,8 @@ def test_a_runner_measures_its_batch_times_and_a_lone_requests_hand_off(workers,
 
 def test_a_device_that_fails_an_inline_batch_is_marked_failed_and_the_next_runs_it(
         workers, tmp_path, holdout) -> None:
+    """The queue runs the batch again, so that a fault of the inputs is not the device's; this
+    one is the device's, which fails it again and is blamed."""
     fpga, cpu = workers
     images = {"image": holdout[0][:1]}
 
@@ -207,14 +227,15 @@ def test_a_device_that_fails_an_inline_batch_is_marked_failed_and_the_next_runs_
         scheduler = _scheduler(ranking)
         (tmp_path / "control.json").write_text('{"fail": true}')
         _measured(fpga, 0.0001)
+        _measured(cpu, 0.0001)  # measured too: an unmeasured device would be tried first
         fpga._handoffs.append(1.0)  # so that its quick batch runs inline
         answer = scheduler.enqueue(images, 1)
-        inline_failed = not fpga.healthy and not answer.done()  # queued for the next device
+        queued = fpga.healthy and not answer.done()  # failed inline, queued unblamed
         result = await answer
         await scheduler.close()
-        return inline_failed, result
-    inline_failed, result = asyncio.run(main())
-    assert inline_failed and result.device == "onnxruntime:cpu0"
+        return queued, result
+    queued, result = asyncio.run(main())
+    assert queued and not fpga.healthy and result.device == "onnxruntime:cpu0"
 
 
 # ResNet-50 on an H200 (bench/curves/h200_resnet50.curve): seconds per batch by bucket.
