@@ -475,24 +475,6 @@ def test_requests_right_after_an_inline_run_queue_and_share_a_batch(window_us, b
     assert device.inline == [True, False]  # a batch of several runs on a thread
 
 
-def test_the_gap_that_makes_a_request_alone_counts_from_the_end_of_an_inline_run() -> None:
-    """A 0.2 s inline run, and a request 0.9 s after its end: 1.1 s after the one before it,
-    beyond the 1 s window, but the loop could read it only for 0.9 s of that: it may have come
-    while the loop ran the batch, so it queues and runs on a thread."""
-    async def main():
-        device = _Device([], 0.2, 1.0)
-        b = _scheduler(_policy(8, "max_queue_delay_microseconds: 1000000"), device)
-        await b.enqueue(_x(1), 1)
-        await asyncio.sleep(0.9)
-        second = b.enqueue(_x(2), 1)
-        queued = not second.done()
-        await second
-        await b.close()
-        return device.inline, queued
-    inline, queued = asyncio.run(main())
-    assert inline == [True, False] and queued
-
-
 def test_every_eighth_request_that_would_run_inline_is_handed_over_to_measure_it_anew() -> None:
     async def main():
         device = _Device([], 0.0002, 1.0)
