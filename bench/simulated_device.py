@@ -7,6 +7,8 @@ messages), at each concurrency. Each point's bound is the lower of the curve's b
 that concurrency (batches of at most min(concurrency, max_batch_size)) and the echo server's
 rate with the same requests (bench/echo_server.py: the transport alone); the figure is the
 daemon's req/s as a share of that bound (target: >= 0.8 at concurrency 64; docs/BENCHMARKS.md).
+Each side's CPU per answered request (the server's processes, the load clients) says what bounds
+the figure where the machine's cores, not the device, are the limit.
 With --uint8 the images travel as uint8 (150 KB) and are normalised where the model runs
 (accelerators/input_normalization.py).
 
@@ -34,6 +36,7 @@ from accelerators import safe_files
 from accelerators.onnx_models import make_model
 from accelerators.simulated_engine import BatchCurve
 from bench import ROOT
+from bench.serving import metered
 from bench.shared_inputs import shared_request
 from service.clients.load_client import ClientPool
 from service.clients.top import fetch
@@ -126,9 +129,11 @@ def main() -> None:
                               request)
             try:
                 pool.wait_ready()
-                echoed = pool.run("echo", "closed", concurrency, args.seconds)
+                echoed = metered(echo.pid, lambda: pool.run("echo", "closed", concurrency,
+                                                            args.seconds))
                 before = _batches(metrics_url)
-                served = pool.run("daemon", "closed", concurrency, args.seconds)
+                served = metered(daemon.pid, lambda: pool.run("daemon", "closed", concurrency,
+                                                              args.seconds))
                 after = _batches(metrics_url)
             finally:
                 pool.close()
@@ -142,13 +147,16 @@ def main() -> None:
           f"through system shared memory, {args.clients} client processes, --workers "
           f"{args.workers or 'default'}, {args.seconds:g} s per point")
     print("| concurrency | daemon req/s | p50 ms | p99 ms | mean batch | echo req/s "
-          "| curve's best | bound | daemon / bound |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| curve's best | bound | daemon / bound | CPU µs/req, daemon + its clients "
+          "| echo + its clients |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, r in results["points"].items():
-        d = r["daemon"]
+        d, e = r["daemon"], r["echo"]
         print(f"| {c} | {d['rps']:,.0f} | {d['p50_ms']:.1f} | {d['p99_ms']:.1f} "
-              f"| {r['mean_batch']:.1f} | {r['echo']['rps']:,.0f} | {r['curve_rate']:,.0f} "
-              f"| {r['bound']:,.0f} | **{r['share']:.2f}** |")
+              f"| {r['mean_batch']:.1f} | {e['rps']:,.0f} | {r['curve_rate']:,.0f} "
+              f"| {r['bound']:,.0f} | **{r['share']:.2f}** "
+              f"| {d['server_cpu_us']:.0f} + {d['client_cpu_us']:.0f} "
+              f"| {e['server_cpu_us']:.0f} + {e['client_cpu_us']:.0f} |")
     if args.json:
         safe_files.write_file(args.json, json.dumps(results, indent=1), flag=None)
 

@@ -13,9 +13,11 @@ Device: the ranking's first choice (service/core/ranking.py: policy order, failo
 that fails the batch is marked so and the batch runs on the next.
 
 Thread: a batch is handed to the device's instance threads, which leaves the event loop free to
-read the requests that arrive meanwhile; it runs on the loop's own thread only where it costs
-less than that hand-off, both measured on this device (_runs_inline). A request that comes alone
-to idle devices and runs so is answered in the call that queues it.
+read the requests that arrive meanwhile. Only a request that comes alone to idle devices runs on
+the loop's own thread, in the call that queues it, and only where that costs less than the
+hand-off, both measured on this device (_runs_inline). Every 8th such request is handed over
+all the same, so that the hand-off's measure follows the machine's load (on a loaded machine it
+measured above a 2 ms batch, and a measure never taken again would keep such batches inline).
 
 Requests whose gRPC deadline or REJECT queue timeout passes are answered DEADLINE_EXCEEDED the
 moment it passes and never reach a device; DELAY requests move behind every other request;
@@ -67,7 +69,7 @@ _RESERVE = 1 / 4
 # company), but every 8th request still waits, to notice when company comes back.
 _PAID_WEIGHT = 1 / 8
 _PAID_MIN = 0.25
-_PROBE_EVERY = 8
+_PROBE_EVERY = 8  # also: every 8th request that would run inline is handed over instead
 
 
 class Device(Protocol):
@@ -193,6 +195,7 @@ class Scheduler:
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
         self._last_run_s = 0.0  # how long that batch ran
         self._last_arrival = float("-inf")  # loop.time() when the latest request was queued
+        self._inline_runs = 0  # lone requests run inline since the hand-off was last measured
         self._waits_paid = 1.0  # share of the latest waits that grew their batch
         self._waits_skipped = 0  # windows skipped since the last wait
         self._emptied: asyncio.Event | None = None  # set as the queue empties, while draining
@@ -266,15 +269,20 @@ class Scheduler:
         """Runs a request that came alone (none other within the window) at once, in this call,
         when it would leave the queue at once as a batch of its own (nothing queued or running,
         the devices idle long enough, its level not held, its deadline ahead) and its device
-        runs it on this thread (_runs_inline); false leaves it to the queue, where requests that
-        come together share a batch. Saves the dispatcher's wake-up, the batch's task and the
-        caller's wake-up: three event-loop iterations per request at low load."""
+        runs it on this thread (_runs_inline), except every _PROBE_EVERY-th time, which measures
+        the hand-off anew; false leaves it to the queue, where requests that come together share
+        a batch. Saves the dispatcher's wake-up, the batch's task and the caller's wake-up: three
+        event-loop iterations per request at low load."""
         if self.queued() or self._running or self._worth_waiting() or (
                 pending.expires is not None and pending.expires <= pending.enqueued) or (
                 self._budget is not None and self._budget.holds(pending.level)):
             return False
         device = self._ranking.candidates(pending.size)[0]
         if not _runs_inline(device, pending.size):
+            return False
+        self._inline_runs += 1
+        if self._inline_runs >= _PROBE_EVERY:  # handed over: the dispatcher measures it
+            self._inline_runs = 0
             return False
         started = time.monotonic()
         batch = self._batch([pending])
@@ -498,7 +506,8 @@ class Scheduler:
 
     def _begin(self, pending: list[_Pending], waited: bool) -> _Run:
         """The batch of `pending` (`waited`: after its window), handed to its first device's
-        instance thread at once unless it runs inline. This runs in the dispatcher's turn of
+        instance thread at once (on the loop's thread it would keep the loop from reading the
+        requests that came with it or behind it). This runs in the dispatcher's turn of
         the loop, which the freed slot of the previous batch schedules ahead of that batch's
         replies: the device gets its next batch before the replies are sent."""
         batch = self._batch(pending)
@@ -507,8 +516,7 @@ class Scheduler:
         alone = len(pending) == 1 and not waited and not self._running and not self.queued()
         since = pending[0].enqueued if alone else None
         devices = list(self._ranking.candidates(batch.size))
-        first = devices[0].submit(batch, self._outputs, batch.size, since) \
-            if devices and not _runs_inline(devices[0], batch.size) else None
+        first = devices[0].submit(batch, self._outputs, batch.size, since) if devices else None
         return _Run(pending, batch, time.monotonic(), devices, first, since)
 
     async def _run(self, run: _Run) -> None:
@@ -573,8 +581,6 @@ class Scheduler:
             try:
                 if i == 0 and first is not None:
                     answer = await first
-                elif _runs_inline(device, size):
-                    answer = device.run_inline(batch, self._outputs, size)
                 else:
                     answer = await device.run(batch, self._outputs, size, since)
             except DeviceError as e:

@@ -466,18 +466,30 @@ def test_a_lone_request_to_idle_devices_runs_in_the_call_that_queues_it() -> Non
 def test_requests_right_after_an_inline_run_queue_and_share_a_batch(window_us, busy_s,
                                                                 pause_s) -> None:
     async def main():
-        runs: list = []
-        b = _scheduler_of(_policy(8, f"max_queue_delay_microseconds: {window_us}"), runs,
-                     delay_s=busy_s, now=True)
+        device = _Device([], busy_s, 1.0)  # a hand-off dearer than any batch: inline if alone
+        b = _scheduler(_policy(8, f"max_queue_delay_microseconds: {window_us}"), device)
         first = b.enqueue(_x(1), 1)  # came alone: runs now
         await asyncio.sleep(pause_s)
         later = [b.enqueue(_x(i), 1) for i in (2, 3)]
         waited = [not f.done() for f in later]
         await asyncio.gather(*later)
         await b.close()
-        return runs, first.done(), waited
-    runs, first_done, waited = asyncio.run(main())
-    assert first_done and waited == [True, True] and runs == [[1], [2, 3]]
+        return device, first.done(), waited
+    device, first_done, waited = asyncio.run(main())
+    assert first_done and waited == [True, True] and device.runs == [[1], [2, 3]]
+    assert device.inline == [True, False]  # a batch of several runs on a thread
+
+
+def test_every_eighth_request_that_would_run_inline_is_handed_over_to_measure_it_anew() -> None:
+    async def main():
+        device = _Device([], 0.0002, 1.0)
+        b = _scheduler(_policy(8, "max_queue_delay_microseconds: 0"), device)
+        for i in range(16):  # one client, its requests far apart: each comes alone
+            await b.submit(_x(i), 1)
+            await asyncio.sleep(0.02)
+        await b.close()
+        return device.inline
+    assert asyncio.run(main()) == ([True] * 7 + [False]) * 2
 
 
 def test_requests_that_came_together_do_not_run_in_the_call_but_share_a_batch() -> None:
@@ -572,6 +584,8 @@ def test_a_batch_runs_inline_only_where_it_costs_less_than_the_measured_hand_off
     (0.003, 0.0006),  # a few ms per batch on a 2-vCPU VM
     (0.002, 0.00005),  # ResNet-50 on a GPU node
     (0.012, 0.0006),  # a slower device
+    (0.0002, 0.0006),  # a faster one, below the hand-off
+    (0.002, 0.005),  # a loaded 2-vCPU box, where the hand-off measured longer than the batch
 ])
 def test_batches_grow_with_concurrency_after_an_idle_period(batch_s, handoff_s) -> None:
     """One client first (batches of one), then 16: their requests queue while a batch runs."""
@@ -586,10 +600,12 @@ def test_batches_grow_with_concurrency_after_an_idle_period(batch_s, handoff_s) 
         alone = len(device.runs)
         await asyncio.gather(*(client(20) for _ in range(16)))
         await b.close()
-        return alone, [len(run) for run in device.runs[alone:]]
-    alone, batches = asyncio.run(main())
+        return alone, [len(run) for run in device.runs[alone:]], device.inline[alone:]
+    alone, batches, inline = asyncio.run(main())
     assert alone == 20 and sum(batches) == 320
     assert sum(batches) / len(batches) > 4, batches
+    # no batch of several holds the loop while the others' requests wait to be read
+    assert not any(on_loop for size, on_loop in zip(batches, inline) if size > 1)
 
 
 def _as(caller: str, anonymous: bool = False) -> RequestOptions:
