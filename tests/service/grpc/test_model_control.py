@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.daemon import MODEL, Daemon, example_repository, image_input
 from tests.support.other_user import NOBODY, calls_as_nobody, needs_nobody
+from tests.support.waiting import until
 
 TOKEN = "admin-s3cret"
 
@@ -49,12 +49,6 @@ def _add_version(repo: Path, version: int, broken: bool = False) -> None:
     else:
         shutil.copy(repo / MODEL / "1" / "model.onnx", folder / "model.onnx")
 
-
-def _until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.1)
 
 
 def _classifies(client: grpcclient.InferenceServerClient, holdout) -> str:
@@ -142,19 +136,19 @@ def test_poll_mode_follows_the_repository(tmp_path, holdout) -> None:
             refused(lambda: client.load_model(MODEL), "UNAVAILABLE",
                      "explicit model load / unload is not allowed if polling is enabled")
             _add_version(repo, 2)
-            _until(lambda: _versions(client) == ["2"])
+            until(lambda: _versions(client) == ["2"])
             assert _classifies(client, holdout) == "2"
 
             _add_version(repo, 3, broken=True)  # fails to load: version 2 serves on
-            _until(lambda: "" in _index(client))
+            until(lambda: "" in _index(client))
             state, reason = _index(client)[""]
             assert state == "UNAVAILABLE" and "version 3" in reason, reason
             assert _versions(client) == ["2"] and _classifies(client, holdout) == "2"
 
             shutil.rmtree(repo / MODEL / "3")  # the failure goes with it
-            _until(lambda: _index(client) == {"2": ("READY", "")})
+            until(lambda: _index(client) == {"2": ("READY", "")})
             shutil.rmtree(repo / MODEL)
-            _until(lambda: _index(client) == {"": ("UNAVAILABLE", "unloaded")})
+            until(lambda: _index(client) == {"": ("UNAVAILABLE", "unloaded")})
     finally:
         assert d.stop() == 0
 

@@ -7,8 +7,6 @@ import http.client
 import json
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -18,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.local_daemon import DaemonProcess, free_port, serve_command
 from tests.support.daemon import MODEL, MODELS, Daemon
+from tests.support.waiting import until
 
 
 def _with_broken_model(root: Path) -> Path:
@@ -29,12 +28,6 @@ def _with_broken_model(root: Path) -> Path:
     (models / "broken" / "config.pbtxt").write_text("max_batch_size: oops\n")
     return models
 
-
-def _until(condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def _rest_ready(port: int, path: str = "/v2/health/ready") -> int:
@@ -69,7 +62,7 @@ def test_strict_readiness_waits_for_every_model_asked_for(tmp_path: Path, worker
          "--http-port", str(http_port), "--socket", "", "--metrics-port", "0",
          "--strict-readiness", "--workers", workers], url, tmp_path / "daemon.log")
     try:
-        _until(lambda: process.poll() is not None or _model_ready(url))
+        until(lambda: process.poll() is not None or _model_ready(url), timeout_s=120.0)
         with grpcclient.InferenceServerClient(url) as client:
             assert client.is_server_live() and not client.is_server_ready()
         assert _rest_ready(http_port) == 400
@@ -87,12 +80,12 @@ def test_strict_readiness_follows_a_model_repaired_while_serving(tmp_path: Path)
          "--strict-readiness=true", "--model-control-mode", "poll",
          "--repository-poll-secs", "0.5"], url, tmp_path / "daemon.log")
     try:
-        _until(lambda: process.poll() is not None or _model_ready(url))
+        until(lambda: process.poll() is not None or _model_ready(url), timeout_s=120.0)
         assert _health(url) == health_pb2.HealthCheckResponse.NOT_SERVING
         shutil.copy(MODELS / MODEL / "labels.txt", models / "broken")
         (models / "broken" / "config.pbtxt").write_text(
             (MODELS / MODEL / "config.pbtxt").read_text().replace(MODEL, "broken"))
-        _until(lambda: _health(url) == health_pb2.HealthCheckResponse.SERVING)
+        until(lambda: _health(url) == health_pb2.HealthCheckResponse.SERVING, timeout_s=120.0)
         with grpcclient.InferenceServerClient(url) as client:
             assert client.is_server_ready() and client.is_model_ready("broken")
     finally:
@@ -135,7 +128,7 @@ def test_a_rest_only_daemon_serves(tmp_path: Path, workers: str) -> None:
         except OSError:  # not listening yet
             return False
     try:
-        _until(ready)
+        until(ready, timeout_s=120.0)
         assert _rest_ready(http_port, f"/v2/models/{MODEL}/ready") == 200
     finally:
         assert process.stop() == 0

@@ -30,6 +30,7 @@ from service.ops.server import default_workers
 from spark_jobs import client as spark_client
 from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input, self_signed
 from tests.support.metrics import scrape, total
+from tests.support.waiting import until
 
 
 def frontends(owner: int) -> dict[int, int]:
@@ -125,11 +126,12 @@ def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
         running = pool.submit(infer, sockets[0], image)
         time.sleep(0.5)  # taken by the device: the queue is empty again
         queued = [pool.submit(infer, address, image) for address in sockets]
-        time.sleep(0.5)
         # One running, one queued at each front-end: the owner sums the front-ends' gauges.
-        assert total(scrape(daemon.metrics_url), "hetserve_pending_requests", model=MODEL) == 3
+        until(lambda: total(scrape(daemon.metrics_url), "hetserve_pending_requests",
+                            model=MODEL) == 3, what="one running, one queued at each front-end")
         late = pool.submit(infer_within, sockets[1], image, 1_000_000)  # 1 s in the queue
-        time.sleep(0.5)
+        until(lambda: total(scrape(daemon.metrics_url), "hetserve_pending_requests",
+                            model=MODEL) == 4, what="the late request queued")
         with pytest.raises(InferenceServerException) as full:
             infer(sockets[0], image)
         assert full.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
