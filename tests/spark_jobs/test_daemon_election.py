@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.client import infer
 from spark_jobs.daemon import NodeDaemon, read_owner
+from spark_jobs.interface import ModelInterface
 from tests.conftest import MODEL, MODELS
 from tests.spark_jobs.processes import serving, supervising, wait
 

@@ -28,6 +28,7 @@ from accelerators.engine_options import TOLERANCE
 from service.local_daemon import DaemonProcess
 from service.ops.server import default_workers
 from spark_jobs import client as spark_client
+from spark_jobs.interface import ModelInterface
 from tests.conftest import MODEL, MODELS, ROOT, Daemon, free_port, image_input, self_signed
 from tests.service.conftest import scrape, total
 
@@ -146,7 +147,7 @@ def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
 def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
     daemon, _ = serve(8, "max_queue_delay_microseconds: 1000", "--workers", "2")
     images = holdout[0][:32]
-    model = spark_client.ModelInterface.fetch(daemon.socket_url, MODEL)
+    model = ModelInterface.fetch(daemon.socket_url, MODEL)
     result = spark_client.infer(daemon.socket_url, model, images, batch_size=4, inflight=4)
     assert result.logits.shape == (32, 10)
     used = {address for address, _ in spark_client._clients}
