@@ -12,6 +12,8 @@ from service import contract
 from spark_jobs.images import decode_image_rows, tensor_row_error
 from spark_jobs.interface import ModelInterface
 
+TENSOR_COLUMNS = ("id", "tensor")
+IMAGE_COLUMNS = ("id", "height", "width", "nChannels", "data")  # as api.image_columns names them
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 
@@ -61,8 +63,8 @@ def decode_images(batch: pa.RecordBatch, model: ModelInterface
     """decode_tensors for the columns of Spark's `image` source (api.image_columns)."""
     samples = np.zeros((batch.num_rows, *model.input_dims),
                        contract.served_dtype(model.input_datatype))
-    errors = decode_image_rows(zip(*(batch.column(c).to_pylist() for c in (
-        "id", "height", "width", "nChannels", "data"))), samples, model)
+    errors = decode_image_rows(zip(*(batch.column(c).to_pylist() for c in IMAGE_COLUMNS)),
+                               samples, model)
     good = np.ones(batch.num_rows, bool)
     good[list(errors)] = False
     return samples[good], good, errors
