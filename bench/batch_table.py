@@ -29,7 +29,8 @@ from accelerators.power.source import PowerSource
 from bench.models import INPUT, OUTPUT, BenchModel, write_repository
 from service.clients.top import Snapshot, fetch
 from service.local_daemon import LocalDaemon, local_daemon
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.client import infer
+from spark_jobs.interface import ModelInterface
 
 BATCHES = (1, 8, 32, 64, 256)
 _MAX_STAGED_BYTES = 1 << 30  # images staged per daemon slice

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from spark_jobs.arrow_scoring import decode_tensors, output_batch
-from spark_jobs.client import Inference, ModelInterface
-from spark_jobs.common_scoring import softmax
+from spark_jobs.client import Inference
+from spark_jobs.decoding import decode_tensors
+from spark_jobs.interface import ModelInterface
+from spark_jobs.results import output_batch, softmax
 
 
 @functools.cache
@@ -45,7 +46,7 @@ def make_predict_fn(path: str, input_name: str, dims: tuple[int, ...]):
 def score_arrow(batches: Iterator[pa.RecordBatch], path: str, model: ModelInterface,
                 batch_size: int, top_k: int, provider: str = "CPUExecutionProvider"
                 ) -> Iterator[pa.RecordBatch]:
-    """For mapInArrow with spark_jobs.common_scoring.output_schema: the model run in this worker in
+    """For mapInArrow with spark_jobs.results.output_schema: the model run in this worker in
     batches of `batch_size`, the output as the daemon path writes it."""
     session = _session(path, provider)
     for batch in batches:

@@ -26,7 +26,8 @@ from bench.serving import MODEL, model_repository
 from service.clients.top import fetch
 from service.local_daemon import local_daemon
 from spark_jobs import staging
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.client import infer
+from spark_jobs.interface import ModelInterface
 
 ROOT = Path(__file__).resolve().parent.parent
 

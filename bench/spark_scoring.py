@@ -39,8 +39,8 @@ from bench import ort_reference
 from service.local_daemon import DaemonProcess
 from spark_jobs import staging
 from spark_jobs.api import PREDICT_RETURN_TYPE, score_dataframe
-from spark_jobs.client import ModelInterface
-from spark_jobs.common_scoring import output_schema
+from spark_jobs.interface import ModelInterface
+from spark_jobs.results import output_schema
 from tools import mnist_digits
 
 ROOT = Path(__file__).resolve().parent.parent

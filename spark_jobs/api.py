@@ -37,10 +37,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
 
 from spark_jobs.arrow_scoring import score_batches
-from spark_jobs.client import NO_CREDENTIALS, Credentials, ModelInterface, infer
-from spark_jobs.common_scoring import ScoreOptions, locate, output_schema, raw_columns, softmax
+from spark_jobs.client import infer
+from spark_jobs.credentials import NO_CREDENTIALS, Credentials
 from spark_jobs.daemon import ADDRESS_CONF, NoDaemonError, NodeDaemon, resolve_address
+from spark_jobs.interface import ModelInterface
+from spark_jobs.options import ScoreOptions
 from spark_jobs.pandas_scoring import score_frames
+from spark_jobs.results import output_schema, raw_columns, softmax
 
 if TYPE_CHECKING:
     from pyspark.resource import ResourceProfile
@@ -77,7 +80,7 @@ def score_options(spark: SparkSession, model: str, *, address: str | None = None
     energy_column: each row's share of the joules in `energy_joules`, output_mode: "labels"
     or "raw", every output tensor as an array column)."""
     daemon = node_daemon(spark, address, model_repository)
-    interface = ModelInterface.fetch(locate(daemon, credentials), model, credentials)
+    interface = ModelInterface.fetch(daemon.locate(credentials), model, credentials)
     return ScoreOptions(daemon, interface, credentials=credentials, **options)
 
 

@@ -1,8 +1,9 @@
-"""The executor-side client: one channel per Python worker, reused across tasks, sending
-large batches to the node-local daemon with a few requests in flight, at low priority, and
-retrying what a restarting or busy daemon answers. The tensors of a call go through one shared
-memory region where the daemon can read it, and inside the messages otherwise. A daemon reached
-over TCP with TLS gets the job's CA certificate and bearer token (files on every node)."""
+"""The executor-side client's transport: one channel per Python worker and address, reused
+across tasks, sending large batches to the node-local daemon (spread over its front-ends'
+sockets) with a few requests in flight, at low priority, and retrying what a restarting or busy
+daemon answers. The tensors of a call go through one shared memory region where the daemon can
+read it (spark_jobs.staging), and inside the messages otherwise. What the model takes comes from
+spark_jobs.interface, how to connect from spark_jobs.credentials."""
 
 from __future__ import annotations
 
@@ -13,55 +14,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service import contract, local_daemon
+from service import contract
 from service.errors import shown
 from spark_jobs import staging
 from spark_jobs.cost import Cost
+from spark_jobs.credentials import NO_CREDENTIALS, Credentials
+from spark_jobs.interface import ModelInterface
 
 log = logging.getLogger(__name__)
 UNAVAILABLE = str(grpc.StatusCode.UNAVAILABLE)
 QUEUE_FULL = str(grpc.StatusCode.RESOURCE_EXHAUSTED)
-# Where a model's config.pbtxt says how to turn 8-bit images into its input (see docs/spark.md).
-IMAGE_PARAMETERS = ("image_mean", "image_std", "image_channel_order")
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """TLS and a bearer token for a daemon exposed on TCP (its unix socket needs neither).
-    Paths name files present on every node; the token is read there, never shipped."""
-
-    root_certificates: str | None = None  # PEM CA the daemon's certificate chains to
-    token_file: str | None = None  # holds the daemon's --token-file token
-
-    def __bool__(self) -> bool:
-        return bool(self.root_certificates or self.token_file)
-
-    def applies_to(self, address: str) -> bool:
-        return bool(self) and not address.startswith("unix:")
-
-    def connect(self, address: str) -> tuple[grpcclient.InferenceServerClient, dict | None]:
-        """A client for `address` and the headers its calls carry. Set credentials mean TLS
-        (system CAs where no root certificate is given): a token never travels in plaintext.
-        A unix socket must be the expected user's daemon's (local_daemon.check)."""
-        local_daemon.check(address)
-        if not self.applies_to(address):
-            return grpcclient.InferenceServerClient(address), None
-        client = grpcclient.InferenceServerClient(address, ssl=True,
-                                                  root_certificates=self.root_certificates)
-        if self.token_file is None:
-            return client, None
-        token = Path(self.token_file).read_text().strip()
-        return client, {"authorization": f"Bearer {token}"}
-
-
-NO_CREDENTIALS = Credentials()
 
 
 class DaemonUnavailableError(RuntimeError):
@@ -72,65 +40,6 @@ class DaemonUnavailableError(RuntimeError):
 class ReplyMismatchError(RuntimeError):
     """A reply whose output is not what the model's config and the request call for: none of
     its rows is used, as any of them could be another sample's."""
-
-
-@dataclass(frozen=True)
-class ModelInterface:
-    """What a job needs to know of a served model, read once on the driver."""
-
-    name: str
-    input_name: str
-    input_datatype: str
-    input_dims: tuple[int, ...]  # one sample's shape
-    output_name: str
-    max_batch_size: int
-    priority_levels: int = 0
-    image: dict[str, str] = field(default_factory=dict)  # the IMAGE_PARAMETERS it sets
-    preferred_batch_sizes: tuple[int, ...] = ()  # dynamic_batching.preferred_batch_size
-    # The output's, as replies must carry it (None, in an interface built by hand: unchecked).
-    output_datatype: str | None = None
-    output_dims: tuple[int, ...] | None = None  # one sample's shape, -1 for any size
-    # Every output of the config, (name, datatype, one sample's dims), for the raw output mode.
-    outputs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-
-    @classmethod
-    def fetch(cls, address: str, model: str,
-              credentials: Credentials = NO_CREDENTIALS) -> ModelInterface:
-        client, headers = credentials.connect(address)
-        try:
-            config = client.get_model_config(model, headers=headers).config
-        finally:
-            client.close()
-        if config.max_batch_size < 1 or len(config.input) != 1 or not config.output:
-            raise ValueError(f"model {model!r}: scoring needs one batched input and an output; "
-                             f"max_batch_size is {config.max_batch_size}, "
-                             f"inputs are {[i.name for i in config.input]}")
-        tensor, output = config.input[0], config.output[0]
-        image = {k: config.parameters[k].string_value
-                 for k in IMAGE_PARAMETERS if k in config.parameters}
-        return cls(model, tensor.name, contract.wire_from_config(tensor.data_type),
-                   tuple(tensor.dims), output.name, config.max_batch_size,
-                   config.dynamic_batching.priority_levels, image,
-                   tuple(config.dynamic_batching.preferred_batch_size),
-                   contract.wire_from_config(output.data_type), tuple(output.dims),
-                   tuple((o.name, contract.wire_from_config(o.data_type), tuple(o.dims))
-                         for o in config.output))
-
-    @property
-    def batch_buckets(self) -> tuple[int, ...]:
-        """The batch sizes the daemon runs its engines at (it pads a batch to the next one)."""
-        return contract.batch_buckets(self.max_batch_size, self.preferred_batch_sizes)
-
-    def request_batch(self, wanted: int | None = None) -> int:
-        """Samples per request: the largest bucket, or the largest not above `wanted`, so that
-        full requests fill a bucket exactly and the daemon pads none of them."""
-        fits = [b for b in self.batch_buckets if wanted is None or b <= wanted]
-        return max(fits, default=max(1, wanted or 1))
-
-    @property
-    def lowest_priority(self) -> int:
-        """Triton's priority levels count from 1 (highest); 0 asks for the default level."""
-        return self.priority_levels
 
 
 @dataclass(frozen=True)

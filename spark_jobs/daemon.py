@@ -32,6 +32,7 @@ from accelerators import safe_files
 from service import local_daemon
 from service.contract import default_socket
 from service.local_daemon import DaemonProcess, is_ready, wait_ready
+from spark_jobs.credentials import NO_CREDENTIALS, Credentials
 
 log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
@@ -113,6 +114,12 @@ class NodeDaemon:
 
     def resolve(self) -> str:
         return resolve_address(self.address)
+
+    def locate(self, credentials: Credentials = NO_CREDENTIALS) -> str:
+        """This node's daemon. One reached with TLS is used as it is: the job starts daemons
+        only on a unix socket or a loopback port of its own, which need no credentials."""
+        address = self.resolve()
+        return address if credentials.applies_to(address) else self.ensure()
 
     def ensure(self, timeout_s: float = 120.0) -> str:
         """The address of a ready daemon on this node, starting one if the job may."""

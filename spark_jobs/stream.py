@@ -25,8 +25,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs import energy
 from spark_jobs.api import job_session, score_options, score_with
-from spark_jobs.common_scoring import ScoreOptions
-from spark_jobs.score import add_scoring_arguments, daemon_repository, scoring_options
+from spark_jobs.arguments import add_scoring_arguments, daemon_repository, scoring_options
+from spark_jobs.options import ScoreOptions
 
 log = logging.getLogger("hetserve.stream")
 DEFAULT_SCHEMAS = {"json": "id long, tensor array<float>", "parquet": "id long, tensor binary"}

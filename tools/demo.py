@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.local_daemon import DaemonProcess, DaemonStartError, free_port, is_ready
 from service.settings import Settings
 from spark_jobs import energy
-from spark_jobs.common_scoring import softmax
 from spark_jobs.cost import Cost
+from spark_jobs.results import softmax
 from tools import mnist_digits
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -144,7 +144,7 @@ def test_a_node_left_to_the_cpu_reads_this_runs_inputs(tmp_path) -> None:
     """Hardmax has no CUDA kernel, so ONNX Runtime runs it on the CPU. Inputs copied into bound
     device buffers outside ONNX Runtime's stream reached it late: 184 of 200 runs on an H200
     answered for the previous (zero) input."""
-    from tests.accelerators.conftest import single_op
+    from tests.support.onnx_graphs import single_op
 
     x = np.zeros((1, 4), np.float32)
     model = single_op("Hardmax", {"x": x}, {}, x.shape)

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 from tests.support.metrics import scrape, total
-from tests.support.onnx_graphs import single_op
+from tests.support.onnx_graphs import single_op, sized_head, symbolic_conv
 from tests.support.served import DEVICES
 
 
@@ -100,13 +100,11 @@ def test_symbolic_dims_are_served_at_the_configs_sizes_or_planned_per_request_sh
     planned per request shape, the plans of `opencl_shapes` shapes kept, and counted. A head
     that fixes a dim declared variable is refused there naming the dim, and ONNX Runtime serves
     it. `hetserve devices --models` gives the same verdicts before start-up."""
-    from tests.accelerators.test_opencl_engine import _symbolic_conv
-    from tests.accelerators.test_opencl_shapes import sized_head
     repo = tmp_path / "models"
     for name, dims, out in (("conv_fixed", "3, 10, 12", "4, 10, 12"),
                             ("conv_any", "3, -1, -1", "4, -1, -1"), ("head_any", "3, -1", "4")):
         (repo / name / "1").mkdir(parents=True)
-        (sized_head if name == "head_any" else _symbolic_conv)(repo / name / "1" / "model.onnx")
+        (sized_head if name == "head_any" else symbolic_conv)(repo / name / "1" / "model.onnx")
         (repo / name / "config.pbtxt").write_text(
             f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
             f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'

@@ -4,14 +4,13 @@ device choice."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pyopencl as cl
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from accelerators.engine_factory import DeviceSpec, create_engine
 from accelerators.onnx_models import make_model
@@ -20,7 +19,7 @@ from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.program_cache import MissingKernelsError, ProgramCache
 from accelerators.safe_files import UnsafeFolderError
-from tests.support.onnx_graphs import single_op
+from tests.support.onnx_graphs import single_op, symbolic_conv
 
 
 def test_an_unsupported_op_is_named_with_its_node_at_load(engine_for) -> None:
@@ -44,7 +43,7 @@ def test_an_op_is_accepted_where_it_folds_and_refused_where_it_needs_a_kernel(en
 
 
 def test_engine_factory_builds_opencl_engines(tmp_path) -> None:
-    from tests.conftest import MODEL, MODELS
+    from tests.support.daemon import MODEL, MODELS
     engine = create_engine(DeviceSpec.parse("opencl:cpu0"), MODELS / MODEL / "1" / "model.onnx")
     assert (engine.device.name, engine.device.kind, engine.device.engine) == (
         "cpu0", "cpu", "opencl")
@@ -158,23 +157,11 @@ def test_tiles_are_built_for_the_device(engine_for, opencl_device) -> None:
     assert engine.build.tiling == expected
 
 
-def _symbolic_conv(path: Path) -> onnx.ModelProto:
-    """A Conv over (n, 3, h, w), all but the channels symbolic, as detectors export."""
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "h", "w"])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, "h", "w"])
-    w = numpy_helper.from_array(
-        np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    model = make_model(helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g", [x], [y], [w]), 17)
-    onnx.save(model, str(path))
-    return model
-
-
 def test_symbolic_dims_take_the_served_sizes_or_are_planned_per_shape(
         tmp_path, opencl_device, program_cache) -> None:
     """Fixed by config.pbtxt, or left variable there (or with no config): then planned per
     request shape (test_opencl_shapes.py)."""
-    model = _symbolic_conv(tmp_path / "conv.onnx")
+    model = symbolic_conv(tmp_path / "conv.onnx")
     x = np.random.default_rng(1).standard_normal((2, 3, 10, 12)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

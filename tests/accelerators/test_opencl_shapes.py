@@ -17,6 +17,7 @@ from accelerators.onnx_models import make_model
 from accelerators.opencl.engine import OpenCLEngine
 from accelerators.opencl.ir import UnsupportedModelError
 from tests.support.numerics import rel_err
+from tests.support.onnx_graphs import sized_head
 
 
 def recognizer(path: Path) -> onnx.ModelProto:
@@ -91,17 +92,6 @@ def test_plans_built_at_load_are_reported_once_a_listener_comes(tmp_path, opencl
     engine.report_plans(lambda event, count: events.append((event, count)))
     engine.run({"x": np.ones((2, 1, 6, 10), np.float32)}, ["z"])
     assert events == [("built", 1), ("built", 1)]
-
-
-def sized_head(path: Path) -> None:
-    """(n, 3, w), w symbolic, flattened into a classifier head whose weights fix w at 32."""
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "w"])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])
-    w = numpy_helper.from_array(np.ones((96, 4), np.float32), "w")
-    model = make_model(helper.make_graph(
-        [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"])],
-        "head", [x], [y], [w]), 17)
-    onnx.save(model, str(path))
 
 
 def test_a_dim_the_model_cannot_be_planned_at_other_sizes_is_refused_by_name(

@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2
 
 from service import contract
 from service.core.model_settings import parse_buckets
-from spark_jobs.client import ModelInterface
+from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS
 
 

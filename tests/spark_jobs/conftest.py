@@ -1,3 +1,5 @@
+"""The spark fixture: a local Spark session for the session's tests."""
+
 from __future__ import annotations
 
 import os
@@ -8,9 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_jobs import staging
-
-SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-              "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+from tests.support.spark import SPARK_CONF
 
 
 @pytest.fixture(scope="session")

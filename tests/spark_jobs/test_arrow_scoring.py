@@ -12,10 +12,11 @@ import pytest
 from pyspark import Accumulator
 
 from spark_jobs.arrow_scoring import score_batches
-from spark_jobs.client import ModelInterface
-from spark_jobs.common_scoring import ENERGY_COLUMN, ScoreOptions
 from spark_jobs.daemon import NoDaemonError, NodeDaemon
 from spark_jobs.energy import TallyParam
+from spark_jobs.interface import ModelInterface
+from spark_jobs.options import ScoreOptions
+from spark_jobs.results import ENERGY_COLUMN
 from tests.support.served import reply_devices
 
 

@@ -30,11 +30,11 @@ from service import contract
 from spark_jobs import client, staging
 from spark_jobs.client import (
     DaemonUnavailableError,
-    ModelInterface,
     ReplyMismatchError,
     RetryPolicy,
     infer,
 )
+from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS, Daemon
 
 
@@ -102,12 +102,6 @@ def test_unavailable_retries_are_bounded_and_ask_for_the_nodes_daemon(daemon, tm
         infer(f"unix:{tmp_path / 'nobody.sock'}", model, np.zeros((4, 1, 28, 28), np.float32),
               128, 1, retry=RetryPolicy(attempts=3, first_delay_s=0.01), recover=recover)
     assert failed.value.status() == "StatusCode.UNAVAILABLE" and len(asked) == 2
-
-
-def test_batch_work_asks_for_the_models_lowest_priority(daemon):
-    model = ModelInterface.fetch(daemon.url, "mnist_cnn")
-    assert model.priority_levels == 0 and model.lowest_priority == 0  # none configured
-    assert ModelInterface("m", "x", "FP32", (1,), "y", 8, priority_levels=3).lowest_priority == 3
 
 
 @pytest.fixture
@@ -204,15 +198,6 @@ def test_regions_a_stopped_worker_left_are_unlinked_by_the_next_one(tmp_path):
 def _refuse_registration(self, name, key, byte_size, *args, **kwargs):
     raise InferenceServerException("cannot open shared memory",
                                    status="StatusCode.INVALID_ARGUMENT")
-
-
-def test_requests_fill_the_daemons_batch_buckets():
-    powers = ModelInterface("m", "x", "FP32", (1,), "y", 100)
-    assert powers.batch_buckets == (1, 2, 4, 8, 16, 32, 64, 100)
-    assert powers.request_batch() == 100 and powers.request_batch(90) == 64
-    preferred = ModelInterface("m", "x", "FP32", (1,), "y", 128, preferred_batch_sizes=(48, 16))
-    assert preferred.batch_buckets == (16, 48) and preferred.request_batch() == 48
-    assert preferred.request_batch(8) == 8  # below every bucket: as asked, padded there
 
 
 def test_a_daemon_that_cannot_be_found_again_fails_the_call_naming_both_reasons(daemon,

@@ -17,8 +17,9 @@ from service.local_daemon import is_ready
 from spark_jobs.api import stop_started_daemons
 from spark_jobs.daemon import NodeDaemon, read_owner
 from spark_jobs.score import parse_args, score, write
-from tests.spark_jobs.processes import serving, wait
 from tests.support.daemon import MODELS
+from tests.support.processes import serving
+from tests.support.waiting import until
 
 ENSURE = """
 import sys
@@ -44,8 +45,8 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
             p.communicate("")
     # Every starter has gone: the supervisor notices its Spark process ended and stops it, and
     # with it gone the record names no running daemon.
-    assert wait(lambda: not serving(socket))
-    assert wait(lambda: read_owner(socket.parent / "daemon.owner") is None)
+    until(lambda: not serving(socket), timeout_s=30.0)
+    until(lambda: read_owner(socket.parent / "daemon.owner") is None, timeout_s=30.0)
 
 
 def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
@@ -57,7 +58,8 @@ def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
         assert starter.stdout.readline().strip() == address
         owner = read_owner(socket.parent / "daemon.owner")
         os.kill(owner["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
-        assert wait(lambda: not serving(socket)), "the daemon outlived its supervisor"
+        until(lambda: not serving(socket), timeout_s=30.0,
+              what="the daemon outlived its supervisor")
     finally:
         starter.communicate("")
 
@@ -101,9 +103,9 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
     runner.start()
     owner_file = socket.parent / "daemon.owner"
     try:
-        assert wait(lambda: read_owner(owner_file) is not None and is_ready(f"unix:{socket}"),
-                     120)
-        assert wait(lambda: spark.sparkContext.statusTracker().getActiveStageIds(), 120)
+        until(lambda: read_owner(owner_file) is not None and is_ready(f"unix:{socket}"),
+              timeout_s=120)
+        until(lambda: bool(spark.sparkContext.statusTracker().getActiveStageIds()), timeout_s=120)
         time.sleep(1)  # the scoring stage is under way
         assert runner.is_alive(), "the job ended before the daemon could be killed"
         killed = read_owner(owner_file)["daemon"]

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from spark_jobs.client import ModelInterface, infer
+from spark_jobs.client import infer
 from spark_jobs.daemon import NodeDaemon, read_owner
-from tests.spark_jobs.processes import serving, supervising, wait
+from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS
+from tests.support.processes import serving, supervising
+from tests.support.waiting import until
 
 CALLERS = 4
 ROUNDS = 20
@@ -74,5 +76,5 @@ def test_callers_that_find_the_daemon_killed_restart_exactly_one(tmp_path: Path,
     truth = labels[np.asarray(sorted(scored)) % len(labels)]
     accuracy = float(np.mean(np.asarray([scored[i] for i in sorted(scored)]) == truth))
     assert accuracy > 0.9, f"accuracy {accuracy:.3f} on the held-out digits"
-    assert wait(lambda: not serving(socket) and not supervising(socket)), \
-        f"left behind: daemons {serving(socket)}, supervisors {supervising(socket)}"
+    until(lambda: not serving(socket) and not supervising(socket), timeout_s=30.0,
+          what=f"left behind: daemons {serving(socket)}, supervisors {supervising(socket)}")

@@ -18,8 +18,8 @@ from accelerators.safe_files import UnsafeFolderError
 from service.client_socket import UntrustedDaemonError
 from service.contract import default_socket
 from service.ops.cli import main
-from spark_jobs.client import ModelInterface
 from spark_jobs.daemon import NodeDaemon, resolve_address
+from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS
 
 # Another user's fake daemon: it makes the folder, listens, plants links to the victim's files

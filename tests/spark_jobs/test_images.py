@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spark_jobs.client import ModelInterface
 from spark_jobs.images import decode_image
+from spark_jobs.interface import ModelInterface
 
 
 def _model(channels: int, **image: str) -> ModelInterface:

@@ -22,10 +22,10 @@ from spark_jobs import energy
 from spark_jobs.api import score_dataframe
 from spark_jobs.energy import ENERGY_FILE
 from spark_jobs.score import parse_args, score, write
-from tests.spark_jobs.conftest import SPARK_CONF
 from tests.support.daemon import MODELS, ROOT, Daemon, example_repository
 from tests.support.opencl_devices import NO_EMULATOR, emulated_fpga
 from tests.support.served import reply_devices
+from tests.support.spark import SPARK_CONF
 from tools.mnist_digits import write_parquet
 
 

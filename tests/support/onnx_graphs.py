@@ -4,6 +4,7 @@ float64 reference."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -190,3 +191,26 @@ def fp32_reference(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return session.run(["y"], inputs)[0].astype(np.float64)
+
+
+def symbolic_conv(path: Path) -> onnx.ModelProto:
+    """A Conv over (n, 3, h, w), all but the channels symbolic, as detectors export."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, "h", "w"])
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    model = make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)], "g", [x], [y], [w]), 17)
+    onnx.save(model, str(path))
+    return model
+
+
+def sized_head(path: Path) -> None:
+    """(n, 3, w), w symbolic, flattened into a classifier head whose weights fix w at 32."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "w"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])
+    w = numpy_helper.from_array(np.ones((96, 4), np.float32), "w")
+    model = make_model(helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"])],
+        "head", [x], [y], [w]), 17)
+    onnx.save(model, str(path))

@@ -17,9 +17,8 @@ from accelerators.devices import gpu_count
 from accelerators.engine import parse_device_name
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine, providers
 from tests.support.daemon import MODEL, MODELS, Daemon
-from tests.support.metrics import total
+from tests.support.metrics import scrape, total
 from tests.support.opencl_devices import emulated_fpga
-from tests.support.prometheus_stack import scrape
 
 ENGINE_MODULE = "tests.support.faulty_engine"
 

@@ -117,8 +117,8 @@ def test_under_light_load_a_much_slower_first_device_is_found_out(
         tmp_path, holdout, seconds, prefer_order) -> None:
     """One request at a time, so that the first device alone would ever run: a simulated
     fpga0 of `seconds` per batch first, onnxruntime:cpu0 second."""
-    from tests.conftest import Daemon
-    from tests.service.conftest import write_model
+    from tests.support.daemon import Daemon
+    from tests.support.served import write_model
     repo = write_model(tmp_path / "models", 8, "max_queue_delay_microseconds: 500",
                        {"devices": "simulated:fpga0, onnxruntime:cpu0", "policy": "prefer",
                         "simulated_curve": "sim.curve", "latency_budget_ms": "60000",
@@ -189,7 +189,7 @@ def _reshape_by_three(repo) -> None:
 
 @pytest.mark.parametrize("workers", ["1", "2"])  # 2: front-ends check what the owner found
 def test_inputs_too_small_for_the_model_are_invalid_naming_the_minimum(tmp_path, workers) -> None:
-    from tests.conftest import Daemon
+    from tests.support.daemon import Daemon
     repo = tmp_path / "models"
     _unpadded_conv(repo)
     _reshape_by_three(repo)

@@ -28,6 +28,7 @@ from accelerators.engine_options import TOLERANCE
 from service.local_daemon import DaemonProcess, free_port
 from service.ops.server import default_workers
 from spark_jobs import client as spark_client
+from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input, self_signed
 from tests.support.metrics import scrape, total
 from tests.support.waiting import until
@@ -148,7 +149,7 @@ def test_queue_limits_and_deadlines_hold_across_workers(serve, holdout) -> None:
 def test_spark_client_spreads_over_every_socket(serve, holdout) -> None:
     daemon, _ = serve(8, "max_queue_delay_microseconds: 1000", "--workers", "2")
     images = holdout[0][:32]
-    model = spark_client.ModelInterface.fetch(daemon.socket_url, MODEL)
+    model = ModelInterface.fetch(daemon.socket_url, MODEL)
     result = spark_client.infer(daemon.socket_url, model, images, batch_size=4, inflight=4)
     assert result.logits.shape == (32, 10)
     used = {address for address, _ in spark_client._clients}
@@ -229,8 +230,8 @@ def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, ho
 
 def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
         tmp_path: Path, holdout, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.service.conftest import ENGINE_MODULE, Control, write_model
     from tests.support.faulty_engine import CONTROL_ENV
+    from tests.support.served import ENGINE_MODULE, Control, write_model
 
     control = Control(tmp_path / "control.json")
     monkeypatch.setenv(CONTROL_ENV, str(control.path))

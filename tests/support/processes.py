@@ -1,10 +1,8 @@
-"""Looking at the processes a test started: which daemons serve a socket, waiting for a state."""
+"""Looking at the processes a test started: which daemons and supervisors serve a socket."""
 
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -21,11 +19,3 @@ def supervising(socket: Path) -> list[str]:
                            capture_output=True, text=True)
     return found.stdout.split()
 
-
-def wait(condition: Callable[[], object], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
