@@ -5,6 +5,8 @@ to quant_lowering's int8 kernels where the node asks; ConvTranspose 1-D and 2-D 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from accelerators.opencl.host_ops import window
@@ -75,7 +77,7 @@ def conv(lw: Lowering, node: Node, args: list) -> None:
         return
     x, w = args[0], args[1]
     out, geometry = _conv_geometry(lw, node, x, w)
-    if "quant_in" in node.attrs:
+    if node.quant_in is not None:
         conv_q8(lw, node, args, out, geometry)
         return
     cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
@@ -122,7 +124,7 @@ def _conv1d(lw: Lowering, node: Node, args: list) -> None:
             attrs[key] = [1, *attrs[key]]
     if "pads" in attrs:
         attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
-    flat = Node("Conv", node.name, node.inputs, [f"{node.name}:2d"], attrs)
+    flat = replace(node, outputs=[f"{node.name}:2d"], attrs=attrs)
     conv(lw, flat, [Dyn((*x.shape[:2], 1, x.shape[2]), x.storage), w[:, :, None, :],
                     *args[2:]])
     out = lw.values[flat.outputs[0]]

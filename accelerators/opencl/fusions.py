@@ -173,7 +173,7 @@ def _fuse_layer_norm(graph: Graph) -> None:
         for n in inner:
             graph.nodes.remove(n)
         last.op, last.inputs = "LayerNormalization", inputs
-        last.attrs = {"epsilon": float(eps.reshape(-1)[0]), "reduce_axes": axes}
+        last.attrs, last.reduce_axes = {"epsilon": float(eps.reshape(-1)[0])}, axes
         graph.fused["LayerNormalization(decomposed)"] += 1
 
 
@@ -210,8 +210,8 @@ def _fuse_group_norm(graph: Graph) -> None:
                 shape.outputs[0])) == 1 else ()):
             graph.nodes.remove(n)
         add.op, add.inputs = "GroupNormalization", [x, scale, bias]
-        add.attrs = {"num_groups": groups, "epsilon": norm.attrs.get("epsilon", 1e-5),
-                     "rank": w.ndim + 1}
+        add.attrs = {"num_groups": groups, "epsilon": norm.attrs.get("epsilon", 1e-5)}
+        add.channel_rank = w.ndim + 1
         graph.fused["GroupNormalization(Reshape, InstanceNormalization, Mul, Add)"] += 1
 
 

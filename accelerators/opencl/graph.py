@@ -254,11 +254,11 @@ def _fuse_gates(graph: Graph) -> None:
 def _fuse_activations(graph: Graph) -> None:
     for node in [n for n in graph.nodes if n.op in FUSING]:
         act = graph.sole_consumer(node)
-        if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
+        if act is None or act.op not in ACTIVATIONS or node.activation:
             continue
         if act.op == "Clip" and not all(i in graph.consts for i in act.inputs[1:] if i):
             continue
-        node.attrs["activation"] = act
+        node.activation = act
         node.outputs = [act.outputs[0]]
         graph.nodes.remove(act)
         graph.fused[f"{node.op}+{act.op}"] += 1

@@ -23,7 +23,7 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
     input), by ONNX's reference evaluator: any op, at the model's opset (onnx_nodes). An
     activation fused into it (graph.py) is the caller's to apply."""
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
-             for k, v in node.attrs.items() if k != "activation"}
+             for k, v in node.attrs.items()}
     proto = onnx.helper.make_node(node.op, [""] * len(args), node.outputs, **attrs)
     try:
         return run_node(proto, args, opset)

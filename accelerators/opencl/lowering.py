@@ -150,7 +150,7 @@ def _fold(lw: Lowering, node: Node, args: list) -> None:
     """A node whose inputs are all known on the host (constants, shapes) becomes constants,
     its fused activation applied."""
     outs = evaluate(node, args, lw.graph.opset)
-    act = node.attrs.get("activation")
+    act = node.activation
     if act is not None:
         act_args: list = [outs[0]] + [lw.values.get(i) if i else None for i in act.inputs[1:]]
         outs[0] = evaluate(act, act_args, lw.graph.opset)[0]

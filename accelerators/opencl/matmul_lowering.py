@@ -116,7 +116,7 @@ def _gemv(lw: Lowering, node: Node, x: Ref, w: Ref, bias: Ref | None, out: Ref, 
 
 
 def gemm(lw: Lowering, node: Node, args: list) -> None:
-    if "quant_in" in node.attrs:
+    if node.quant_in is not None:
         gemm_q8(lw, node, args)
         return
     a = node.attrs

@@ -118,8 +118,8 @@ def layer_normalization(lw: Lowering, node: Node, args: list) -> None:
     may be followed by others (a channels-first LayerNorm over axis 1 of NCHW)."""
     x = args[0]
     rank = len(x.shape)
-    if "reduce_axes" in node.attrs:
-        first, last = axis_range(node, node.attrs["reduce_axes"], rank)
+    if node.reduce_axes is not None:
+        first, last = axis_range(node, node.reduce_axes, rank)
     else:
         first, last = node.attrs.get("axis", -1) % rank, rank - 1
     scale, bias = (_per_normalized_value(lw, node, args, i, x.shape, first, last)
@@ -163,9 +163,9 @@ def instance_normalization(lw: Lowering, node: Node, args: list) -> None:
 def group_normalization(lw: Lowering, node: Node, args: list) -> None:
     """Opset 18's scale and bias per group or opset 21's per channel."""
     x, groups = args[0], node.attrs["num_groups"]
-    if node.attrs.get("rank", len(x.shape)) != len(x.shape):  # fusions.py's, as exported
+    if node.channel_rank not in (None, len(x.shape)):  # fusions.py's, as exported
         raise UnsupportedModelError(f"GroupNorm node {node.name!r}: its Mul and Add are "
-                                    f"per channel of a rank-{node.attrs['rank']} tensor, "
+                                    f"per channel of a rank-{node.channel_rank} tensor, "
                                     f"not of its rank-{len(x.shape)} input")
     if len(x.shape) < 3 or x.shape[1] % groups:
         raise UnsupportedModelError(f"GroupNormalization node {node.name!r}: attribute "
