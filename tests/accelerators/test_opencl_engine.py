@@ -210,7 +210,7 @@ def test_a_python_error_in_a_lowering_is_a_refusal_naming_the_node(monkeypatch, 
 
     def broken(lw, node, args):
         return 1 // 0
-    monkeypatch.setitem(lowering.LOWERINGS, "Relu", broken)
+    monkeypatch.setitem(lowering.LOWERINGS, "Relu", ((1, broken),))
     x = np.zeros((1, 4), np.float32)
     with pytest.raises(UnsupportedModelError, match=r"op 'Relu' of node '.*' \(opset 17\) "
                                                     r"cannot be planned at input shapes "

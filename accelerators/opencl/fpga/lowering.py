@@ -28,9 +28,10 @@ from accelerators.opencl.launch import (
     ints,
 )
 from accelerators.opencl.lowering import lower
-from accelerators.opencl.lowering_state import Lowering, OpLowering
+from accelerators.opencl.lowering_state import Lowering, Table, always
 from accelerators.opencl.qdq import Int8Weight
 from accelerators.opencl.recurrent_lowering import check_attributes
+from accelerators.opencl.view_lowering import VIEWS
 
 STAGES = ("fpga_read", "fpga_conv", "fpga_pool", "fpga_write")  # Launch.stage 1 to 4
 # fpga_read's integer arguments after the input, and fpga_pool's: the one spelling the lowering
@@ -299,6 +300,6 @@ def recurrent(lw: Lowering, node: Node, args: list) -> None:
     host_node(lw, node, args)
 
 
-_TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": fully_connected,
-                                 "MatMul": fully_connected,
-                                 **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent)}
+_TABLE: Table = {**VIEWS, "Conv": always(conv), "Gemm": always(fully_connected),
+                 "MatMul": always(fully_connected),
+                 **dict.fromkeys(("LSTM", "GRU", "RNN"), always(recurrent))}
