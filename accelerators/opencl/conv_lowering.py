@@ -46,17 +46,9 @@ def conv_transpose(lw: Lowering, node: Node, args: list) -> None:
     groups, kernel = a.get("group", 1), w.shape[2:]
     c_out = w.shape[1] * groups
     strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-    extra, pads = a.get("output_padding", [0, 0]), a.get("pads", [0, 0, 0, 0])
     full = [s * (i - 1) + e + (k - 1) * d + 1 for s, i, e, k, d in
-            zip(strides, (h, wd), extra, kernel, dilations)]
-    shape = a.get("output_shape") or (
-        [i * s for i, s in zip((h, wd), strides)]
-        if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") else None)
-    if shape is not None:  # the pads follow from the asked size (ONNX's rule): SAME_UPPER
-        total = [f - o for f, o in zip(full, shape[-2:])]  # crops less at the start
-        upper = a.get("auto_pad", "NOTSET") == "SAME_UPPER"
-        pads = [t // 2 if upper else t - t // 2 for t in total] + [
-            t - t // 2 if upper else t // 2 for t in total]
+            zip(strides, (h, wd), a.get("output_padding", [0, 0]), kernel, dilations)]
+    pads = _transpose_pads(a, full, (h, wd), strides)
     out_hw = [f - pads[i] - pads[i + 2] for i, f in enumerate(full)]
     out = lw.new(node.outputs[0], (n, c_out, *out_hw))
     lw.values[node.outputs[0]] = Dyn((n, c_out, out_hw[1]) if one_d else out.shape,
@@ -69,6 +61,22 @@ def conv_transpose(lw: Lowering, node: Node, args: list) -> None:
         *ints(c_in, c_out, groups, h, wd, *out_hw, *kernel, *strides, pads[0], pads[1],
               *dilations, has_bias), *activation_args(node, lw.values)],
             2 * n * c_in * h * wd * w.shape[1] * kernel[0] * kernel[1])
+
+
+def _transpose_pads(a: dict, full: list[int], hw: tuple[int, int], strides: list[int]
+                    ) -> list[int]:
+    """A ConvTranspose's pads: attribute `pads`, or where an output size is asked
+    (output_shape, or auto_pad SAME_*: the input's times the strides) what crops its full
+    output `full` to it, by ONNX's rule (SAME_UPPER crops less at the start)."""
+    auto = a.get("auto_pad", "NOTSET")
+    shape = a.get("output_shape") or (
+        [i * s for i, s in zip(hw, strides)] if auto in ("SAME_UPPER", "SAME_LOWER") else None)
+    if shape is None:
+        return list(a.get("pads", [0, 0, 0, 0]))
+    total = [f - o for f, o in zip(full, shape[-2:])]
+    upper = auto == "SAME_UPPER"
+    return [t // 2 if upper else t - t // 2 for t in total] + [
+        t - t // 2 if upper else t // 2 for t in total]
 
 
 def conv(lw: Lowering, node: Node, args: list) -> None:

@@ -51,29 +51,36 @@ def fuse_quantized(graph: Graph) -> None:
     input already lies on its grid is dropped. FakeQuant nodes left run as their own kernel."""
     outputs = {name for name, _ in graph.outputs}
     for node in [n for n in graph.nodes if n.op in ("Conv", "Gemm")]:
-        fq = graph.producer(node.inputs[0])
-        weight = graph.int8.get(node.inputs[1])
-        if fq is None or fq.op != "FakeQuant" or weight is None \
-                or weight.scale.size > 1 and weight.axis != _channel_axis(node):
-            continue
-        node.quant_in = fq.grid
-        node.inputs[0] = fq.inputs[0]
-        graph.fused[f"FakeQuant+{node.op}"] += 1
-        if not graph.consumers(fq.outputs[0]) and fq.outputs[0] not in outputs:
-            graph.nodes.remove(fq)
+        _quantize_input(graph, node, outputs)
     for fq in [n for n in graph.nodes if n.op == "FakeQuant"]:
-        producer = graph.producer(fq.inputs[0])
-        if producer is not None and producer.quant_in is not None \
-                and producer.requant is None \
-                and graph.consumers(fq.inputs[0]) == [fq] and fq.inputs[0] not in outputs:
-            producer.requant = fq.grid
-            producer.outputs = [fq.outputs[0]]
-            graph.nodes.remove(fq)
-            graph.fused[f"{producer.op}+FakeQuant"] += 1
-        elif _grid_of(graph, fq.inputs[0]) == fq.grid and fq.outputs[0] not in outputs:
-            graph.nodes.remove(fq)
-            graph.rename(fq.outputs[0], fq.inputs[0])
-            graph.fused["FakeQuant already on its grid"] += 1
+        _fold_fake_quant(graph, fq, outputs)
+
+
+def _quantize_input(graph: Graph, node: Node, outputs: set[str]) -> None:
+    fq = graph.producer(node.inputs[0])
+    weight = graph.int8.get(node.inputs[1])
+    if fq is None or fq.op != "FakeQuant" or weight is None \
+            or weight.scale.size > 1 and weight.axis != _channel_axis(node):
+        return
+    node.quant_in = fq.grid
+    node.inputs[0] = fq.inputs[0]
+    graph.fused[f"FakeQuant+{node.op}"] += 1
+    if not graph.consumers(fq.outputs[0]) and fq.outputs[0] not in outputs:
+        graph.nodes.remove(fq)
+
+
+def _fold_fake_quant(graph: Graph, fq: Node, outputs: set[str]) -> None:
+    producer = graph.producer(fq.inputs[0])
+    if producer is not None and producer.quant_in is not None and producer.requant is None \
+            and graph.consumers(fq.inputs[0]) == [fq] and fq.inputs[0] not in outputs:
+        producer.requant = fq.grid
+        producer.outputs = [fq.outputs[0]]
+        graph.nodes.remove(fq)
+        graph.fused[f"{producer.op}+FakeQuant"] += 1
+    elif _grid_of(graph, fq.inputs[0]) == fq.grid and fq.outputs[0] not in outputs:
+        graph.nodes.remove(fq)
+        graph.rename(fq.outputs[0], fq.inputs[0])
+        graph.fused["FakeQuant already on its grid"] += 1
 
 
 def _channel_axis(node: Node) -> int:
