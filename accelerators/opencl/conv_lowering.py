@@ -5,6 +5,8 @@ to quant_lowering's int8 kernels where the node asks; ConvTranspose 1-D and 2-D 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from accelerators.opencl.host_ops import window
@@ -44,17 +46,9 @@ def conv_transpose(lw: Lowering, node: Node, args: list) -> None:
     groups, kernel = a.get("group", 1), w.shape[2:]
     c_out = w.shape[1] * groups
     strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-    extra, pads = a.get("output_padding", [0, 0]), a.get("pads", [0, 0, 0, 0])
     full = [s * (i - 1) + e + (k - 1) * d + 1 for s, i, e, k, d in
-            zip(strides, (h, wd), extra, kernel, dilations)]
-    shape = a.get("output_shape") or (
-        [i * s for i, s in zip((h, wd), strides)]
-        if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") else None)
-    if shape is not None:  # the pads follow from the asked size (ONNX's rule): SAME_UPPER
-        total = [f - o for f, o in zip(full, shape[-2:])]  # crops less at the start
-        upper = a.get("auto_pad", "NOTSET") == "SAME_UPPER"
-        pads = [t // 2 if upper else t - t // 2 for t in total] + [
-            t - t // 2 if upper else t // 2 for t in total]
+            zip(strides, (h, wd), a.get("output_padding", [0, 0]), kernel, dilations)]
+    pads = _transpose_pads(a, full, (h, wd), strides)
     out_hw = [f - pads[i] - pads[i + 2] for i, f in enumerate(full)]
     out = lw.new(node.outputs[0], (n, c_out, *out_hw))
     lw.values[node.outputs[0]] = Dyn((n, c_out, out_hw[1]) if one_d else out.shape,
@@ -69,13 +63,29 @@ def conv_transpose(lw: Lowering, node: Node, args: list) -> None:
             2 * n * c_in * h * wd * w.shape[1] * kernel[0] * kernel[1])
 
 
+def _transpose_pads(a: dict, full: list[int], hw: tuple[int, int], strides: list[int]
+                    ) -> list[int]:
+    """A ConvTranspose's pads: attribute `pads`, or where an output size is asked
+    (output_shape, or auto_pad SAME_*: the input's times the strides) what crops its full
+    output `full` to it, by ONNX's rule (SAME_UPPER crops less at the start)."""
+    auto = a.get("auto_pad", "NOTSET")
+    shape = a.get("output_shape") or (
+        [i * s for i, s in zip(hw, strides)] if auto in ("SAME_UPPER", "SAME_LOWER") else None)
+    if shape is None:
+        return list(a.get("pads", [0, 0, 0, 0]))
+    total = [f - o for f, o in zip(full, shape[-2:])]
+    upper = auto == "SAME_UPPER"
+    return [t // 2 if upper else t - t // 2 for t in total] + [
+        t - t // 2 if upper else t // 2 for t in total]
+
+
 def conv(lw: Lowering, node: Node, args: list) -> None:
     if len(args[0].shape) == 3 and isinstance(args[1], np.ndarray) and args[1].ndim == 3:
         _conv1d(lw, node, args)
         return
     x, w = args[0], args[1]
     out, geometry = _conv_geometry(lw, node, x, w)
-    if "quant_in" in node.attrs:
+    if node.quant_in is not None:
         conv_q8(lw, node, args, out, geometry)
         return
     cg, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw = geometry
@@ -122,7 +132,7 @@ def _conv1d(lw: Lowering, node: Node, args: list) -> None:
             attrs[key] = [1, *attrs[key]]
     if "pads" in attrs:
         attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
-    flat = Node("Conv", node.name, node.inputs, [f"{node.name}:2d"], attrs)
+    flat = replace(node, outputs=[f"{node.name}:2d"], attrs=attrs)
     conv(lw, flat, [Dyn((*x.shape[:2], 1, x.shape[2]), x.storage), w[:, :, None, :],
                     *args[2:]])
     out = lw.values[flat.outputs[0]]

@@ -73,8 +73,8 @@ def kernels_of(first: Lowered, several: Lowered, build: Build) -> set[str]:
 def fpga_build(graph: Graph, board: boards.Board, half: bool) -> Build:
     """An FPGA's build for `graph`: the board's array and buffers, int8 MACs for a QDQ model,
     and LeakyRelu in the epilogue only where a layer has it."""
-    int8 = any("quant_in" in n.attrs for n in graph.nodes)
-    leaky = any(getattr(n.attrs.get("activation"), "op", None) == "LeakyRelu"
+    int8 = any(n.quant_in is not None for n in graph.nodes)
+    leaky = any(getattr(n.activation, "op", None) == "LeakyRelu"
                 for n in graph.nodes)
     return Build(pipeline=Pipeline(board, int8, leaky), half=half)
 
@@ -100,7 +100,7 @@ class OpenCLEngine:
         self.graph: Graph = load_graph(model_path)
         variable = fix_input_dims(self.graph, served or {})
         half = precision == "fp16"
-        if half and any(n.op == "FakeQuant" or "quant_in" in n.attrs for n in self.graph.nodes):
+        if half and any(n.op == "FakeQuant" or n.quant_in is not None for n in self.graph.nodes):
             raise UnsupportedModelError(f"precision fp16 applies to float models; {model_path} "
                                         f"is an int8 model")
         self._dev: OpenCLDevice = open_device(device)

@@ -3,7 +3,8 @@ GELU in its exact form (x * (1 + erf(x / sqrt 2)) * 0.5, torch's export before o
 tanh form become `Gelu` (ONNX opset 20's op, then fused like the other activations);
 LayerNormalization decomposed into ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (as
 exporters emit it before opset 17) becomes one `LayerNormalization`; GroupNorm as torch exports
-it (Reshape, InstanceNormalization, Reshape, Mul, Add) one `GroupNormalization`. An Einsum that
+it (Reshape, InstanceNormalization, Reshape, Mul, Add) one `GroupNormalization` (these two are
+described as data, LAYER_NORM and GROUP_NORM, and found by patterns.py's matcher). An Einsum that
 is a batched matrix product (MaxViT's attention: "BGHID,BGHJD->BGHIJ") becomes a MatMul, with
 the Transposes (and an Unsqueeze) that bring its letters into MatMul's order; one with `...` is
 rewritten the same way by the lowering, which knows its operands' ranks."""
@@ -12,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from accelerators.einsum_equation import explicit
 from accelerators.opencl.ir import Graph, Node
-
-_TOL = 1e-4  # constants of the patterns as exporters round them (1.4142135, 0.044715, ...)
+from accelerators.opencl.patterns import AnyOf, Const, Op, Tensor, match, scalar
 
 
 def fuse_patterns(graph: Graph) -> None:
@@ -26,13 +27,6 @@ def fuse_patterns(graph: Graph) -> None:
     _fuse_layer_norm(graph)
     _fuse_group_norm(graph)
     _einsum_as_matmul(graph)
-
-
-def _scalar(graph: Graph, name: str, value: float) -> bool:
-    """`name` is a constant holding one value close to `value`."""
-    c = graph.consts.get(name)
-    return c is not None and c.size == 1 and abs(float(c.reshape(-1)[0]) - value) <= _TOL * max(
-        1.0, abs(value))
 
 
 def _internal(graph: Graph, nodes: list[Node]) -> bool:
@@ -53,9 +47,9 @@ def _scaled_by(graph: Graph, node: Node | None, value: float) -> str | None:
         return None
     if node.op == "Mul":
         for x, k in (node.inputs, node.inputs[::-1]):
-            if _scalar(graph, k, value):
+            if scalar(graph, k, value):
                 return x
-    if node.op == "Div" and _scalar(graph, node.inputs[1], 1 / value):
+    if node.op == "Div" and scalar(graph, node.inputs[1], 1 / value):
         return node.inputs[0]
     return None
 
@@ -64,7 +58,7 @@ def _gelu_tail(graph: Graph, core: Node, x: str) -> list[Node] | None:
     """The nodes after erf or tanh: Add(core, 1), then Mul by x and by 0.5 in either order
     (x * (1 + core) * 0.5 or (x * 0.5) * (1 + core)); the last one's output is the GELU's."""
     add = graph.sole_consumer(core)
-    if add is None or add.op != "Add" or not _scalar(graph, _other(add, core.outputs[0]) or "",
+    if add is None or add.op != "Add" or not scalar(graph, _other(add, core.outputs[0]) or "",
                                                        1.0):
         return None
     mul = graph.sole_consumer(add)
@@ -94,7 +88,7 @@ def _tanh_argument(graph: Graph, tanh: Node) -> tuple[str, list[Node]] | None:
         if scaled is None or cube is None:
             continue
         nodes = [outer, inner, scaled, cube]
-        if cube.op == "Pow" and cube.inputs[0] == x and _scalar(graph, cube.inputs[1], 3.0):
+        if cube.op == "Pow" and cube.inputs[0] == x and scalar(graph, cube.inputs[1], 3.0):
             return x, nodes
         square = graph.producer(_other(cube, x) or "") if cube.op == "Mul" else None
         if square is not None and square.op == "Mul" and square.inputs == [x, x]:
@@ -134,85 +128,101 @@ def _reduce_axes(graph: Graph, node: Node | None) -> list[int] | None:
     return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
 
 
+_DEVIATION = Op("Sub", (Tensor("x"), Op("ReduceMean", (Tensor("x"),), "mean")), "sub")
+_SQUARE = AnyOf((Op("Pow", (Tensor("sub"), Const("two", 2.0)), "square"),
+                 Op("Mul", (Tensor("sub"), Tensor("sub")), "square")))
+_VARIANCE = Op("Add", (Op("ReduceMean", (_SQUARE,), "var"), Const("eps")), "add_eps",
+               either_order=True)
+# Div(d, Sqrt(Add(ReduceMean(Pow(d, 2)), eps))) with d = Sub(x, ReduceMean(x)).
+LAYER_NORM = Op("Div", (_DEVIATION, Op("Sqrt", (_VARIANCE,), "sqrt")))
+# Add(Mul(Reshape(InstanceNormalization(Reshape(x, target), s, b), Shape(x)), w), beta).
+GROUP_NORM = Op("Add", (Op("Mul", (Op("Reshape", (
+    Op("InstanceNormalization", (Op("Reshape", (Tensor("x"), Const("target")), "first"),
+                                 Const("s"), Const("b")), "norm"),
+    Op("Shape", (Tensor("x"),), "shape")), "back"), Const("w")), "mul", either_order=True),
+    Const("beta")), either_order=True)
+
+
 def _fuse_layer_norm(graph: Graph) -> None:
-    """Div(d, Sqrt(Add(ReduceMean(Pow(d, 2)), eps))) with d = Sub(x, ReduceMean(x)) over the same
-    axes, then optionally Mul by a constant scale and Add a constant bias."""
+    """LAYER_NORM, its ReduceMeans over the same axes, then optionally Mul by a constant scale
+    and Add a constant bias."""
     for div in [n for n in graph.nodes if n.op == "Div"]:
-        sub, sqrt = graph.producer(div.inputs[0]), graph.producer(div.inputs[1])
-        if sub is None or sub.op != "Sub" or sqrt is None or sqrt.op != "Sqrt":
+        m = match(graph, LAYER_NORM, div)
+        if m is None:
             continue
-        x, d = sub.inputs[0], sub.outputs[0]
-        mean = graph.producer(sub.inputs[1])
-        add_eps = graph.producer(sqrt.inputs[0])
-        if add_eps is None or add_eps.op != "Add" or mean is None or mean.inputs[0] != x:
+        found, eps = m.nodes, graph.consts[m.tensors["eps"]]
+        axes = _reduce_axes(graph, found["mean"])
+        if eps.size != 1 or axes is None or _reduce_axes(graph, found["var"]) != axes \
+                or not _internal(graph, [found[k] for k in ("mean", "square", "var", "add_eps",
+                                                            "sqrt")]) \
+                or {n.name for n in graph.consumers(m.tensors["sub"])} != {
+                    found["square"].name, div.name}:
             continue
-        eps_name = next((k for k in add_eps.inputs if k in graph.consts), "")
-        eps = graph.consts.get(eps_name)
-        var = graph.producer(_other(add_eps, eps_name) or "")
-        square = graph.producer(var.inputs[0]) if var is not None else None
-        axes = _reduce_axes(graph, mean)
-        if eps is None or eps.size != 1 or var is None or square is None or axes is None \
-                or _reduce_axes(graph, var) != axes or not (
-                    square.op == "Pow" and square.inputs[0] == d
-                    and _scalar(graph, square.inputs[1], 2.0)
-                    or square.op == "Mul" and square.inputs == [d, d]):
-            continue
-        inner = [mean, sub, square, var, add_eps, sqrt]
-        if not _internal(graph, [mean, square, var, add_eps, sqrt]) \
-                or {n.name for n in graph.consumers(d)} != {square.name, div.name}:
-            continue
-        inputs, last = [x], div
-        for op in ("Mul", "Add"):  # the affine part, where its operand is a constant
-            after = graph.sole_consumer(last)
-            k = _other(after, last.outputs[0]) if after is not None and after.op == op else None
-            if after is None or k is None or k not in graph.consts:
-                break
-            inputs.append(k)
-            inner.append(last)
-            last = after
-        for n in inner:
+        scale_bias, affine, last = _affine_after(graph, div)
+        for n in [*found.values(), *affine]:
             graph.nodes.remove(n)
-        last.op, last.inputs = "LayerNormalization", inputs
-        last.attrs = {"epsilon": float(eps.reshape(-1)[0]), "reduce_axes": axes}
+        last.op, last.inputs = "LayerNormalization", [m.tensors["x"], *scale_bias]
+        last.attrs, last.reduce_axes = {"epsilon": float(eps.reshape(-1)[0])}, axes
         graph.fused["LayerNormalization(decomposed)"] += 1
 
 
+def _affine_after(graph: Graph, node: Node) -> tuple[list[str], list[Node], Node]:
+    """The constants of a Mul and then an Add by constants after `node` (either, both or none),
+    the nodes before the last one, and the last (`node` where there is none)."""
+    operands: list[str] = []
+    passed: list[Node] = []
+    last = node
+    for op in ("Mul", "Add"):
+        after = graph.sole_consumer(last)
+        k = _other(after, last.outputs[0]) if after is not None and after.op == op else None
+        if after is None or k is None or k not in graph.consts:
+            break
+        operands.append(k)
+        passed.append(last)
+        last = after
+    return operands, passed, last
+
+
 def _fuse_group_norm(graph: Graph) -> None:
-    """Reshape(x, [0, groups, -1]), InstanceNormalization (scale s and bias b per group),
-    Reshape(Shape(x)), Mul(w) and Add(beta) per channel (shape (c, 1, ...)): one
-    GroupNormalization with scale w s and bias w b + beta per channel. `rank`: x's, where w
-    is per channel; the lowering checks it."""
+    """GROUP_NORM with target [0, groups, -1], a scale s and bias b per group and w and beta
+    per channel (shape (c, 1, ...)): one GroupNormalization with scale w s and bias
+    w b + beta per channel. `channel_rank`: x's, where w is per channel; the lowering checks
+    it."""
     c = graph.consts
-    for norm in [n for n in graph.nodes if n.op == "InstanceNormalization"]:
-        first, back = graph.producer(norm.inputs[0]), graph.sole_consumer(norm)
-        mul = graph.sole_consumer(back) if back is not None else None
-        add = graph.sole_consumer(mul) if mul is not None else None
-        if first is None or first.op != "Reshape" or back is None or back.op != "Reshape" \
-                or mul is None or mul.op != "Mul" or add is None or add.op != "Add" \
-                or not _internal(graph, [first]) or not all(i in c for i in norm.inputs[1:3]):
+    for add in [n for n in graph.nodes if n.op == "Add"]:
+        m = match(graph, GROUP_NORM, add)
+        if m is None:
             continue
-        x, target, shape = first.inputs[0], c.get(first.inputs[1]), graph.producer(back.inputs[1])
-        w = c.get(_other(mul, back.outputs[0]) or "")
-        beta = c.get(_other(add, mul.outputs[0]) or "")
-        groups = c[norm.inputs[1]].size
-        if target is None or [int(t) for t in target] != [0, groups, -1] or shape is None \
-                or shape.op != "Shape" or shape.inputs != [x] or shape.attrs or w is None \
-                or beta is None or w.ndim < 2 or w.size != w.shape[0] or w.size % groups \
-                or beta.size not in (1, w.size) or beta.size > 1 and beta.shape != w.shape:
+        found, t = m.nodes, {k: c[v] for k, v in m.tensors.items() if v in c}
+        groups = t["s"].size
+        if not _internal(graph, [found[k] for k in ("first", "norm", "back", "mul")]) \
+                or found["shape"].attrs or not _group_constants(t, groups):
             continue
-        per_group = w.size // groups
-        s, b = (np.repeat(c[i].astype(np.float64).reshape(-1), per_group) for i in norm.inputs[1:3])
-        w64 = w.astype(np.float64).reshape(-1)
         scale, bias = f"{add.name}:group_scale", f"{add.name}:group_bias"
+        per_group = t["w"].size // groups
+        s, b = (np.repeat(t[k].astype(np.float64).reshape(-1), per_group) for k in "sb")
+        w64 = t["w"].astype(np.float64).reshape(-1)
         c[scale] = (w64 * s).astype(np.float32)
-        c[bias] = (w64 * b + beta.astype(np.float64).reshape(-1)).astype(np.float32)
-        for n in (first, norm, back, mul) + ((shape,) if len(graph.consumers(
-                shape.outputs[0])) == 1 else ()):
+        c[bias] = (w64 * b + t["beta"].astype(np.float64).reshape(-1)).astype(np.float32)
+        shape = found.pop("shape")
+        for n in found.values():
             graph.nodes.remove(n)
-        add.op, add.inputs = "GroupNormalization", [x, scale, bias]
-        add.attrs = {"num_groups": groups, "epsilon": norm.attrs.get("epsilon", 1e-5),
-                     "rank": w.ndim + 1}
+        if not graph.consumers(shape.outputs[0]):
+            graph.nodes.remove(shape)
+        add.op, add.inputs = "GroupNormalization", [m.tensors["x"], scale, bias]
+        add.attrs = {"num_groups": groups,
+                     "epsilon": found["norm"].attrs.get("epsilon", 1e-5)}
+        add.channel_rank = t["w"].ndim + 1
         graph.fused["GroupNormalization(Reshape, InstanceNormalization, Mul, Add)"] += 1
+
+
+def _group_constants(t: dict[str, np.ndarray], groups: int) -> bool:
+    """The Reshape's target is [0, groups, -1]; w is per channel (c, 1, ...) and beta per
+    channel (its shape) or a scalar."""
+    w, beta = t["w"], t["beta"]
+    return [int(v) for v in t["target"]] == [0, groups, -1] and w.ndim >= 2 \
+        and w.size == w.shape[0] and not w.size % groups and beta.size in (1, w.size) \
+        and (beta.size == 1 or beta.shape == w.shape)
 
 
 def _einsum_as_matmul(graph: Graph) -> None:
@@ -228,6 +238,35 @@ def _einsum_as_matmul(graph: Graph) -> None:
             graph.fused["Einsum->MatMul"] += 1
 
 
+@dataclass(frozen=True)
+class _Letters:
+    """An explicit equation "a,b->out" whose operands are (batch, rows, k) and
+    (batch, k, column) up to order."""
+    a: str
+    b: str
+    out: str
+    batch: list[str]
+    rows: list[str]
+    k: str
+    column: str
+
+
+def _matmul_letters(equation: str) -> _Letters | None:
+    lhs, _, out = equation.partition("->")
+    a, _, b = lhs.partition(",")
+    summed = [c for c in a if c in b and c not in out]
+    batch = [c for c in out if c in a and c in b]
+    rows = [c for c in out if c in a and c not in b]
+    column = [c for c in out if c in b and c not in a]
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or len(summed) != 1 \
+            or len(column) != 1 or not rows:
+        return None
+    letters = _Letters(a, b, out, batch, rows, summed[0], column[0])
+    orders = ((a, batch + rows + summed), (b, batch + summed + column),
+              (out, batch + rows + column))
+    return letters if all(sorted(t) == sorted(o) for t, o in orders) else None
+
+
 def einsum_as_matmul(node: Node, equation: str, consts: dict, opset: int) -> list[Node] | None:
     """The nodes that compute Einsum `node` of explicit `equation` (einsum_equation.explicit)
     as a MatMul, None where it is not a batched matrix product: two operands, one letter k
@@ -238,17 +277,8 @@ def einsum_as_matmul(node: Node, equation: str, consts: dict, opset: int) -> lis
     its axes go into `consts` from opset 13), and the product transposed to the output's order:
     MaxViT's "BGHID,BGHJD->BGHIJ" transposes only its second operand, MViTv2's relative
     positions "byhwc,hkc->byhwk" all three."""
-    lhs, _, out = equation.partition("->")
-    a, _, b = lhs.partition(",")
-    summed = [c for c in a if c in b and c not in out]
-    batch = [c for c in out if c in a and c in b]
-    rows = [c for c in out if c in a and c not in b]
-    column = [c for c in out if c in b and c not in a]
-    if len(node.inputs) != 2 or any(len(set(t)) != len(t) for t in (a, b, out)) \
-            or len(summed) != 1 or len(column) != 1 or not rows \
-            or sorted(a) != sorted(batch + rows + summed) \
-            or sorted(b) != sorted(batch + summed + column) \
-            or sorted(out) != sorted(batch + rows + column):
+    t = _matmul_letters(equation)
+    if len(node.inputs) != 2 or t is None:
         return None
     nodes: list[Node] = []
 
@@ -258,21 +288,21 @@ def einsum_as_matmul(node: Node, equation: str, consts: dict, opset: int) -> lis
         return name
 
     operands = []
-    for source, letters, order in ((node.inputs[0], a, batch + rows + summed),
-                                   (node.inputs[1], b, batch + summed + column)):
+    for source, letters, order in ((node.inputs[0], t.a, t.batch + t.rows + [t.k]),
+                                   (node.inputs[1], t.b, t.batch + [t.k, t.column])):
         if list(letters) != order:
             source = add("Transpose", source, {"perm": [letters.index(c) for c in order]})
         operands.append(source)
-    if len(rows) > 1:  # a 1 for each row letter but the last: they broadcast
-        axes = list(range(len(batch), len(batch) + len(rows) - 1))
+    if len(t.rows) > 1:  # a 1 for each row letter but the last: they broadcast
+        axes = list(range(len(t.batch), len(t.batch) + len(t.rows) - 1))
         if opset < 13:
             operands[1] = add("Unsqueeze", operands[1], {"axes": axes})
         else:
             consts[f"{node.name}:axes"] = np.array(axes, np.int64)
             operands[1] = add("Unsqueeze", operands[1], {}, [f"{node.name}:axes"])
-    product = batch + rows + column
-    if product == list(out):
+    product = t.batch + t.rows + [t.column]
+    if product == list(t.out):
         return [*nodes, Node("MatMul", node.name, operands, node.outputs)]
     return [*nodes, Node("MatMul", node.name, operands, [f"{node.name}:product"]),
             Node("Transpose", f"{node.name}:to_output", [f"{node.name}:product"], node.outputs,
-                 {"perm": [product.index(c) for c in out]})]
+                 {"perm": [product.index(c) for c in t.out]})]

@@ -133,16 +133,9 @@ def _fold_pad_into_conv(graph: Graph) -> None:
         if conv is None or conv.op != "Conv" or conv.inputs[0] != pad.outputs[0] \
                 or conv.attrs.get("auto_pad", "NOTSET") != "NOTSET":
             continue
-        amounts = pad.attrs.get("pads") if graph.opset < 11 else graph.consts.get(pad.inputs[1])
-        value = pad.attrs.get("value", 0.0) if graph.opset < 11 else (
-            graph.consts.get(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else 0.0)
-        axes = pad.inputs[3] if len(pad.inputs) > 3 else ""
-        if amounts is None or value is None or np.any(value) or axes \
-                or pad.attrs.get("mode", "constant") != "constant":
-            continue
-        amounts = [int(a) for a in amounts]
-        rank = len(amounts) // 2
-        if any(amounts[:2] + amounts[rank:rank + 2]) or min(amounts) < 0:
+        amounts = _zero_pad_amounts(graph, pad)
+        rank = len(amounts or []) // 2
+        if amounts is None or any(amounts[:2] + amounts[rank:rank + 2]) or min(amounts) < 0:
             continue
         spatial = rank - 2
         own = list(conv.attrs.get("pads", [0] * 2 * spatial))
@@ -153,6 +146,22 @@ def _fold_pad_into_conv(graph: Graph) -> None:
         graph.fused["Pad+Conv"] += 1
 
 
+def _zero_pad_amounts(graph: Graph, pad: Node) -> list[int] | None:
+    """The amounts of a constant Pad of all axes by zeros (attributes before opset 11, constant
+    inputs from it), None for any other Pad."""
+    if graph.opset < 11:
+        amounts, value, axes = pad.attrs.get("pads"), pad.attrs.get("value", 0.0), ""
+    else:
+        amounts = graph.consts.get(pad.inputs[1])
+        value = graph.consts.get(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] \
+            else 0.0
+        axes = pad.inputs[3] if len(pad.inputs) > 3 else ""
+    if amounts is None or value is None or np.any(value) or axes \
+            or pad.attrs.get("mode", "constant") != "constant":
+        return None
+    return [int(a) for a in amounts]
+
+
 def _fold_affine_into_conv(graph: Graph) -> None:
     """x + k, x - k, x * k, x / k with k constant per channel (or scalar) read only by a Conv
     without padding (an input normalization): conv(W, a x + d) = conv(W a, x) + sum(W d), exact
@@ -160,20 +169,12 @@ def _fold_affine_into_conv(graph: Graph) -> None:
     c = graph.consts
     for node in reversed([n for n in graph.nodes if n.op in ("Add", "Sub", "Mul", "Div")]):
         conv = graph.sole_consumer(node)
-        if conv is None or conv.op != "Conv" or conv.inputs[0] != node.outputs[0] \
-                or node.inputs[1] not in c or node.inputs[0] in c \
-                or conv.attrs.get("group", 1) != 1 or any(conv.attrs.get("pads", [])) \
-                or conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") \
-                or not all(i in c for i in conv.inputs[1:]):
+        if conv is None or not _unpadded_conv_reads(graph, conv, node):
             continue
         w = c[conv.inputs[1]].astype(np.float64)
-        k = c[node.inputs[1]].astype(np.float64)
-        channels = (w.shape[1],) + (1,) * (w.ndim - 2)  # k's trailing shape, per channel
-        if not (k.size == 1 or k.size == w.shape[1] and k.ndim <= w.ndim
-                and k.shape[k.ndim - len(channels):] == channels) \
-                or node.op == "Div" and not np.all(k):
+        k = _per_input_channel(c[node.inputs[1]].astype(np.float64), w)
+        if k is None or node.op == "Div" and not np.all(k):
             continue  # not per channel of axis 1, or a division by zero
-        k = np.broadcast_to(k.reshape(-1), (w.shape[1],))
         scale_shift: dict[str, tuple[np.ndarray | float, np.ndarray | float]] = {
             "Add": (1.0, k), "Sub": (1.0, -k), "Mul": (k, 0.0), "Div": (1 / k, 0.0)}
         a, d = scale_shift[node.op]
@@ -187,6 +188,26 @@ def _fold_affine_into_conv(graph: Graph) -> None:
         conv.inputs = [node.inputs[0], wname, bname]
         graph.nodes.remove(node)
         graph.fused[f"{node.op}+Conv"] += 1
+
+
+def _unpadded_conv_reads(graph: Graph, conv: Node, node: Node) -> bool:
+    """`conv` is an ungrouped, unpadded Conv with constant weights and bias whose input is
+    `node`'s output, and `node` applies a constant to an activation."""
+    c, a = graph.consts, conv.attrs
+    return conv.op == "Conv" and conv.inputs[0] == node.outputs[0] \
+        and node.inputs[1] in c and node.inputs[0] not in c and a.get("group", 1) == 1 \
+        and not any(a.get("pads", [])) and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") \
+        and all(i in c for i in conv.inputs[1:])
+
+
+def _per_input_channel(k: np.ndarray, w: np.ndarray) -> np.ndarray | None:
+    """`k` as one value per input channel of weights `w`, where it is a scalar or per channel
+    of axis 1 (trailing shape (c, 1, ...)); else None."""
+    channels = (w.shape[1],) + (1,) * (w.ndim - 2)  # k's trailing shape, per channel
+    if not (k.size == 1 or k.size == w.shape[1] and k.ndim <= w.ndim
+            and k.shape[k.ndim - len(channels):] == channels):
+        return None
+    return np.broadcast_to(k.reshape(-1), (w.shape[1],))
 
 
 def _fold_batch_norm(graph: Graph) -> None:
@@ -254,11 +275,11 @@ def _fuse_gates(graph: Graph) -> None:
 def _fuse_activations(graph: Graph) -> None:
     for node in [n for n in graph.nodes if n.op in FUSING]:
         act = graph.sole_consumer(node)
-        if act is None or act.op not in ACTIVATIONS or node.attrs.get("activation"):
+        if act is None or act.op not in ACTIVATIONS or node.activation:
             continue
         if act.op == "Clip" and not all(i in graph.consts for i in act.inputs[1:] if i):
             continue
-        node.attrs["activation"] = act
+        node.activation = act
         node.outputs = [act.outputs[0]]
         graph.nodes.remove(act)
         graph.fused[f"{node.op}+{act.op}"] += 1

@@ -1,7 +1,7 @@
 """What is computed on the host while a launch plan is compiled: every node whose inputs are
 known there (constants, and shapes, for each batch size, so any exporter's shape code such as
 `Shape -> Gather -> Equal -> Where -> Expand` becomes constants), and the output shapes of
-reshapes and of windowed ops."""
+windowed ops."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
     input), by ONNX's reference evaluator: any op, at the model's opset (onnx_nodes). An
     activation fused into it (graph.py) is the caller's to apply."""
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
-             for k, v in node.attrs.items() if k != "activation"}
+             for k, v in node.attrs.items()}
     proto = onnx.helper.make_node(node.op, [""] * len(args), node.outputs, **attrs)
     try:
         return run_node(proto, args, opset)
@@ -45,41 +45,6 @@ def fold_constants(graph: Graph) -> None:
         graph.consts.update((name, v) for name, v in zip(node.outputs, outs) if name)
         graph.nodes.remove(node)
         graph.fused["constant folded"] += 1
-
-
-def view_shape(node: Node, shape: tuple[int, ...], args: list, opset: int) -> tuple[int, ...]:
-    """Output shape of Flatten, Reshape, Squeeze, Unsqueeze: they only rename a buffer."""
-    a = node.attrs
-    if node.op == "Flatten":
-        axis = a.get("axis", 1)
-        axis = axis + len(shape) if axis < 0 else axis
-        return (math.prod(shape[:axis]), math.prod(shape[axis:]))
-    if node.op == "Reshape":
-        if not args or args[0] is None:
-            raise UnsupportedModelError(f"node {node.name!r}: Reshape target is not constant")
-        target = [int(d) for d in args[0]]
-        if not a.get("allowzero", 0):
-            target = [shape[i] if d == 0 else d for i, d in enumerate(target)]
-        if -1 in target:
-            known = math.prod(d for d in target if d != -1)
-            target[target.index(-1)] = math.prod(shape) // known
-        if math.prod(target) != math.prod(shape):
-            raise UnsupportedModelError(
-                f"node {node.name!r}: cannot reshape {list(shape)} to {target}")
-        return tuple(target)
-    axes = a.get("axes") if opset < 13 or node.op not in ("Squeeze", "Unsqueeze") \
-        else (list(args[0]) if args and args[0] is not None else None)
-    if node.op == "Squeeze":
-        if axes is None:
-            return tuple(d for d in shape if d != 1)
-        drop = {int(ax) % len(shape) for ax in axes}
-        return tuple(d for i, d in enumerate(shape) if i not in drop)
-    if axes is None:
-        raise UnsupportedModelError(f"node {node.name!r}: Unsqueeze without axes")
-    rank = len(shape) + len(axes)
-    insert = {int(ax) % rank for ax in axes}
-    dims = iter(shape)
-    return tuple(1 if i in insert else next(dims) for i in range(rank))
 
 
 def window(node: Node, spatial: tuple[int, ...], kernel: tuple[int, ...]

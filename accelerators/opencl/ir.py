@@ -18,13 +18,38 @@ class UnsupportedOpError(UnsupportedModelError):
     """An op the engine does not have, whatever the shapes."""
 
 
+@dataclass(frozen=True)
+class Grid:
+    """One tensor's quantization, with codes stored shifted into signed chars."""
+    scale: float
+    zero: int
+    lo: int  # the type's range
+    hi: int
+    shift: int  # 128 for uint8, 0 for int8
+
+    @property
+    def stored(self) -> tuple[int, int, int]:
+        """(zero point, lo, hi) of the stored codes."""
+        return self.zero - self.shift, self.lo - self.shift, self.hi - self.shift
+
+
 @dataclass
 class Node:
     op: str
     name: str
     inputs: list[str]
     outputs: list[str]
-    attrs: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)  # ONNX attributes only
+    # What the passes record for the lowerings (none of it is an ONNX attribute):
+    activation: Node | None = None  # fused into this node, applied to its output (graph.py)
+    grid: Grid | None = None  # a FakeQuant's grid (qdq.py)
+    quant_in: Grid | None = None  # an int8 Conv/Gemm: the grid it quantizes its input onto
+    requant: Grid | None = None  # ... and its output's re-quantization (qdq.py)
+    # A LayerNormalization fused from ReduceMeans (fusions.py): their axes.
+    reduce_axes: list[int] | None = None
+    # A GroupNormalization fused from torch's export (fusions.py): the rank its per-channel
+    # Mul and Add were written for, which the lowering checks against its input's.
+    channel_rank: int | None = None
 
 
 @dataclass

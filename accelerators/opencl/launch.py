@@ -185,7 +185,7 @@ def ints(*values: int) -> list[np.int32]:
 def activation_args(node: Node, values: Mapping[str, np.ndarray | Dyn]) -> list:
     """(code, a, b) of the activation fused into `node`, or of `node` itself; `values`: the
     lowering's tensors, among them a Clip's bounds."""
-    act = node if node.op in ACT else node.attrs.get("activation")
+    act = node if node.op in ACT else node.activation
     if act is None:
         return [np.int32(0), np.float32(0), np.float32(0)]
     a = b = 0.0

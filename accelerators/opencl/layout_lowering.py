@@ -7,6 +7,8 @@ rank <= 6 into a contiguous tensor (a broadcast axis is one of stride 0); Concat
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
@@ -90,18 +92,27 @@ def _slice_axes(lw: Lowering, node: Node, x: Dyn, ranges: dict[int, tuple[int, i
     _strided_copy(lw, node, x, output, tuple(shape), strides, offset)
 
 
-def slice_tensor(lw: Lowering, node: Node, args: list) -> None:
-    x = args[0]
-    if lw.graph.opset < 10:
-        a = node.attrs
-        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
-    else:
-        if any(isinstance(v, Dyn) for v in args[1:]):
-            raise UnsupportedModelError(f"Slice node {node.name!r}: starts, ends, axes "
-                                        f"and steps must be constant")
-        starts, ends = args[1], args[2]
-        axes = args[3] if len(args) > 3 else None
-        steps = args[4] if len(args) > 4 else None
+def slice_by_attributes(lw: Lowering, node: Node, args: list) -> None:
+    """Before opset 10: starts, ends and axes are attributes."""
+    a = node.attrs
+    _slice(lw, node, args[0], a["starts"], a["ends"], a.get("axes"), None)
+
+
+def slice_by_inputs(lw: Lowering, node: Node, args: list) -> None:
+    """From opset 10: starts, ends, axes and steps are inputs, which must be constants."""
+    if any(isinstance(v, Dyn) for v in args[1:]):
+        raise UnsupportedModelError(f"Slice node {node.name!r}: starts, ends, axes "
+                                    f"and steps must be constant")
+    _slice(lw, node, args[0], args[1], args[2], _optional(args, 3), _optional(args, 4))
+
+
+def _optional(args: list, i: int) -> Any:
+    """Input `i`, None where it is omitted."""
+    return args[i] if len(args) > i else None
+
+
+def _slice(lw: Lowering, node: Node, x: Dyn, starts: Sequence[int], ends: Sequence[int],
+           axes: Sequence[int] | None, steps: Sequence[int] | None) -> None:
     axes = range(len(starts)) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
     rank = len(x.shape)
@@ -111,15 +122,29 @@ def slice_tensor(lw: Lowering, node: Node, args: list) -> None:
 
 
 def split(lw: Lowering, node: Node, args: list) -> None:
-    x = args[0]
+    """Before opset 13: the sizes of the parts are an attribute (opset 1: or an input)."""
+    sizes = args[1] if _optional(args, 1) is not None else node.attrs.get("split")
+    _split(lw, node, args[0], sizes, len(node.outputs))
+
+
+def split_by_input(lw: Lowering, node: Node, args: list) -> None:
+    """From opset 13: the sizes are an input."""
+    _split(lw, node, args[0], _optional(args, 1), len(node.outputs))
+
+
+def split_into_num_outputs(lw: Lowering, node: Node, args: list) -> None:
+    """From opset 18: the sizes are an input, or equal parts by attribute num_outputs."""
+    _split(lw, node, args[0], _optional(args, 1),
+           node.attrs.get("num_outputs", len(node.outputs)))
+
+
+def _split(lw: Lowering, node: Node, x: Dyn, sizes: Sequence[int] | None, parts: int) -> None:
+    """`sizes`: of the parts, None for `parts` equal parts, the last one smaller."""
     axis = node.attrs.get("axis", 0) % len(x.shape)
     size = x.shape[axis]
-    if len(args) > 1 and args[1] is not None:
-        sizes = [int(s) for s in args[1]]
-    elif "split" in node.attrs:
-        sizes = list(node.attrs["split"])
-    else:  # equal parts, the last one smaller (opset 18's num_outputs)
-        parts = node.attrs.get("num_outputs", len(node.outputs))
+    if sizes is not None:
+        sizes = [int(s) for s in sizes]
+    else:
         sizes = [-(-size // parts)] * parts
         sizes[-1] = size - sum(sizes[:-1])
     if sum(sizes) != size or len(sizes) != len(node.outputs):
@@ -193,15 +218,20 @@ def pad(lw: Lowering, node: Node, args: list) -> None:
     wrap, any axes: timm's "same" padding, whose amounts exporters compute from the input's
     shape (folded for each batch size). One of zero amounts is a view (Swin's window padding
     where the windows tile the map). A zero Pad read by a Conv alone never gets here:
-    graph.py folds it into the Conv's padding."""
-    x, a = args[0], node.attrs
-    if lw.graph.opset >= 11:
-        amounts = args[1]
-        value = args[2] if len(args) > 2 and args[2] is not None else 0.0
-        axes = args[3] if len(args) > 3 else None
-    else:
-        amounts, value, axes = a.get("pads"), a.get("value", 0.0), None
-    mode = a.get("mode", "constant")
+    graph.py folds it into the Conv's padding. From opset 11 the amounts, value and axes are
+    inputs."""
+    value = args[2] if _optional(args, 2) is not None else 0.0
+    _pad(lw, node, args[0], args[1], value, _optional(args, 3))
+
+
+def pad_by_attributes(lw: Lowering, node: Node, args: list) -> None:
+    """Before opset 11: the amounts and the value are attributes."""
+    _pad(lw, node, args[0], node.attrs.get("pads"), node.attrs.get("value", 0.0), None)
+
+
+def _pad(lw: Lowering, node: Node, x: Dyn, amounts: Any, value: Any, axes: Any) -> None:
+    """`amounts`, `value`, `axes`: as the attributes or inputs give them (`args`' values)."""
+    mode = node.attrs.get("mode", "constant")
     if mode not in PAD_MODES or any(isinstance(v, Dyn) for v in (amounts, value, axes)):
         raise UnsupportedModelError(f"op 'Pad' of node {node.name!r}: only modes "
                                     f"{list(PAD_MODES)} with constant amounts are "

@@ -1,6 +1,7 @@
 """What the lowering of one graph for one batch size holds while its nodes are lowered, and
 the type of an op's lowering: a function of that state, the node and its input values, which
-records the node's outputs in `values` and its launches and buffers in `out`."""
+records the node's outputs in `values` and its launches and buffers in `out`; and the type of a
+table of lowerings by op and opset."""
 
 from __future__ import annotations
 
@@ -54,3 +55,13 @@ class Lowering:
 
 # `args`: the node's input values, None for an omitted optional input.
 OpLowering = Callable[[Lowering, Node, list], None]
+# An op's lowerings, each with the first opset it covers, oldest first (as ONNX Runtime's
+# kernel registry keys kernels by since-version): a model's opset takes the last one at or
+# below it; an opset below the first is refused.
+Versions = tuple[tuple[int, OpLowering], ...]
+Table = dict[str, Versions]
+
+
+def always(lowering: OpLowering) -> Versions:
+    """One lowering for every opset."""
+    return ((1, lowering),)

@@ -77,20 +77,23 @@ def _gemm_node(lw: Lowering, node: Node, args: list, alpha: float, beta: float,
         wt = np.zeros((w.shape[1] if trans_b else w.shape[0], ldb), np.float32)
         wt[:, :n] = (w.T if trans_b else w) * np.float32(alpha)
         lw.graph.derived[wkey] = wt
+    _gemm_rows(lw, node, x, args, wkey, n, beta)
+
+
+def _gemm_rows(lw: Lowering, node: Node, x: Dyn, args: list, wkey: str, n: int, beta: float
+               ) -> None:
+    """x's rows times the matrix `wkey` of graph.derived (n columns, rows padded), plus beta
+    times the bias row of args[2] where there is one."""
     wt = lw.graph.derived[wkey]
+    ldb = wt.shape[1]
     m, k = math.prod(x.shape[:-1]), x.shape[-1]
     if k != wt.shape[0]:  # a head sized for other input dims: never read past the weights
         raise UnsupportedModelError(
             f"{node.op} node {node.name!r}: the activation's last axis has {k} values, the "
-            f"matrix {wt.shape[0]} rows ({list(x.shape)} x {list(w.shape)})")
+            f"matrix {wt.shape[0]} rows ({list(x.shape)} x {list(args[1].shape)})")
     out = lw.values[node.outputs[0]] = lw.new(node.outputs[0], (*x.shape[:-1], n))
-    bias = None
-    if len(args) > 2 and args[2] is not None:
-        c = np.asarray(args[2], np.float32) * np.float32(beta)
-        if c.size not in (1, n) or c.ndim > 1 and c.shape[0] != 1:
-            raise UnsupportedModelError(
-                f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
-        bias = lw.ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
+    bias = _bias_row(lw, node, args[2], beta, n) if len(args) > 2 and args[2] is not None \
+        else None
     if m == 1 and k >= GEMV_SPLIT_K and not lw.build.tiling:
         _gemv(lw, node, Ref(x.storage), lw.ref(wt, wkey), bias, Ref(out.storage), n, k,
               ldb)
@@ -99,6 +102,15 @@ def _gemm_node(lw: Lowering, node: Node, args: list, alpha: float, beta: float,
                 m, n, k, (k, ldb, n), 1, (0, 0, 0, 0, 0, 0, 1),
                 BIAS_COL if bias else BIAS_NONE, activation_args(node, lw.values),
                 2 * m * n * k)
+
+
+def _bias_row(lw: Lowering, node: Node, value: np.ndarray, beta: float, n: int) -> Ref:
+    """beta times a Gemm's bias, a row of n values (or one, broadcast)."""
+    c = np.asarray(value, np.float32) * np.float32(beta)
+    if c.size not in (1, n) or c.ndim > 1 and c.shape[0] != 1:
+        raise UnsupportedModelError(
+            f"Gemm node {node.name!r}: bias of shape {list(c.shape)} is not a row")
+    return lw.ref(np.broadcast_to(c.reshape(-1), (n,)), f"{node.name}:bias")
 
 
 def _gemv(lw: Lowering, node: Node, x: Ref, w: Ref, bias: Ref | None, out: Ref, n: int, k: int,
@@ -116,7 +128,7 @@ def _gemv(lw: Lowering, node: Node, x: Ref, w: Ref, bias: Ref | None, out: Ref, 
 
 
 def gemm(lw: Lowering, node: Node, args: list) -> None:
-    if "quant_in" in node.attrs:
+    if node.quant_in is not None:
         gemm_q8(lw, node, args)
         return
     a = node.attrs

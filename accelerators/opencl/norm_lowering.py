@@ -8,7 +8,7 @@ tables of taps computed here)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -118,8 +118,8 @@ def layer_normalization(lw: Lowering, node: Node, args: list) -> None:
     may be followed by others (a channels-first LayerNorm over axis 1 of NCHW)."""
     x = args[0]
     rank = len(x.shape)
-    if "reduce_axes" in node.attrs:
-        first, last = axis_range(node, node.attrs["reduce_axes"], rank)
+    if node.reduce_axes is not None:
+        first, last = axis_range(node, node.reduce_axes, rank)
     else:
         first, last = node.attrs.get("axis", -1) % rank, rank - 1
     scale, bias = (_per_normalized_value(lw, node, args, i, x.shape, first, last)
@@ -163,9 +163,9 @@ def instance_normalization(lw: Lowering, node: Node, args: list) -> None:
 def group_normalization(lw: Lowering, node: Node, args: list) -> None:
     """Opset 18's scale and bias per group or opset 21's per channel."""
     x, groups = args[0], node.attrs["num_groups"]
-    if node.attrs.get("rank", len(x.shape)) != len(x.shape):  # fusions.py's, as exported
+    if node.channel_rank not in (None, len(x.shape)):  # fusions.py's, as exported
         raise UnsupportedModelError(f"GroupNorm node {node.name!r}: its Mul and Add are "
-                                    f"per channel of a rank-{node.attrs['rank']} tensor, "
+                                    f"per channel of a rank-{node.channel_rank} tensor, "
                                     f"not of its rank-{len(x.shape)} input")
     if len(x.shape) < 3 or x.shape[1] % groups:
         raise UnsupportedModelError(f"GroupNormalization node {node.name!r}: attribute "
@@ -180,13 +180,28 @@ def group_normalization(lw: Lowering, node: Node, args: list) -> None:
 
 
 def reduce_rows(lw: Lowering, node: Node, args: list) -> None:
-    """Over adjacent axes (ONNX's default, all axes, included); axes from the attribute or,
-    from opset 13 (ReduceSum) or 18 (the others), the second input. The values reduced
-    together lie `inner` apart: the product of the axes after the last one reduced."""
-    x, rank = args[0], len(args[0].shape)
-    axes = args[1] if len(args) > 1 and args[1] is not None else node.attrs.get("axes")
+    """Axes from the attribute (ReduceSum before opset 13, the others before 18)."""
+    reduce_over(lw, node, args[0], node.attrs.get("axes"))
+
+
+def reduce_rows_by_input(lw: Lowering, node: Node, args: list) -> None:
+    """Axes from the second input (ReduceSum from opset 13, the others from 18)."""
+    reduce_over(lw, node, args[0], axes_input(node, args))
+
+
+def axes_input(node: Node, args: list) -> np.ndarray | None:
+    """A reduction's axes input, None where it is omitted; it must be a constant."""
+    axes = args[1] if len(args) > 1 else None
     if isinstance(axes, Dyn):
         raise UnsupportedModelError(f"{node.op} node {node.name!r}: axes must be constant")
+    return axes
+
+
+def reduce_over(lw: Lowering, node: Node, x: Dyn, axes: Sequence[int] | np.ndarray | None
+                ) -> None:
+    """Over adjacent axes (ONNX's default, all axes, included). The values reduced
+    together lie `inner` apart: the product of the axes after the last one reduced."""
+    rank = len(x.shape)
     if axes is None or np.size(axes) == 0:
         if node.attrs.get("noop_with_empty_axes", 0):
             lw.values[node.outputs[0]] = x
@@ -207,12 +222,19 @@ def reduce_rows(lw: Lowering, node: Node, args: list) -> None:
 
 
 def softmax(lw: Lowering, node: Node, args: list) -> None:
-    """Over one axis from opset 13 (its values `inner` apart where it is not the last),
-    over the axes from `axis` on before (the input coerced to 2-D)."""
-    x = args[0]
-    rank = len(x.shape)
-    axis = node.attrs.get("axis", 1 if lw.graph.opset < 13 else -1) % rank
-    last = axis if lw.graph.opset >= 13 else rank - 1
+    """From opset 13: over one axis (its values `inner` apart where it is not the last)."""
+    axis = node.attrs.get("axis", -1) % len(args[0].shape)
+    _softmax(lw, node, args[0], axis, axis)
+
+
+def softmax_coerced(lw: Lowering, node: Node, args: list) -> None:
+    """Before opset 13: over the axes from `axis` on (the input coerced to 2-D)."""
+    rank = len(args[0].shape)
+    _softmax(lw, node, args[0], node.attrs.get("axis", 1) % rank, rank - 1)
+
+
+def _softmax(lw: Lowering, node: Node, x: Dyn, axis: int, last: int) -> None:
+    """Over axes `axis` to `last`."""
     out = lw.values[node.outputs[0]] = lw.new(node.outputs[0], x.shape)
     cols = math.prod(x.shape[axis:last + 1])
     rows = math.prod(x.shape) // cols
@@ -221,7 +243,7 @@ def softmax(lw: Lowering, node: Node, args: list) -> None:
 
 
 def resize(lw: Lowering, node: Node, args: list) -> None:
-    """Nearest, linear or cubic over the two spatial axes of an NCHW tensor."""
+    """Nearest, linear or cubic over the two spatial axes of an NCHW tensor, from opset 11."""
     x, a = args[0], node.attrs
     mode = a.get("mode", "nearest")
     coordinates = a.get("coordinate_transformation_mode", "half_pixel")
@@ -232,11 +254,11 @@ def resize(lw: Lowering, node: Node, args: list) -> None:
         ("nearest_mode", nearest_mode, NEAREST), ("antialias", a.get("antialias", 0), (0,)),
         ("keep_aspect_ratio_policy", a.get("keep_aspect_ratio_policy", "stretch"),
          ("stretch",))) if v not in ok]
-    if lw.graph.opset < 11 or len(x.shape) != 4 or refused:
+    if len(x.shape) != 4 or refused:
         raise UnsupportedModelError(
             f"Resize node {node.name!r}: attribute {', '.join(refused)} unsupported" if refused
-            else f"Resize node {node.name!r}: opset {lw.graph.opset}, rank "
-                 f"{len(x.shape)}: only opset 11+ over rank 4 (NCHW) is supported")
+            else f"Resize node {node.name!r}: rank {len(x.shape)}: only rank 4 (NCHW) is "
+                 "supported")
     scales, sizes = _resize_targets(lw, node, args, x.shape)
     n, c, h, w = x.shape
     if sizes[:2] != [n, c]:

@@ -6,6 +6,7 @@ window lies inside the input), GlobalAveragePool and ReduceMean over trailing ax
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from accelerators.opencl.host_ops import window
 from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn, Ref, ints
 from accelerators.opencl.lowering_state import Lowering
-from accelerators.opencl.norm_lowering import axis_range, reduce_rows
+from accelerators.opencl.norm_lowering import axes_input, axis_range, reduce_over
 
 
 def _pool(lw: Lowering, node: Node, args: list, is_max: bool) -> None:
@@ -64,15 +65,25 @@ def global_average_pool(lw: Lowering, node: Node, args: list) -> None:
 
 
 def reduce_mean(lw: Lowering, node: Node, args: list) -> None:
+    """Axes from the attribute (before opset 18)."""
+    _reduce_mean(lw, node, args[0], node.attrs.get("axes"))
+
+
+def reduce_mean_by_input(lw: Lowering, node: Node, args: list) -> None:
+    """Axes from the second input (from opset 18)."""
+    _reduce_mean(lw, node, args[0], axes_input(node, args))
+
+
+def _reduce_mean(lw: Lowering, node: Node, x: Dyn, axes: Sequence[int] | np.ndarray | None
+                 ) -> None:
     """Over trailing axes: torchvision's `x.mean([2, 3])` (ShuffleNet's global pool), by the
     global pool's kernel; over other adjacent axes (MLP-Mixer's mean over tokens):
     norm_lowering's row reduction."""
-    x, rank = args[0], len(args[0].shape)
-    axes = node.attrs.get("axes") if len(args) < 2 or args[1] is None else args[1]
-    first, last = axis_range(node, axes, rank) if isinstance(axes, np.ndarray | list) \
-        and np.size(axes) else (0, 0)  # no axes: all, or none (reduce_rows decides)
+    rank = len(x.shape)
+    first, last = axis_range(node, axes, rank) if axes is not None and np.size(axes) \
+        else (0, 0)  # no axes: all, or none (reduce_over decides)
     if last != rank - 1:
-        reduce_rows(lw, node, args)
+        reduce_over(lw, node, x, axes)
         return
     _mean_of_last_axes(lw, node, x, first, bool(node.attrs.get("keepdims", 1)))
 

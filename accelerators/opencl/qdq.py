@@ -19,22 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelerators.onnx_folding import dequantize
-from accelerators.opencl.ir import Graph, Node, UnsupportedModelError
-
-
-@dataclass(frozen=True)
-class Grid:
-    """One tensor's quantization, with codes stored shifted into signed chars."""
-    scale: float
-    zero: int
-    lo: int  # the type's range
-    hi: int
-    shift: int  # 128 for uint8, 0 for int8
-
-    @property
-    def stored(self) -> tuple[int, int, int]:
-        """(zero point, lo, hi) of the stored codes."""
-        return self.zero - self.shift, self.lo - self.shift, self.hi - self.shift
+from accelerators.opencl.ir import Graph, Grid, Node, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -66,29 +51,36 @@ def fuse_quantized(graph: Graph) -> None:
     input already lies on its grid is dropped. FakeQuant nodes left run as their own kernel."""
     outputs = {name for name, _ in graph.outputs}
     for node in [n for n in graph.nodes if n.op in ("Conv", "Gemm")]:
-        fq = graph.producer(node.inputs[0])
-        weight = graph.int8.get(node.inputs[1])
-        if fq is None or fq.op != "FakeQuant" or weight is None \
-                or weight.scale.size > 1 and weight.axis != _channel_axis(node):
-            continue
-        node.attrs["quant_in"] = fq.attrs["grid"]
-        node.inputs[0] = fq.inputs[0]
-        graph.fused[f"FakeQuant+{node.op}"] += 1
-        if not graph.consumers(fq.outputs[0]) and fq.outputs[0] not in outputs:
-            graph.nodes.remove(fq)
+        _quantize_input(graph, node, outputs)
     for fq in [n for n in graph.nodes if n.op == "FakeQuant"]:
-        producer = graph.producer(fq.inputs[0])
-        if producer is not None and "quant_in" in producer.attrs \
-                and "requant" not in producer.attrs \
-                and graph.consumers(fq.inputs[0]) == [fq] and fq.inputs[0] not in outputs:
-            producer.attrs["requant"] = fq.attrs["grid"]
-            producer.outputs = [fq.outputs[0]]
-            graph.nodes.remove(fq)
-            graph.fused[f"{producer.op}+FakeQuant"] += 1
-        elif _grid_of(graph, fq.inputs[0]) == fq.attrs["grid"] and fq.outputs[0] not in outputs:
-            graph.nodes.remove(fq)
-            graph.rename(fq.outputs[0], fq.inputs[0])
-            graph.fused["FakeQuant already on its grid"] += 1
+        _fold_fake_quant(graph, fq, outputs)
+
+
+def _quantize_input(graph: Graph, node: Node, outputs: set[str]) -> None:
+    fq = graph.producer(node.inputs[0])
+    weight = graph.int8.get(node.inputs[1])
+    if fq is None or fq.op != "FakeQuant" or weight is None \
+            or weight.scale.size > 1 and weight.axis != _channel_axis(node):
+        return
+    node.quant_in = fq.grid
+    node.inputs[0] = fq.inputs[0]
+    graph.fused[f"FakeQuant+{node.op}"] += 1
+    if not graph.consumers(fq.outputs[0]) and fq.outputs[0] not in outputs:
+        graph.nodes.remove(fq)
+
+
+def _fold_fake_quant(graph: Graph, fq: Node, outputs: set[str]) -> None:
+    producer = graph.producer(fq.inputs[0])
+    if producer is not None and producer.quant_in is not None and producer.requant is None \
+            and graph.consumers(fq.inputs[0]) == [fq] and fq.inputs[0] not in outputs:
+        producer.requant = fq.grid
+        producer.outputs = [fq.outputs[0]]
+        graph.nodes.remove(fq)
+        graph.fused[f"{producer.op}+FakeQuant"] += 1
+    elif _grid_of(graph, fq.inputs[0]) == fq.grid and fq.outputs[0] not in outputs:
+        graph.nodes.remove(fq)
+        graph.rename(fq.outputs[0], fq.inputs[0])
+        graph.fused["FakeQuant already on its grid"] += 1
 
 
 def _channel_axis(node: Node) -> int:
@@ -103,7 +95,7 @@ def _grid_of(graph: Graph, name: str) -> Grid | None:
         node = graph.producer(node.inputs[0])
     if node is None:
         return None
-    return node.attrs.get("grid") if node.op == "FakeQuant" else node.attrs.get("requant")
+    return node.grid if node.op == "FakeQuant" else node.requant
 
 
 def _scalar_grid(node: Node, scale: np.ndarray, zero: np.ndarray | None) -> Grid:
@@ -151,7 +143,7 @@ def _pair_into_fake_quant(graph: Graph) -> None:
         grid = _scalar_grid(q, scale, params[0][1])
         graph.nodes.remove(dq)
         q.op, q.inputs, q.outputs = "FakeQuant", [q.inputs[0]], [dq.outputs[0]]
-        q.attrs = {"grid": grid}
+        q.attrs, q.grid = {}, grid
         graph.fused["QuantizeLinear+DequantizeLinear"] += 1
 
 

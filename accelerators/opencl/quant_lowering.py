@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from accelerators.opencl.ir import Node, UnsupportedModelError
+from accelerators.opencl.ir import Grid, Node, UnsupportedModelError
 from accelerators.opencl.launch import (
     GEMM_WG,
     VN,
@@ -22,13 +22,13 @@ from accelerators.opencl.launch import (
     round_up,
 )
 from accelerators.opencl.lowering_state import Lowering
-from accelerators.opencl.qdq import Grid, Int8Weight
+from accelerators.opencl.qdq import Int8Weight
 
 Q8_TM = 8  # rows of a gemm_q8 work-item's tile (kernels/quantized.cl)
 
 
 def _requant_args(node: Node) -> list:
-    grid: Grid | None = node.attrs.get("requant")
+    grid: Grid | None = node.requant
     if grid is None:
         return [np.int32(0), np.float32(1), *ints(0, 0, 0)]
     return [np.int32(1), np.float32(grid.scale), *ints(grid.zero, grid.lo, grid.hi)]
@@ -67,7 +67,8 @@ def _quantize(lw: Lowering, node: Node, x: Dyn, grid: Grid) -> Ref:
 
 def conv_q8(lw: Lowering, node: Node, args: list, out: Dyn, geometry: list[int]) -> None:
     """`out` and `geometry`: conv_lowering's output and im2col arguments."""
-    x, grid = args[0], node.attrs["quant_in"]
+    x, grid = args[0], node.quant_in
+    assert grid is not None  # conv_lowering calls it for int8 nodes only
     weight: Int8Weight = lw.graph.int8[node.inputs[1]]
     cg, kh, kw, oh, ow = geometry[0], geometry[5], geometry[6], geometry[3], geometry[4]
     n, oc, g = x.shape[0], weight.codes.shape[0], node.attrs.get("group", 1)
@@ -88,7 +89,8 @@ def conv_q8(lw: Lowering, node: Node, args: list, out: Dyn, geometry: list[int])
 
 
 def gemm_q8(lw: Lowering, node: Node, args: list) -> None:
-    x, grid, a = args[0], node.attrs["quant_in"], node.attrs
+    x, grid, a = args[0], node.quant_in, node.attrs
+    assert grid is not None  # matmul_lowering calls it for int8 nodes only
     weight: Int8Weight = lw.graph.int8[node.inputs[1]]
     if len(x.shape) != 2 or weight.codes.ndim != 2:
         raise UnsupportedModelError(f"Gemm node {node.name!r}: only 2-D operands")
@@ -110,7 +112,8 @@ def gemm_q8(lw: Lowering, node: Node, args: list) -> None:
 
 
 def fake_quant(lw: Lowering, node: Node, args: list) -> None:
-    x, grid = args[0], node.attrs["grid"]
+    x, grid = args[0], node.grid
+    assert grid is not None  # qdq.py makes each FakeQuant with its grid
     out = lw.values[node.outputs[0]] = lw.new(node.outputs[0], x.shape)
     total = math.prod(x.shape)
     lw.emit(node, "fake_quant_f32", total, [

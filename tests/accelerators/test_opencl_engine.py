@@ -189,6 +189,26 @@ def test_an_op_the_engine_lacks_is_named_as_such_even_with_variable_dims(tmp_pat
     assert "give the dim a size" not in str(refused.value)
 
 
+def test_an_op_below_its_first_lowered_opset_is_refused_naming_op_node_and_opset(
+        tmp_path, opencl_device) -> None:
+    """The lowerings are keyed by op and opset range (lowering.LOWERINGS): Resize is lowered
+    from opset 11 (its coordinate modes), so opset 10's is refused as an op the engine lacks
+    at that opset, whatever the sizes; opset 11's at the same shapes loads."""
+    x = np.zeros((1, 2, 3, 3), np.float32)
+    scales = np.array([1, 1, 2, 2], np.float32)
+    onnx.save(single_op("Resize", {"x": x}, {"scales": scales}, (1, 2, 6, 6), opset=10),
+              tmp_path / "resize10.onnx")
+    with pytest.raises(UnsupportedOpError) as refused:
+        OpenCLEngine(tmp_path / "resize10.onnx", opencl_device)
+    assert "op 'Resize' (domain 'ai.onnx', opset 10) of node 'Resize_0': the OpenCL engine " \
+        "lowers it from opset 11 on" in str(refused.value)
+    onnx.save(single_op("Resize", {"x": x}, {"roi": np.zeros(0, np.float32),
+                                             "scales": scales}, (1, 2, 6, 6), opset=11),
+              tmp_path / "resize11.onnx")
+    assert OpenCLEngine(tmp_path / "resize11.onnx", opencl_device).run(
+        {"x": x}, ["y"])["y"].shape == (1, 2, 6, 6)
+
+
 def test_a_python_error_in_a_lowering_is_a_refusal_naming_the_node(monkeypatch, engine_for
                                                                    ) -> None:
     """Whatever a lowering raises at a shape it cannot take becomes a refusal that names the
@@ -197,7 +217,7 @@ def test_a_python_error_in_a_lowering_is_a_refusal_naming_the_node(monkeypatch, 
 
     def broken(lw, node, args):
         return 1 // 0
-    monkeypatch.setitem(lowering.LOWERINGS, "Relu", broken)
+    monkeypatch.setitem(lowering.LOWERINGS, "Relu", ((1, broken),))
     x = np.zeros((1, 4), np.float32)
     with pytest.raises(UnsupportedModelError, match=r"op 'Relu' of node '.*' \(opset 17\) "
                                                     r"cannot be planned at input shapes "

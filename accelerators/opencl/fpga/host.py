@@ -10,11 +10,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from accelerators.onnx_nodes import run_node
-from accelerators.opencl.ir import Node, UnsupportedModelError
-from accelerators.opencl.qdq import Grid
+from accelerators.opencl.ir import Grid, Node, UnsupportedModelError
 
-# Attributes the engine's passes add, which are not ONNX's.
-ENGINE_ATTRS = ("activation", "quant_in", "requant", "grid")
 GELU_OPSET = 20  # the first opset with Gelu, which the fusions may write into older models
 
 
@@ -26,7 +23,7 @@ def fake_quant(x: np.ndarray, grid: Grid) -> np.ndarray:
 
 def _proto(node: Node, names: list[str]) -> onnx.NodeProto:
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
-             for k, v in node.attrs.items() if k not in ENGINE_ATTRS}
+             for k, v in node.attrs.items()}
     return helper.make_node(node.op, names, list(node.outputs), **attrs)
 
 
@@ -68,11 +65,11 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
     onto its grid (`quant_in`) and the output's rounding (`requant`). A fused activation is a
     step of its own (lowering.py)."""
     x = inputs[0]
-    grid_in: Grid | None = node.attrs.get("quant_in")
+    grid_in: Grid | None = node.quant_in
     if grid_in is not None and x is not None:
         inputs = [fake_quant(x, grid_in), *inputs[1:]]
-    if node.op == "FakeQuant" and x is not None:
-        outs = [fake_quant(x, node.attrs["grid"])]
+    if node.op == "FakeQuant" and x is not None and node.grid is not None:
+        outs = [fake_quant(x, node.grid)]
     elif node.op == "Silu" and x is not None:
         outs = [x / (1 + np.exp(-x))]
     elif node.op == "MatMul" and len(inputs) > 2:  # with the bias row graph.py fused in
@@ -89,7 +86,7 @@ def run(node: Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndar
         names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
         outs = run_node(_proto(node, names), inputs,
                         max(opset, GELU_OPSET) if node.op == "Gelu" else opset)
-    requant: Grid | None = node.attrs.get("requant")
+    requant: Grid | None = node.requant
     if requant is not None:
         outs[0] = fake_quant(outs[0], requant)
     # Those the model reads: an omitted optional output (an empty name) has no tensor.

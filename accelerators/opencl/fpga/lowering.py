@@ -7,13 +7,13 @@ the engine logs once per model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from accelerators.opencl.fpga import host
 from accelerators.opencl.host_ops import window
-from accelerators.opencl.ir import Graph, Node, UnsupportedModelError, UnsupportedOpError
+from accelerators.opencl.ir import Graph, Grid, Node, UnsupportedModelError, UnsupportedOpError
 from accelerators.opencl.launch import (
     HOST,
     Build,
@@ -28,9 +28,10 @@ from accelerators.opencl.launch import (
     ints,
 )
 from accelerators.opencl.lowering import lower
-from accelerators.opencl.lowering_state import Lowering, OpLowering
-from accelerators.opencl.qdq import Grid, Int8Weight
+from accelerators.opencl.lowering_state import Lowering, Table, always
+from accelerators.opencl.qdq import Int8Weight
 from accelerators.opencl.recurrent_lowering import check_attributes
+from accelerators.opencl.view_lowering import VIEWS
 
 STAGES = ("fpga_read", "fpga_conv", "fpga_pool", "fpga_write")  # Launch.stage 1 to 4
 # fpga_read's integer arguments after the input, and fpga_pool's: the one spelling the lowering
@@ -95,7 +96,7 @@ def conv(lw: Lowering, node: Node, args: list) -> None:
         return
     g = node.attrs.get("group", 1)
     layer = Layer(n, g, cg, h, wd, oc // g, kh, kw, sh, sw, ph, pw, oh, ow)
-    codes = lw.graph.int8[node.inputs[1]].codes if "quant_in" in node.attrs else None
+    codes = lw.graph.int8[node.inputs[1]].codes if node.quant_in is not None else None
     _layer(lw, node, args, args, layer, w, codes)
 
 
@@ -125,7 +126,7 @@ def _fully_connected(lw: Lowering, node: Node, args: list, weights: np.ndarray,
     layer = Layer(x.shape[0], 1, x.shape[1], 1, 1, weights.shape[0])
     flat = Dyn((x.shape[0], x.shape[1], 1, 1), x.storage)
     codes = None
-    if "quant_in" in node.attrs:  # (out, in) as the floats
+    if node.quant_in is not None:  # (out, in) as the floats
         stored = lw.graph.int8[node.inputs[1]].codes
         codes = (stored if trans_b else stored.T)[:, :, None, None]
     _layer(lw, node, [flat, None, bias], args, layer, weights[:, :, None, None], codes,
@@ -142,7 +143,7 @@ def _layer(lw: Lowering, node: Node, args: list, host_args: list, layer: Layer, 
     if reason:
         host_node(lw, node, host_args, reason)
         return
-    act = node.attrs.get("activation")
+    act = node.activation
     on_board = act is None or act.op in epilogue_acts(p)
     pool = _fused_pool(lw, node, layer, p) if on_board else None
     out_h, out_w = (pool.oh, pool.ow) if pool else (layer.oh, layer.ow)
@@ -180,7 +181,7 @@ def _fused_pool(lw: Lowering, node: Node, layer: Layer, p: Pipeline) -> Pool | N
 def _does_not_fit(node: Node, layer: Layer, p: Pipeline) -> str:
     """Why the pass cannot run on the board's pipeline; empty where it can."""
     cv = -(-layer.c // p.board.vec)
-    if ("quant_in" in node.attrs) != p.q8:
+    if (node.quant_in is not None) != p.q8:
         return ("a float layer in an int8 build" if p.q8 else
                 "an int8 layer in a float build")
     if layer.kh * layer.kw * cv > p.board.weight_buffer:
@@ -205,7 +206,7 @@ def _emit(lw: Lowering, node: Node, args: list, layer: Layer, w: np.ndarray,
     if len(args) > 2 and args[2] is not None:
         bias[:] = np.broadcast_to(np.asarray(args[2], np.float32).reshape(-1), (g * mg,))
     lanes = (np.arange(g)[:, None] * blocks * p.board.lane + np.arange(mg)[None, :]).reshape(-1)
-    quant: Grid | None = node.attrs.get("quant_in")
+    quant: Grid | None = node.quant_in
     if quant is not None and codes is not None:
         weight: Int8Weight = lw.graph.int8[node.inputs[1]]
         per_channel = np.broadcast_to(weight.scale.reshape(-1), (g * mg,)).astype(np.float64)
@@ -222,7 +223,7 @@ def _emit(lw: Lowering, node: Node, args: list, layer: Layer, w: np.ndarray,
     window = layer.kh * layer.kw * cv
     act = activation_args(node, lw.values) if with_act else [np.int32(0), np.float32(0),
                                                              np.float32(0)]
-    requant: Grid | None = node.attrs.get("requant")
+    requant: Grid | None = node.requant
     rq = [np.int32(1), np.float32(requant.scale), np.float32(1 / requant.scale),
           *ints(requant.zero, requant.lo, requant.hi)] if requant and with_act else [
         np.int32(0), np.float32(1), np.float32(1), *ints(0, 0, 0)]
@@ -260,12 +261,11 @@ def _pack(w: np.ndarray, layer: Layer, p: Pipeline, dtype: type) -> np.ndarray:
 
 def host_node(lw: Lowering, node: Node, args: list, reason: str = "") -> None:
     """`node` computed on the host; a fused activation is a host step of its own."""
-    act: Node | None = node.attrs.get("activation")
+    act: Node | None = node.activation
     if act is not None:
         pre = f"{node.name}:pre"
-        attrs = {k: v for k, v in node.attrs.items() if k != "activation"}
-        host_node(lw, Node(node.op, node.name, node.inputs, [pre, *node.outputs[1:]], attrs),
-                  args, reason)
+        host_node(lw, replace(node, outputs=[pre, *node.outputs[1:]], activation=None), args,
+                  reason)
         host_node(lw, Node(act.op, act.name, [pre, *act.inputs[1:]], node.outputs[:1],
                            act.attrs),
                   [lw.values[pre], *(lw.values.get(i) if i else None for i in act.inputs[1:])],
@@ -300,6 +300,6 @@ def recurrent(lw: Lowering, node: Node, args: list) -> None:
     host_node(lw, node, args)
 
 
-_TABLE: dict[str, OpLowering] = {"Conv": conv, "Gemm": fully_connected,
-                                 "MatMul": fully_connected,
-                                 **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent)}
+_TABLE: Table = {**VIEWS, "Conv": always(conv), "Gemm": always(fully_connected),
+                 "MatMul": always(fully_connected),
+                 **dict.fromkeys(("LSTM", "GRU", "RNN"), always(recurrent))}
