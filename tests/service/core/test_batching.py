@@ -4,6 +4,7 @@ concurrency on a device of a few ms per batch after an idle period."""
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,6 +82,7 @@ def test_batches_grow_with_concurrency_after_an_idle_period(tmp_path, holdout) -
         while any(thread.is_alive() for thread in clients):
             pending.append(total(scrape(served.metrics_url), "hetserve_pending_requests",
                                  model=MODEL, version="1"))
+            time.sleep(0.02)  # the clients' threads share this process's GIL: leave it to them
         for thread in clients:
             thread.join()
         together = batches()
