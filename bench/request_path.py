@@ -32,10 +32,10 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.core.registry import ModelRegistry
-from service.grpc.door import Peers
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,24 +7,15 @@ kubelets make without credentials."""
 from __future__ import annotations
 
 import inspect
-import ipaddress
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from service.grpc.credentials import ExposureError, TokenFile, holds
+from service.edge.credentials import ExposureError, TokenFile, holds
+from service.edge.socket_owner import is_loopback
 
 _EXEMPT = "/grpc.health.v1.Health/"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def check_exposure(host: str, tls: bool, token: bool) -> None:

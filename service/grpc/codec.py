@@ -19,8 +19,8 @@ from service.core.model import ModelSpec
 from service.core.queue_policy import RequestOptions
 from service.core.statistics import Duration, ModelStatistics
 from service.core.types import Answer
+from service.edge.shared_memory import Caller, RegionTensor, SharedMemoryRegions
 from service.errors import InvalidInputError, shown
-from service.grpc.shared_memory import Caller, RegionTensor, SharedMemoryRegions
 
 M = TypeVar("M", bound=Message)
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).

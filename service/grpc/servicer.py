@@ -22,13 +22,14 @@ from service.core.metrics import Metrics
 from service.core.model import ModelSpec
 from service.core.repository import check_model_name
 from service.core.types import Answer, ModelControls, ServedModel
+from service.edge import shared_memory
+from service.edge.credentials import admin_token, holds
+from service.edge.door import Peers
+from service.edge.inflight import InflightLimit
+from service.edge.shared_memory import Caller, SharedMemoryRegions
 from service.errors import HetserveError, Status, StreamIdleError, status_of
-from service.grpc import codec, shared_memory
-from service.grpc.credentials import admin_token, holds
+from service.grpc import codec
 from service.grpc.decoding import DecodePool
-from service.grpc.door import Peers
-from service.grpc.inflight import InflightLimit
-from service.grpc.shared_memory import Caller, SharedMemoryRegions
 from service.settings import Settings
 
 T = TypeVar("T")
@@ -74,7 +75,7 @@ class InferenceServicer:
                         "system_shared_memory"])
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        """Whose shared memory regions a call may use (service.grpc.shared_memory.caller)."""
+        """Whose shared memory regions a call may use (service.edge.shared_memory.caller)."""
         return shared_memory.caller(self._peers.identify(context.peer()), self._token,
                                     self._token_uid)
 

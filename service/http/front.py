@@ -1,6 +1,6 @@
 """KServe V2 over HTTP/REST on --http-port, in this process (the one process, or each front-end
 with --workers, sharing the port): aiohttp on the daemon's event loop, behind a door like gRPC's
-(service/grpc/door.py: connections bounded per peer and in all), with the same TLS and token.
+(service/edge/door.py: connections bounded per peer and in all), with the same TLS and token.
 Each request is decoded into the protocol's message and answered by the servicer gRPC uses, so
 the checks, scheduler, priorities, deadlines and statuses are the same; statuses map to HTTP here,
 once."""
@@ -18,10 +18,10 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 
 from service.core.metrics import Metrics
+from service.edge.access_log import AccessLog
+from service.edge.credentials import TokenFile, admin_token, holds
+from service.edge.door import Bounds, Door, Peers, private_folder
 from service.errors import StartupError, Status, status_of
-from service.grpc.access_log import AccessLog
-from service.grpc.credentials import TokenFile, admin_token, holds
-from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.servicer import InferenceServicer
 from service.http import codec
 from service.settings import Settings

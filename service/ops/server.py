@@ -24,14 +24,14 @@ from service.core.model_control import ModelControl
 from service.core.model_control import check_settings as check_model_control
 from service.core.power_budget import BUDGET_SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
+from service.edge.credentials import ExposureError, TokenFile, admin_token
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.errors import StartupError
 from service.grpc.auth import check_exposure
-from service.grpc.credentials import ExposureError, TokenFile, admin_token
-from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port, health_status, set_health
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.ops.systemd import notify
 from service.settings import Settings

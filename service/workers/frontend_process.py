@@ -24,13 +24,13 @@ from service import daemon_log
 from service.contract import worker_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.edge.credentials import TokenFile
+from service.edge.door import Peers
+from service.edge.shared_memory import Caller, SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.errors import HetserveError, StartupError
-from service.grpc.credentials import TokenFile
-from service.grpc.door import Peers
 from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import Caller, SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.parent_death import end_with
 from service.settings import Settings

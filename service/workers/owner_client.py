@@ -20,8 +20,8 @@ from service.core.model_table import ModelTable
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost, Inputs
+from service.edge.shared_memory import Caller
 from service.errors import ModelUnavailableError, QueueFullError, Status, StatusError
-from service.grpc.shared_memory import Caller
 from service.workers import messages as msg
 from service.workers.arena import Arena
 from service.workers.owner_channel import Channel

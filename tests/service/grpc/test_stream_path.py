@@ -21,11 +21,11 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.core.registry import LoadedModel, ModelRegistry
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.grpc import handlers
-from service.grpc.door import Peers
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.settings import Settings
 from tests.support.daemon import MODEL
 from tests.support.faulty_engine import CONTROL_ENV
