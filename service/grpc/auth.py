@@ -42,7 +42,13 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
         # On the TCP server alone (service/grpc/front.py): the peer's address says nothing here,
         # as a connection forwarded over a unix socket still came from TCP.
-        return holds(self._token, context) or holds(self._admin, context)
+        sent = sent_bearer(context)
+        return holds(self._token, sent) or holds(self._admin, sent)
+
+
+def sent_bearer(context: grpc.aio.ServicerContext) -> bytes:
+    """What a call sent as its 'authorization' metadata."""
+    return str(dict(context.invocation_metadata()).get("authorization", "")).encode()
 
 
 async def _deny(context: grpc.aio.ServicerContext) -> None:

@@ -2,10 +2,11 @@
 
     python -m service.workers.frontend_process INDEX CHANNEL_FD ARENA_FD ARENA_BYTES OWNER_PID
 
-It serves gRPC on the daemon's port (SO_REUSEPORT) and on its own unix socket, decodes, validates
-and answers requests, and hands each to the device owner (service/workers/owner_client.py). Its
-settings come from the owner as HETSERVE_* variables. It ends with the owner: SIGTERM from the
-kernel (PR_SET_PDEATHSIG) or the channel closing, whichever comes first."""
+It serves gRPC (and REST) on the daemon's ports (SO_REUSEPORT) and on its own unix socket,
+decodes, validates and answers requests, and hands each to the device owner
+(service/workers/owner_client.py). Its settings come from the owner as HETSERVE_* variables.
+It ends with the owner: SIGTERM from the kernel (PR_SET_PDEATHSIG) or the channel closing,
+whichever comes first."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import os
 import signal
 import socket
 import sys
-
-from tritonclient.grpc import service_pb2 as pb
 
 from service import daemon_log
 from service.contract import worker_socket
@@ -33,6 +32,8 @@ from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
 from service.http.front import HttpFront
 from service.parent_death import end_with
+from service.protocol.operations import Operations
+from service.protocol.types import Identity, ModelStatistics
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -41,35 +42,32 @@ from service.workers.owner_client import Catalog, OwnerClient
 log = logging.getLogger(__name__)
 
 
-class FrontendServicer(InferenceServicer):
-    """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
+class FrontendOperations(Operations):
+    """Answers statistics with the owner's counts, which cover every front-end, and has a
     client's system shared memory region registered with every front-end: the owner reserves
     its name before this one answers OK, so that a name is registered once. Loads and unloads
-    models through the owner, once the caller is checked here."""
+    models through the owner (its `control`), once the caller is checked here."""
 
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
                  peers: Peers, owner: OwnerClient, settings: Settings) -> None:
         super().__init__(plane, metrics, regions, peers, settings, owner)
         self._owner = owner
 
-    async def SystemSharedMemoryRegister(self, request, context):
-        caller = self._caller(context)
-        region = self._regions.open(request.name, request.key, request.offset,
-                                    request.byte_size, caller)
-        await self._owner.register(request.name, request.key, request.offset, request.byte_size,
-                                   caller)  # a refusal drops the region, which closes it
+    async def register(self, name: str, key: str, offset: int, byte_size: int,
+                       who: Identity) -> None:
+        caller = self.caller(who)
+        region = self._regions.open(name, key, offset, byte_size, caller)
+        # a refusal drops the region, which closes it
+        await self._owner.register(name, key, offset, byte_size, caller)
         self._regions.add(region)
-        return pb.SystemSharedMemoryRegisterResponse()
 
-    async def SystemSharedMemoryUnregister(self, request, context):
-        caller = self._caller(context)
-        self._regions.unregister(request.name, caller)
-        await self._owner.unregister(request.name, caller)
-        return pb.SystemSharedMemoryUnregisterResponse()
+    async def unregister(self, name: str, who: Identity) -> None:
+        caller = self.caller(who)
+        self._regions.unregister(name, caller)
+        await self._owner.unregister(name, caller)
 
-    async def ModelStatistics(self, request, context):
-        return pb.ModelStatisticsResponse.FromString(
-            await self._owner.statistics(request.name, request.version))
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        return await self._owner.statistics(name, version)
 
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
@@ -104,9 +102,10 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     token = TokenFile(settings.token_file) if settings.token_file else None
     peers = Peers(UploadBudget.from_settings(settings))
     metrics = Metrics()  # what it observes reaches the owner's /metrics through files
-    servicer = FrontendServicer(plane, metrics, regions, peers, owner, settings)
-    front = GrpcFront(settings, token, servicer, plane, peers, reuseport=True)
-    http = HttpFront(settings, token, servicer, peers, metrics, reuseport=True) \
+    operations = FrontendOperations(plane, metrics, regions, peers, owner, settings)
+    front = GrpcFront(settings, token, InferenceServicer(operations), plane, peers,
+                      reuseport=True)
+    http = HttpFront(settings, token, operations, peers, metrics, reuseport=True) \
         if settings.http_port else None
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())
@@ -114,7 +113,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     await owner.first
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
-        cleanup.callback(servicer.decoding.close)
+        cleanup.callback(operations.decoding.close)
         await front.start(cleanup)
         if http is not None:
             await http.start(cleanup)
