@@ -88,6 +88,18 @@ class Peers:
         (or whose connection has closed already)."""
         return self._by_address.get(grpc_peer)
 
+    def queue_caller(self, address: str, token: bool) -> tuple[str, bool]:
+        """Whose queue places a call from `address` takes, and whether it is an unauthenticated
+        TCP caller (service.core.queue_policy.RequestOptions): the uid on the unix socket, the
+        token's holders where a token guards TCP (`token`), else the uid (over loopback) or the
+        address the door counted, over TCP; "" for a call that came through no door."""
+        peer = self._by_address.get(address)
+        if peer is None:
+            return "", False
+        if peer.listener == "unix":
+            return peer.key, False
+        return ("token", False) if token else (f"tcp {peer.key}", True)
+
     @staticmethod
     def address_of(peername: bytes | str) -> str:
         """The address gRPC would report for a forwarded connection whose socket's peer name

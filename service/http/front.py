@@ -38,11 +38,18 @@ _UNROUTED = "none"  # the endpoint of a request no route matched (404, 405)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+_WHO = web.RequestKey("identity", Identity)
+
+
 def _identity(request: web.Request) -> Identity:
-    """Who sends an HTTP request: its connection's address (the door's) and its authorization."""
-    peername = request.transport.get_extra_info("peername") if request.transport else ""
-    return Identity(Peers.address_of(peername or ""),
-                    request.headers.get("Authorization", "").encode())
+    """Who sends an HTTP request: its connection's address (the door's) and its authorization;
+    found once a request."""
+    who = request.get(_WHO)
+    if who is None:
+        peername = request.transport.get_extra_info("peername") if request.transport else ""
+        who = request[_WHO] = Identity(Peers.address_of(peername or ""),
+                                       request.headers.get("Authorization", "").encode())
+    return who
 
 
 class HttpFront:

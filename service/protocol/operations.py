@@ -154,15 +154,8 @@ class Operations:
         return self._finish(queued)
 
     def _queue_caller(self, who: Identity) -> tuple[str, bool]:
-        """Whose queue places a call takes, and whether it is an unauthenticated TCP caller
-        (RequestOptions): the uid on the unix socket, the token's holders where a token guards
-        TCP, else the uid (over loopback) or the address the door counted, over TCP."""
-        peer = self._peers.identify(who.peer)
-        if peer is None:
-            return "", False
-        if peer.listener == "unix":
-            return peer.key, False
-        return ("token", False) if self._token else (f"tcp {peer.key}", True)
+        """Whose queue places a call takes (service.edge.door.Peers.queue_caller)."""
+        return self._peers.queue_caller(who.peer, self._token)
 
     async def stream(self, requests: AsyncIterator[bytes], parse: Callable[[bytes], InferRequest],
                      who: Identity, time_remaining: Callable[[], float | None]
