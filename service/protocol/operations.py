@@ -2,8 +2,9 @@
 or a stream), statistics, clients' shared memory and model control. Each takes the caller's
 identity (who it is, as its transport saw it) explicitly; what it raises is a service.errors
 error, which each transport maps to its statuses in one place (service/grpc/handlers.py,
-service/http/front.py's HTTP_STATUS). A front-end process injects the providers that reach its
-device owner: `control` (load, unload) here, and it overrides statistics and shared memory
+service/http/front.py's HTTP_STATUS). What a process answers from elsewhere is injected: model
+control, statistics and the registration of clients' regions are this process's own where one
+process serves, and reach the device owner from a front-end
 (service/workers/frontend_process.py)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -48,6 +49,47 @@ T = TypeVar("T")
 EXTENSIONS = ("classification", "model_repository", "statistics", "system_shared_memory")
 
 
+class StatisticsSource(Protocol):
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        """Every served model version's counts when `name` is empty, else the one asked for."""
+        ...
+
+
+class RegionRegistry(Protocol):
+    """Where a client's system shared memory regions are registered."""
+
+    async def register(self, name: str, key: str, offset: int, byte_size: int,
+                       caller: Caller) -> None:
+        ...
+
+    async def unregister(self, name: str, caller: Caller) -> None:
+        ...
+
+
+class _OwnStatistics:
+    """This process's data plane's counts (the one process that serves)."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
+        return outputs.statistics_of(self._plane, name, version)
+
+
+class _OwnRegions:
+    """Regions registered in this process alone (the one process that serves)."""
+
+    def __init__(self, regions: SharedMemoryRegions) -> None:
+        self._regions = regions
+
+    async def register(self, name: str, key: str, offset: int, byte_size: int,
+                       caller: Caller) -> None:
+        self._regions.register(name, key, offset, byte_size, caller)
+
+    async def unregister(self, name: str, caller: Caller) -> None:
+        self._regions.unregister(name, caller)
+
+
 @dataclass(slots=True)
 class _Queued:
     """A request queued on the data plane, until its response is built."""
@@ -61,9 +103,16 @@ class _Queued:
 
 
 class Operations:
+    """`control`, `statistics` and `registry` (by default this process's own statistics and
+    regions) answer from wherever the process's models and regions are kept."""
+
     def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 peers: Peers, settings: Settings, control: ModelControls) -> None:
+                 peers: Peers, settings: Settings, control: ModelControls,
+                 statistics: StatisticsSource | None = None,
+                 registry: RegionRegistry | None = None) -> None:
         self._plane = plane
+        self._statistics = statistics or _OwnStatistics(plane)
+        self._registry = registry or _OwnRegions(regions)
         self._metrics = metrics
         self._regions = regions
         self._peers = peers
@@ -131,15 +180,14 @@ class Operations:
         return check_model_name(name)
 
     async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
-        return [outputs.statistics(m.spec.name, m.spec.version, m.stats)
-                for m in self._plane.statistics(name, version)]
+        return await self._statistics.statistics(name, version)
 
     async def register(self, name: str, key: str, offset: int, byte_size: int,
                        who: Identity) -> None:
-        self._regions.register(name, key, offset, byte_size, self.caller(who))
+        await self._registry.register(name, key, offset, byte_size, self.caller(who))
 
     async def unregister(self, name: str, who: Identity) -> None:
-        self._regions.unregister(name, self.caller(who))
+        await self._registry.unregister(name, self.caller(who))
 
     def regions(self, name: str, who: Identity) -> list[Region]:
         return self._regions.status(name, self.caller(who))

@@ -11,6 +11,7 @@ import numpy as np
 
 from service import contract
 from service.core import statistics as core
+from service.core.dataplane import DataPlane
 from service.core.model import ModelSpec
 from service.core.types import Answer
 from service.edge.shared_memory import Caller, SharedMemoryRegions
@@ -90,6 +91,12 @@ def bytes_tensor(array: np.ndarray) -> bytes:
     (4 bytes, little-endian) then its UTF-8 bytes, in C order."""
     return b"".join(struct.pack("<I", len(b)) + b
                     for b in (str(v).encode() for v in array.reshape(-1)))
+
+
+def statistics_of(plane: DataPlane, name: str, version: str) -> list[ModelStatistics]:
+    """Every served model version's counts when `name` is empty, else the one asked for."""
+    return [statistics(m.spec.name, m.spec.version, m.stats)
+            for m in plane.statistics(name, version)]
 
 
 def statistics(name: str, version: int, stats: core.ModelStatistics) -> ModelStatistics:

@@ -33,7 +33,6 @@ from service.grpc.servicer import InferenceServicer
 from service.http.front import HttpFront
 from service.parent_death import end_with
 from service.protocol.operations import Operations
-from service.protocol.types import Identity, ModelStatistics
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -42,32 +41,23 @@ from service.workers.owner_client import Catalog, OwnerClient
 log = logging.getLogger(__name__)
 
 
-class FrontendOperations(Operations):
-    """Answers statistics with the owner's counts, which cover every front-end, and has a
-    client's system shared memory region registered with every front-end: the owner reserves
-    its name before this one answers OK, so that a name is registered once. Loads and unloads
-    models through the owner (its `control`), once the caller is checked here."""
+class EveryFrontend:
+    """Registers a client's system shared memory region with every front-end: the owner
+    reserves its name before this one answers OK, so that a name is registered once."""
 
-    def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 peers: Peers, owner: OwnerClient, settings: Settings) -> None:
-        super().__init__(plane, metrics, regions, peers, settings, owner)
-        self._owner = owner
+    def __init__(self, regions: SharedMemoryRegions, owner: OwnerClient) -> None:
+        self._regions, self._owner = regions, owner
 
     async def register(self, name: str, key: str, offset: int, byte_size: int,
-                       who: Identity) -> None:
-        caller = self.caller(who)
+                       caller: Caller) -> None:
         region = self._regions.open(name, key, offset, byte_size, caller)
         # a refusal drops the region, which closes it
         await self._owner.register(name, key, offset, byte_size, caller)
         self._regions.add(region)
 
-    async def unregister(self, name: str, who: Identity) -> None:
-        caller = self.caller(who)
+    async def unregister(self, name: str, caller: Caller) -> None:
         self._regions.unregister(name, caller)
         await self._owner.unregister(name, caller)
-
-    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
-        return await self._owner.statistics(name, version)
 
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
@@ -102,7 +92,10 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     token = TokenFile(settings.token_file) if settings.token_file else None
     peers = Peers(UploadBudget.from_settings(settings))
     metrics = Metrics()  # what it observes reaches the owner's /metrics through files
-    operations = FrontendOperations(plane, metrics, regions, peers, owner, settings)
+    # Statistics are the owner's, which cover every front-end; loads and unloads go through it
+    # once the caller is checked here.
+    operations = Operations(plane, metrics, regions, peers, settings, control=owner,
+                            statistics=owner, registry=EveryFrontend(regions, owner))
     front = GrpcFront(settings, token, InferenceServicer(operations), plane, peers,
                       reuseport=True)
     http = HttpFront(settings, token, operations, peers, metrics, reuseport=True) \

@@ -206,8 +206,7 @@ class OwnerSide:
 
     def _statistics(self, m: msg.Stats) -> None:
         try:
-            models = [outputs.statistics(model.spec.name, model.spec.version, model.stats)
-                      for model in self._plane.statistics(m.name, m.version)]
+            models = outputs.statistics_of(self._plane, m.name, m.version)
         except Exception as e:
             self.fail(m.id, e)
         else:
