@@ -16,7 +16,7 @@ from service import contract
 from service.core.queue_policy import RequestOptions
 from service.edge.shared_memory import Caller, RegionTensor, SharedMemoryRegions
 from service.errors import InvalidInputError, shown
-from service.protocol.types import Contents, InferRequest, Parameters, Value
+from service.protocol.types import Contents, InferRequest, Parameters, SharedMemoryRef, Value
 
 # Beyond any message or region, and within numpy's size arithmetic (zero dimensions too).
 _MAX_TENSOR_BYTES = 1 << 40
@@ -109,12 +109,13 @@ def decode_inputs(request: InferRequest, found: dict[str, Header],
                 raise InvalidInputError(f"{field}: both contents and {where} "
                                         "received; send the tensor in one of them")
             expected = count * dtype.itemsize
-            if place is not None and place[2] != expected:  # checked before a byte is read
+            if place is not None and place.byte_size != expected:  # checked before a byte is read
                 raise InvalidInputError(
-                    f"{field}: parameters['shared_memory_byte_size'] {place[2]} received, "
+                    f"{field}: parameters['shared_memory_byte_size'] {place.byte_size} received, "
                     f"{expected} expected for {t.datatype} {list(shape)}")
             if place is not None:  # read where its batch is assembled
-                arrays[t.name] = regions.tensor(*place, caller, field, dtype, shape)
+                arrays[t.name] = regions.tensor(place.region, place.offset, place.byte_size,
+                                                caller, field, dtype, shape)
                 continue
             data = next(raw_entries)
             if len(data) != expected:
@@ -151,9 +152,8 @@ def typed(tensor: Typed) -> np.ndarray:
                                 f"{tensor.datatype}") from None
 
 
-def shared_memory(parameters: Parameters, side: str, name: str) -> tuple[str, int, int] | None:
-    """(region, offset, byte_size) of a tensor (`side` "input" or "output") placed in shared
-    memory, else None."""
+def shared_memory(parameters: Parameters, side: str, name: str) -> SharedMemoryRef | None:
+    """Where a tensor (`side` "input" or "output") placed in shared memory lies, else None."""
     if "shared_memory_region" not in parameters:
         return None
     field = f"{side} {shown(name)}"
@@ -162,8 +162,8 @@ def shared_memory(parameters: Parameters, side: str, name: str) -> tuple[str, in
         raise InvalidInputError(f"{field}: parameters['shared_memory_byte_size'] is missing; "
                                 "a tensor in shared memory needs its size")
     region = parameters["shared_memory_region"]
-    return (region if isinstance(region, str) else "",
-            natural(parameters, "shared_memory_offset", f"{field}: ") or 0, size)
+    return SharedMemoryRef(region if isinstance(region, str) else "",
+                           natural(parameters, "shared_memory_offset", f"{field}: ") or 0, size)
 
 
 def natural(parameters: Parameters, key: str, prefix: str) -> int | None:

@@ -66,11 +66,10 @@ def respond(request: InferRequest, spec: ModelSpec, answer: Answer,
         if count:
             raise InvalidInputError(f"output {name!r}: classification and shared memory "
                                     "received; a classified output travels in the reply")
-        region, offset, byte_size = place
-        if array.nbytes > byte_size:
-            raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {byte_size} "
+        if array.nbytes > place.byte_size:
+            raise InvalidInputError(f"output {name!r}: shared_memory_byte_size {place.byte_size} "
                                     f"received, the output needs {array.nbytes} bytes")
-        regions.write(region, offset, array, caller, f"output {name!r}")
+        regions.write(place.region, place.offset, array, caller, f"output {name!r}")
         response.outputs.append(OutputTensor(name, datatype, array.shape, b"", {
             key: asked[key] for key in SHM_KEYS if key in asked}))
     return response

@@ -33,6 +33,15 @@ class Contents(msgspec.Struct, frozen=True):
     decode: Callable[[bytes, str], Sequence[Any]]
 
 
+class SharedMemoryRef(msgspec.Struct, frozen=True):
+    """Where a tensor lies in a client's registered system shared memory region (its
+    `shared_memory_*` parameters, read by service.protocol.inputs.shared_memory)."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
 class InferInput(msgspec.Struct):
     name: str
     datatype: str

@@ -20,6 +20,7 @@ from service.protocol.types import (
     InferResponse,
     ModelMetadata,
     OutputTensor,
+    SharedMemoryRef,
     TensorMetadata,
 )
 
@@ -144,3 +145,22 @@ def test_rest_shows_metadata_and_statistics_as_it_showed_grpcs_messages() -> Non
                              [TensorMetadata("y", "FP32", [-1, 3])])
     assert http_codec.model_metadata(metadata) == \
         http_codec.as_json(grpc_codec.model_metadata(metadata))
+
+
+def test_shared_memory_is_referenced_over_grpc_and_refused_over_rest() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=IMAGE.shape)
+    tensor.parameters["shared_memory_region"].string_param = "io"
+    tensor.parameters["shared_memory_byte_size"].uint64_param = IMAGE.nbytes
+    tensor.parameters["shared_memory_offset"].int64_param = 64
+    converted = grpc_codec.infer_request(request)
+    assert inputs.uses_shared_memory(converted)
+    assert inputs.shared_memory(converted.inputs[0].parameters, "input", "x") == \
+        SharedMemoryRef("io", 64, IMAGE.nbytes)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 6],
+                                   "data": IMAGE.ravel().tolist(),
+                                   "parameters": {"shared_memory_region": "io"}}]}).encode()
+    with pytest.raises(InvalidInputError) as caught:
+        http_codec.infer_request(body, None, "m", "")
+    assert str(caught.value) == ("inputs[0].parameters.shared_memory_region: shared memory is "
+                                 "not offered over REST; use gRPC on the daemon's unix socket")
