@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -33,6 +33,12 @@ from service.edge.shared_memory import Caller, Region, SharedMemoryRegions
 from service.errors import HetserveError, Status, StreamIdleError, status_of
 from service.protocol import inputs, outputs
 from service.protocol.decoding import DecodePool
+from service.protocol.providers import (
+    OwnRegions,
+    OwnStatistics,
+    RegionRegistry,
+    StatisticsSource,
+)
 from service.protocol.types import (
     Identity,
     InferRequest,
@@ -47,47 +53,6 @@ from service.settings import Settings
 
 T = TypeVar("T")
 EXTENSIONS = ("classification", "model_repository", "statistics", "system_shared_memory")
-
-
-class StatisticsSource(Protocol):
-    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
-        """Every served model version's counts when `name` is empty, else the one asked for."""
-        ...
-
-
-class RegionRegistry(Protocol):
-    """Where a client's system shared memory regions are registered."""
-
-    async def register(self, name: str, key: str, offset: int, byte_size: int,
-                       caller: Caller) -> None:
-        ...
-
-    async def unregister(self, name: str, caller: Caller) -> None:
-        ...
-
-
-class _OwnStatistics:
-    """This process's data plane's counts (the one process that serves)."""
-
-    def __init__(self, plane: DataPlane) -> None:
-        self._plane = plane
-
-    async def statistics(self, name: str, version: str) -> list[ModelStatistics]:
-        return outputs.statistics_of(self._plane, name, version)
-
-
-class _OwnRegions:
-    """Regions registered in this process alone (the one process that serves)."""
-
-    def __init__(self, regions: SharedMemoryRegions) -> None:
-        self._regions = regions
-
-    async def register(self, name: str, key: str, offset: int, byte_size: int,
-                       caller: Caller) -> None:
-        self._regions.register(name, key, offset, byte_size, caller)
-
-    async def unregister(self, name: str, caller: Caller) -> None:
-        self._regions.unregister(name, caller)
 
 
 @dataclass(slots=True)
@@ -111,8 +76,8 @@ class Operations:
                  statistics: StatisticsSource | None = None,
                  registry: RegionRegistry | None = None) -> None:
         self._plane = plane
-        self._statistics = statistics or _OwnStatistics(plane)
-        self._registry = registry or _OwnRegions(regions)
+        self._statistics = statistics or OwnStatistics(plane)
+        self._registry = registry or OwnRegions(regions)
         self._metrics = metrics
         self._regions = regions
         self._peers = peers
