@@ -24,8 +24,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from bench.raw_h2 import RawH2
-from service.grpc.codec import MAX_TYPED_VALUES
 from service.http.codec import MAX_JSON_BYTES
+from service.protocol.inputs import MAX_TYPED_VALUES
 
 MODEL = "mnist_cnn"
 IMAGE_VALUES = 28 * 28

@@ -32,10 +32,11 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.core.registry import ModelRegistry
-from service.grpc.door import Peers
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
+from service.protocol.operations import Operations
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,9 +67,10 @@ async def data_plane(models: Path) -> AsyncIterator[tuple[DataPlane, Metrics, Se
 async def serving(models: Path) -> AsyncIterator[InferenceServicer]:
     """A servicer on `models`, as the daemon builds it, without gRPC around it."""
     async with data_plane(models) as (plane, metrics, settings):
-        yield InferenceServicer(plane, metrics, SharedMemoryRegions.from_settings(settings),
-                                Peers(UploadBudget.from_settings(settings)), settings,
-                                ModelControl(plane.models, settings))
+        yield InferenceServicer(Operations(
+            plane, metrics, SharedMemoryRegions.from_settings(settings),
+            Peers(UploadBudget.from_settings(settings)), settings,
+            ModelControl(plane.models, settings)))
 
 
 class _NoCall:
@@ -95,7 +97,7 @@ async def measure(models: Path, concurrency: int, seconds: float, image: np.ndar
         async def client(end: float) -> None:
             nonlocal done
             while time.perf_counter() < end:
-                await servicer._infer(request, _NO_CALL, None)
+                await servicer.ModelInfer(request, _NO_CALL)
                 done += 1
         await asyncio.gather(*[client(time.perf_counter() + 1.0) for _ in range(concurrency)])
         done, cpu, wall = 0, time.process_time(), time.perf_counter()
@@ -117,10 +119,10 @@ async def lone(models: Path, seconds: float, image: np.ndarray) -> dict:
                 if kind == "cold":
                     evict += 1
                 start = time.perf_counter()
-                await servicer._infer(request, _NO_CALL, None)
+                await servicer.ModelInfer(request, _NO_CALL)
                 runs.append(time.perf_counter() - start)
                 await asyncio.sleep(_APART_S)
-        queue = servicer._plane.statistics("", "")[0].stats.queue
+        queue = (await servicer.operations.statistics("", ""))[0].inference_stats.queue
     return {f"{kind}_us": 1e6 * statistics.median(runs) for kind, runs in times.items()} | {
         "queue_us": queue.ns / 1e3 / queue.count}
 

@@ -11,7 +11,10 @@ a batch computed on a device's thread is not followed). A client thread sends wa
 then records a few; the path with the fewest steps is reported (another task of the event loop,
 a metrics scrape, can interleave with one of them).
 
-    .venv/bin/python -m bench.request_rooms [--repeat 5]
+    .venv/bin/python -m bench.request_rooms [--repeat 5] [--merge service.edge=service.grpc ...]
+
+--merge counts one room as another as well (a room split off since, in its old home), so that
+paths recorded before and after a split compare.
 """
 
 from __future__ import annotations
@@ -131,7 +134,10 @@ def _client(tracer: _Tracer, settings: Settings, repeat: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="requests recorded per transport")
+    parser.add_argument("--merge", action="append", default=[], metavar="ROOM=INTO",
+                        help="also count ROOM as INTO (e.g. service.edge=service.grpc)")
     args = parser.parse_args(argv)
+    merged = dict(pair.split("=", 1) for pair in args.merge)
     with tempfile.TemporaryDirectory() as tmp:
         models = model_repository(Path(tmp) / "models", devices="onnxruntime:cpu0")
         settings = Settings(model_repository=models, unix_socket=None, grpc_port=free_port(),
@@ -155,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         rooms, modules = _collapsed(steps, _room), _collapsed(steps, lambda m: m)
         print(f"{name}: {len(rooms)} rooms visited ({len(set(rooms))} distinct, "
               f"{_returns(rooms)} returns): {' -> '.join(rooms)}")
+        if merged:
+            old = _collapsed(rooms, lambda r: merged.get(r, r))
+            print(f"  merged ({', '.join(args.merge)}): {len(old)} rooms visited "
+                  f"({len(set(old))} distinct, {_returns(old)} returns)")
         print(f"  {len(modules)} module steps ({len(set(modules))} distinct modules, "
               f"{_returns(modules)} returns)")
     return 0

@@ -3,8 +3,11 @@
     ops/      the `hetserve` command, the server that assembles the rest, systemd
     clients/  what talks to a daemon from outside: top, tune, the load client, probes
     workers/  --workers N: front-end processes and the device owner's channel to them
-    http/     KServe V2 over REST, on the gRPC servicer and its doors
-    grpc/     the KServe V2 / Triton transport: servicer, codecs, shared memory, auth, doors
+    http/     KServe V2 over REST: JSON and binary tensors <-> the protocol's types, HTTP codes
+    grpc/     KServe V2 over gRPC: messages <-> the protocol's types, statuses, token, limits
+    protocol/ KServe V2 without a transport: its types, inputs, outputs, decoding, the operations
+    edge/     what both transports and the workers share at the edge: doors, credentials, upload
+              budgets, requests in flight, the access log, clients' shared memory
     core/     transport-neutral: repository, registry, scheduling, ranking, device runners
 
 beside errors.py, settings.py with setting_names.py (flags and variables), daemon_log.py and

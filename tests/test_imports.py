@@ -1,7 +1,7 @@
 """The architecture as the tree shows it: service's rooms import only downwards (ops -> clients
--> workers -> http -> grpc -> core -> the shared modules), no package of the project imports in
-a cycle, not even through a function-level or TYPE_CHECKING import; spark_jobs takes from service
-only what a client needs, and accelerators nothing."""
+-> workers -> http -> grpc -> protocol -> edge -> core -> the shared modules), no package of
+the project imports in a cycle, not even through a function-level or TYPE_CHECKING import;
+spark_jobs takes from service only what a client needs, and accelerators nothing."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ PACKAGES = ("service", "accelerators", "spark_jobs", "kernels")
 RANKS = {"service.errors": 0, "service.settings": 0, "service.contract": 0,
          "service.unix_socket": 0, "service.client_socket": 0, "service.parent_death": 0,
          "service.local_daemon": 0,
-         "service.core": 1, "service.grpc": 2, "service.http": 3, "service.workers": 4,
-         "service.clients": 5, "service.ops": 6}
+         "service.core": 1, "service.edge": 2, "service.protocol": 3, "service.grpc": 4,
+         "service.http": 5, "service.workers": 6, "service.clients": 7, "service.ops": 8}
 
 
 def _modules() -> dict[str, Path]:

@@ -58,7 +58,7 @@ class ModelSpec:
                          for t in items)
         if not config.input or not config.output:
             raise ConfigError(f"model {config.name!r}: config.pbtxt must list input and output")
-        for t in config.input:  # requests of any other datatype are refused (service/grpc/codec)
+        for t in config.input:  # requests of any other datatype are refused (service.protocol)
             if contract.numpy_dtype(contract.wire_from_config(t.data_type)) is None:
                 raise ConfigError(f"model {config.name!r}: input {t.name!r} is "
                                   f"{model_config_pb2.DataType.Name(t.data_type)}; expected one "

@@ -1,6 +1,6 @@
 """Per-model inference statistics in Triton's terms, for the ModelStatistics RPC (perf_analyzer
 reads them): request outcomes, and queue and compute time per request and per batch size, as
-plain counts; the protocol's message is built at the edge (service.grpc.codec.statistics)."""
+plain counts; the protocol's are built from them (service.protocol.outputs.statistics)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Tensors = dict[str, np.ndarray]  # tensors by name: a batch's inputs, a model's 
 
 class DeferredTensor(Protocol):
     """An input whose bytes are read only where its batch is assembled, straight into the batch
-    buffer: a region of a client's shared memory (service/grpc/shared_memory.py)."""
+    buffer: a region of a client's shared memory (service/edge/shared_memory.py)."""
 
     @property
     def shape(self) -> tuple[int, ...]: ...

@@ -1,5 +1,4 @@
-"""The KServe V2 / Triton gRPC transport: the servicer, the one mapping of errors to statuses,
-message codecs, clients' shared memory, auth and credentials, the access log, and the doors that
-admit every connection (callers identified by uid, token or address; their bounds and upload
-budgets), which the REST front uses too. Imports service.core (never service.workers or
-service.ops)."""
+"""The KServe V2 / Triton gRPC transport: the servicer (messages <-> the protocol's types, then the
+operations of service.protocol), the one mapping of errors to statuses, the token interceptor and
+the per-listener limits, behind the doors of service.edge. Imports service.protocol,
+service.edge and service.core (never service.http, service.workers or service.ops)."""

@@ -7,24 +7,15 @@ kubelets make without credentials."""
 from __future__ import annotations
 
 import inspect
-import ipaddress
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from service.grpc.credentials import ExposureError, TokenFile, holds
+from service.edge.credentials import ExposureError, TokenFile, holds
+from service.edge.socket_owner import is_loopback
 
 _EXEMPT = "/grpc.health.v1.Health/"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def check_exposure(host: str, tls: bool, token: bool) -> None:
@@ -51,7 +42,13 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
         # On the TCP server alone (service/grpc/front.py): the peer's address says nothing here,
         # as a connection forwarded over a unix socket still came from TCP.
-        return holds(self._token, context) or holds(self._admin, context)
+        sent = sent_bearer(context)
+        return holds(self._token, sent) or holds(self._admin, sent)
+
+
+def sent_bearer(context: grpc.aio.ServicerContext) -> bytes:
+    """What a call sent as its 'authorization' metadata."""
+    return str(dict(context.invocation_metadata()).get("authorization", "")).encode()
 
 
 async def _deny(context: grpc.aio.ServicerContext) -> None:

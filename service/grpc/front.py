@@ -1,5 +1,5 @@
 """The daemon's gRPC servers in one process: the KServe V2 servicer, health and reflection behind
-the daemon's doors (loopback TCP, the unix socket: service/grpc/door.py), a server for each so
+the daemon's doors (loopback TCP, the unix socket: service/edge/door.py), a server for each so
 that TCP clients cannot take the socket users' share (service/grpc/limits.py), with TLS and the
 token on TCP where configured; a drain that refuses new requests and lets those in flight
 finish."""
@@ -16,12 +16,12 @@ from grpc_reflection.v1alpha import reflection
 
 from service import unix_socket
 from service.core.dataplane import DataPlane
+from service.edge.access_log import AccessLog
+from service.edge.credentials import ExposureError, TlsFiles, TokenFile, admin_token
+from service.edge.door import Bounds, Door, Peers, private_folder
 from service.errors import StartupError
 from service.grpc import handlers
-from service.grpc.access_log import AccessLog
 from service.grpc.auth import TokenInterceptor
-from service.grpc.credentials import ExposureError, TlsFiles, TokenFile, admin_token
-from service.grpc.door import Bounds, Door, Peers, private_folder
 from service.grpc.limits import Listener, RpcLimit, backstop, server_options
 from service.settings import Settings
 

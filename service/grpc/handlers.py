@@ -19,8 +19,8 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
 
+from service.edge.access_log import OFF, AccessLog
 from service.errors import InvalidInputError, Status, status_of
-from service.grpc.access_log import OFF, AccessLog
 from service.grpc.codec import parse_message
 
 log = logging.getLogger(__name__)

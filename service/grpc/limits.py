@@ -1,6 +1,6 @@
 """What one client may hold of a gRPC server, bounded per listener: each listener (TCP, the unix
 socket) has a server of its own in each process, so that a flood over TCP fills only TCP's
-limits. Its door bounds connections (service/grpc/door.py); grpc core keeps the stream, idle and
+limits. Its door bounds connections (service/edge/door.py); grpc core keeps the stream, idle and
 age bounds (`server_options`); calls in progress are counted here (`RpcLimit`), so that a refusal
 names the flag that sets the limit."""
 
@@ -21,7 +21,7 @@ _PING_STRIKES = 2
 
 @dataclass(frozen=True)
 class Listener:
-    door: str  # its door's name: "tcp" or "unix" (service/grpc/door.py)
+    door: str  # its door's name: "tcp" or "unix" (service/edge/door.py)
     name: str  # as messages name it
     max_rpcs: int
     max_connections: int  # kept by its door

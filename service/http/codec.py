@@ -1,7 +1,8 @@
-"""KServe V2 over HTTP/REST <-> the protocol's messages: a JSON (and Triton binary-tensor) infer
-request becomes the same ModelInferRequest gRPC decodes, so that both transports share one
-servicer, its checks, scheduler, priorities and deadlines; replies go back as JSON, with outputs
-as binary where the client asks (`binary_data`, `binary_data_output`)."""
+"""KServe V2 over HTTP/REST <-> the protocol's types (service/protocol/types.py): a JSON (and
+Triton binary-tensor) infer request becomes the same InferRequest gRPC's messages become, so that
+both transports share one operations object, its checks, scheduler, priorities and deadlines;
+responses go back as JSON, with outputs as binary where the client asks (`binary_data`,
+`binary_data_output`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,28 @@ import math
 import struct
 from typing import Any
 
+import msgspec
 import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from tritonclient.grpc import service_pb2 as pb
 
 from service import contract
 from service.errors import InvalidInputError, shown
-from service.grpc.codec import SHM_KEYS
+from service.protocol.inputs import SHM_KEYS
+from service.protocol.types import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStatistics,
+    Parameters,
+    RequestedOutput,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary-tensor extension
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
 # An infer request's JSON part is parsed on the event loop up to INLINE_JSON_BYTES (about 0.2
-# ms), else in the decoding process (service/grpc/decoding.py), at most MAX_JSON_BYTES (25-80 ms
+# ms), else in the decoding process (service/protocol/decoding.py), at most MAX_JSON_BYTES (25-80 ms
 # there on a shared 2-vCPU machine); tensors beyond travel as binary data (tritonclient.http's
 # default), which costs nothing to parse.
 INLINE_JSON_BYTES = 16 << 10
@@ -49,8 +59,9 @@ def parse_json(data: bytes | memoryview, what: str) -> dict:
 
 
 def infer_request(body: bytes, header_length: str | None, model: str,
-                  version: str) -> tuple[pb.ModelInferRequest, set[str] | None]:
-    """The request, and the outputs to send as binary (None: every output)."""
+                  version: str) -> tuple[InferRequest, set[str] | None]:
+    """The request, and the outputs to send as binary (None: every output). It pickles: large
+    ones are decoded in the decoding process."""
     header: bytes | memoryview
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -64,12 +75,11 @@ def infer_request(body: bytes, header_length: str | None, model: str,
                                     f"expected the JSON part's length, at most {len(body)}")
         header, binary = memoryview(body)[:length], memoryview(body)[length:]
     document = parse_json(header, "the request body")
-    request = pb.ModelInferRequest(model_name=model, model_version=version,
-                                   id=_text(document.get("id", ""), "id"))
+    request = InferRequest(model, version, _text(document.get("id", ""), "id"), raw=[])
     parameters = object_field(document.get("parameters", {}), "parameters")
     binary_outputs: set[str] | None = (None if parameters.get("binary_data_output") is True
                                        else set())
-    _set_parameters(request.parameters, parameters, "parameters")
+    request.parameters = _parameters(parameters, "parameters")
     at = 0
     for i, tensor in enumerate(_list(document.get("inputs"), "inputs")):
         at += _input(request, object_field(tensor, f"inputs[{i}]"), i, binary[at:])
@@ -82,8 +92,8 @@ def infer_request(body: bytes, header_length: str | None, model: str,
         wanted = object_field(output.get("parameters", {}), f"outputs[{i}].parameters")
         if binary_outputs is not None and wanted.get("binary_data") is True:
             binary_outputs.add(name)
-        _set_parameters(request.outputs.add(name=name).parameters, wanted,
-                        f"outputs[{i}].parameters")
+        request.outputs.append(RequestedOutput(
+            name, _parameters(wanted, f"outputs[{i}].parameters")))
     return request, binary_outputs
 
 
@@ -93,15 +103,7 @@ def json_bytes(body: bytes, header_length: str | None) -> int:
     return int(header_length) if header_length and header_length.isdigit() else len(body)
 
 
-def serialized_infer_request(body: bytes, header_length: str | None, model: str,
-                             version: str) -> tuple[bytes, set[str] | None]:
-    """infer_request, in the decoding process: the request's bytes (its message class does not
-    pickle)."""
-    request, binary_outputs = infer_request(body, header_length, model, version)
-    return request.SerializeToString(), binary_outputs
-
-
-def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memoryview) -> int:
+def _input(request: InferRequest, tensor: dict, index: int, binary: memoryview) -> int:
     """Adds input `index` as raw bytes; how many bytes of `binary` it took."""
     where = f"inputs[{index}]"
     name = _text(tensor.get("name"), f"{where}.name")
@@ -112,15 +114,17 @@ def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memo
         raise InvalidInputError(f"{where}.shape: {shown(shape)} received, expected "
                                 f"non-negative integers up to {_INT64[1]}")
     parameters = object_field(tensor.get("parameters", {}), f"{where}.parameters")
-    _set_parameters(request.inputs.add(name=name, datatype=datatype, shape=shape).parameters,
-                    parameters, f"{where}.parameters")
+    request.inputs.append(InferInput(name, datatype, tuple(shape),
+                                     _parameters(parameters, f"{where}.parameters")))
+    raw = request.raw
+    assert isinstance(raw, list)  # infer_request's own
     size = parameters.get("binary_data_size")
     dtype = contract.numpy_dtype(datatype)
     if size is not None:
         if not isinstance(size, int) or not 0 <= size <= len(binary):
             raise InvalidInputError(f"{where}.parameters.binary_data_size: {shown(size)} "
                                     f"received, at most the {len(binary)} bytes left expected")
-        request.raw_input_contents.append(bytes(binary[:size]))
+        raw.append(bytes(binary[:size]))
         return size
     if dtype is None:
         raise InvalidInputError(f"{where}.datatype: {shown(datatype)} received, expected one "
@@ -132,11 +136,11 @@ def _input(request: pb.ModelInferRequest, tensor: dict, index: int, binary: memo
     if array.size != (expected := math.prod(shape)):  # in values, as the client wrote them
         raise InvalidInputError(f"{where}.data: {array.size} value{'s' * (array.size != 1)} "
                                 f"received, expected {expected} for shape {shape}")
-    request.raw_input_contents.append(array.tobytes())
+    raw.append(array.tobytes())
     return 0
 
 
-def infer_response(response: pb.ModelInferResponse,
+def infer_response(response: InferResponse,
                    binary_outputs: set[str] | None) -> tuple[bytes, int | None]:
     """The reply's body, and the length of its JSON part where binary outputs follow."""
     document: dict[str, Any] = {"model_name": response.model_name,
@@ -145,16 +149,16 @@ def infer_response(response: pb.ModelInferResponse,
     if response.id:
         document["id"] = response.id
     if response.parameters:
-        document["parameters"] = parameter_values(response.parameters)
+        document["parameters"] = response.parameters
     blobs = []
-    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+    for tensor in response.outputs:
         output: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
                                   "shape": list(tensor.shape)}
         if binary_outputs is None or tensor.name in binary_outputs:
-            output["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
+            output["parameters"] = {"binary_data_size": len(tensor.data)}
+            blobs.append(tensor.data)
         else:
-            output["data"] = _values(tensor.datatype, raw)
+            output["data"] = _values(tensor.datatype, tensor.data)
         document["outputs"].append(output)
     header = json.dumps(document).encode()
     return (header + b"".join(blobs), len(header)) if blobs else (header, None)
@@ -172,39 +176,41 @@ def _values(datatype: str, raw: bytes) -> list:
     return np.frombuffer(raw, contract.numpy_dtype(datatype)).tolist()
 
 
-def parameter_values(parameters) -> dict[str, Any]:
-    """Protocol parameters (InferParameter) as REST shows them: plain values."""
-    return {key: getattr(value, value.WhichOneof("parameter_choice"))
-            for key, value in parameters.items() if value.WhichOneof("parameter_choice")}
-
-
-def _set_parameters(into, given: dict, where: str) -> None:
+def _parameters(given: dict, where: str) -> Parameters:
+    """A JSON object's parameters, checked as the protocol's (REST's own keys left out)."""
+    found: Parameters = {}
     for key, value in given.items():
         if key in SHM_KEYS:
             raise InvalidInputError(f"{where}.{key}: shared memory is not offered over REST; "
                                     "use gRPC on the daemon's unix socket")
         if key in _REST_ONLY:
             continue
-        if isinstance(value, bool):
-            into[key].bool_param = value
-        elif isinstance(value, int):
-            if not _INT64[0] <= value <= _INT64[1]:
-                raise InvalidInputError(f"{where}.{key}: {shown(value)} received, expected an "
-                                        f"integer from {_INT64[0]} to {_INT64[1]}")
-            into[key].int64_param = value
-        elif isinstance(value, float):
-            into[key].double_param = value
-        elif isinstance(value, str):
-            into[key].string_param = value
-        else:
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                not _INT64[0] <= value <= _INT64[1]:
+            raise InvalidInputError(f"{where}.{key}: {shown(value)} received, expected an "
+                                    f"integer from {_INT64[0]} to {_INT64[1]}")
+        if not isinstance(value, (bool, int, float, str)):
             raise InvalidInputError(f"{where}.{key}: {shown(value)} received, expected a "
                                     "boolean, number or string")
+        found[key] = value
+    return found
+
+
+def model_metadata(metadata: ModelMetadata) -> dict[str, Any]:
+    return msgspec.to_builtins(metadata)
+
+
+def statistics(models: list[ModelStatistics]) -> dict[str, Any]:
+    """As Triton's REST API shows them (the fields hetserve does not count empty)."""
+    return {"model_stats": [{**msgspec.to_builtins(m), "memory_usage": [], "response_stats": {}}
+                            for m in models]}
 
 
 def as_json(message: Message) -> dict[str, Any]:
-    """A protocol message as KServe V2's REST API shows it: the .proto's field names, every
-    field with no presence at its value, 64-bit integers as numbers (protobuf's JSON mapping
-    writes them as strings, which clients such as perf_analyzer do not read as numbers)."""
+    """A protobuf message (a model's configuration) as KServe V2's REST API shows it: the
+    .proto's field names, every field with no presence at its value, 64-bit integers as numbers
+    (protobuf's JSON mapping writes them as strings, which clients such as perf_analyzer do not
+    read as numbers)."""
     document: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)

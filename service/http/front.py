@@ -1,9 +1,9 @@
 """KServe V2 over HTTP/REST on --http-port, in this process (the one process, or each front-end
 with --workers, sharing the port): aiohttp on the daemon's event loop, behind a door like gRPC's
-(service/grpc/door.py: connections bounded per peer and in all), with the same TLS and token.
-Each request is decoded into the protocol's message and answered by the servicer gRPC uses, so
-the checks, scheduler, priorities, deadlines and statuses are the same; statuses map to HTTP here,
-once."""
+(service/edge/door.py: connections bounded per peer and in all), with the same TLS and token.
+Each request is converted to the protocol's types and answered by the operations object gRPC
+uses (service/protocol/operations.py), so the checks, scheduler, priorities, deadlines and
+statuses are the same; statuses map to HTTP here, once."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from tritonclient.grpc import service_pb2 as pb
 
 from service.core.metrics import Metrics
+from service.edge.access_log import AccessLog
+from service.edge.credentials import TokenFile, admin_token, holds
+from service.edge.door import Bounds, Door, Peers, private_folder
 from service.errors import StartupError, Status, status_of
-from service.grpc.access_log import AccessLog
-from service.grpc.credentials import TokenFile, admin_token, holds
-from service.grpc.door import Bounds, Door, Peers, private_folder
-from service.grpc.servicer import InferenceServicer
 from service.http import codec
+from service.protocol.operations import Operations
+from service.protocol.types import Identity
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,34 +38,30 @@ _UNROUTED = "none"  # the endpoint of a request no route matched (404, 405)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class _Call:
-    """What the servicer reads of a gRPC call, for one HTTP request."""
+_WHO = web.RequestKey("identity", Identity)
 
-    def __init__(self, request: web.Request) -> None:
+
+def _identity(request: web.Request) -> Identity:
+    """Who sends an HTTP request: its connection's address (the door's) and its authorization;
+    found once a request."""
+    who = request.get(_WHO)
+    if who is None:
         peername = request.transport.get_extra_info("peername") if request.transport else ""
-        self._peer = Peers.address_of(peername or "")
-        self._authorization = request.headers.get("Authorization", "")
-
-    def peer(self) -> str:
-        return self._peer
-
-    def time_remaining(self) -> None:  # REST has no deadline; a `timeout` parameter may say one
-        return None
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", self._authorization),)
+        who = request[_WHO] = Identity(Peers.address_of(peername or ""),
+                                       request.headers.get("Authorization", "").encode())
+    return who
 
 
 class HttpFront:
     def __init__(self, settings: Settings, token: TokenFile | None,
-                 servicer: InferenceServicer, peers: Peers, metrics: Metrics,
+                 operations: Operations, peers: Peers, metrics: Metrics,
                  reuseport: bool = False) -> None:
-        self._settings, self._servicer, self._peers = settings, servicer, peers
+        self._settings, self._operations, self._peers = settings, operations, peers
         self._metrics = metrics
         self._access = AccessLog.of(settings, peers)
         # As on gRPC: the token, where one is set, guards all but health checks (the admin
         # token's holders pass too); the admin token alone guards only model control, which
-        # the servicer checks.
+        # the operations check.
         self._tokens = [t for t in (token, admin_token(settings)) if t is not None] \
             if token is not None else []
         self._reuseport = reuseport
@@ -134,7 +130,7 @@ class HttpFront:
         self._metrics.http_request_duration.labels(endpoint).observe(
             time.perf_counter() - start)
         self._access.rest(endpoint, request.match_info.get("model", ""), response.status,
-                          start, _Call(request).peer())
+                          start, _identity(request).peer)
         return response
 
     @web.middleware
@@ -142,7 +138,7 @@ class HttpFront:
         """The token where one is in force (not for health checks, as on gRPC), and every
         error as the protocol's JSON error object with its HTTP status."""
         if self._tokens and not request.path.startswith(_HEALTH) and not any(
-                holds(t, _Call(request)) for t in self._tokens):
+                holds(t, _identity(request).authorization) for t in self._tokens):
             return _error(401, "header 'Authorization': a valid 'Bearer <token>' is required")
         try:
             return await handler(request)
@@ -156,7 +152,7 @@ class HttpFront:
         """The request's body, read within its caller's share of the bodies still arriving
         (429 beyond it), --max-message-bytes (413) and --upload-timeout-s (408)."""
         budget, limit = self._peers.uploads, self._settings.max_message_bytes
-        peer = self._peers.identify(_Call(request).peer())
+        peer = self._peers.identify(_identity(request).peer)
         caller = peer.key if peer is not None else "?"
         chunks: list[bytes] = []
         held = 0
@@ -181,72 +177,62 @@ class HttpFront:
         return b"".join(chunks)
 
     async def _live(self, request: web.Request) -> web.Response:
-        reply = await self._servicer.ServerLive(pb.ServerLiveRequest(), _Call(request))
-        return web.Response(status=200 if reply.live else 400)
+        return web.Response(status=200 if self._operations.live() else 400)
 
     async def _ready(self, request: web.Request) -> web.Response:
-        reply = await self._servicer.ServerReady(pb.ServerReadyRequest(), _Call(request))
-        return web.Response(status=200 if reply.ready else 400)
+        return web.Response(status=200 if self._operations.ready() else 400)
 
     async def _server_metadata(self, request: web.Request) -> web.Response:
-        metadata = pb.ServerMetadataResponse()
-        metadata.CopyFrom(await self._servicer.ServerMetadata(pb.ServerMetadataRequest(),
-                                                              _Call(request)))
+        metadata = self._operations.server_metadata()
         # REST has no shared-memory endpoints: gRPC on the unix socket offers it.
-        extensions = [e for e in metadata.extensions if e != "system_shared_memory"]
-        del metadata.extensions[:]
-        metadata.extensions.extend(extensions)
-        return _json(metadata)
+        return web.json_response({"name": metadata.name, "version": metadata.version,
+                                  "extensions": [e for e in metadata.extensions
+                                                 if e != "system_shared_memory"]})
 
     async def _model_metadata(self, request: web.Request) -> web.Response:
-        return _json(await self._servicer.ModelMetadata(pb.ModelMetadataRequest(
-            name=request.match_info["model"], version=_version(request)), _Call(request)))
+        return web.json_response(codec.model_metadata(self._operations.model_metadata(
+            request.match_info["model"], _version(request))))
 
     async def _model_ready(self, request: web.Request) -> web.Response:
-        reply = await self._servicer.ModelReady(pb.ModelReadyRequest(
-            name=request.match_info["model"], version=_version(request)), _Call(request))
-        return web.Response(status=200 if reply.ready else 400)
+        ready = self._operations.model_ready(request.match_info["model"], _version(request))
+        return web.Response(status=200 if ready else 400)
 
     async def _model_config(self, request: web.Request) -> web.Response:
-        reply = await self._servicer.ModelConfig(pb.ModelConfigRequest(
-            name=request.match_info["model"], version=_version(request)), _Call(request))
-        return web.json_response(codec.as_json(reply.config))
+        return web.json_response(codec.as_json(self._operations.model_config(
+            request.match_info["model"], _version(request))))
 
     async def _statistics(self, request: web.Request) -> web.Response:
-        return _json(await self._servicer.ModelStatistics(pb.ModelStatisticsRequest(
-            name=request.match_info.get("model", ""), version=_version(request)),
-            _Call(request)))
+        return web.json_response(codec.statistics(await self._operations.statistics(
+            request.match_info.get("model", ""), _version(request))))
 
     async def _index(self, request: web.Request) -> web.Response:
         body = codec.parse_json(await self._body(request), "the request body")
-        reply = await self._servicer.RepositoryIndex(pb.RepositoryIndexRequest(
-            ready=body.get("ready") is True), _Call(request))
-        return web.json_response([codec.as_json(m) for m in reply.models])
+        return web.json_response([
+            {"name": s.name, "version": s.version, "state": s.state, "reason": s.reason}
+            for s in self._operations.repository_index(body.get("ready") is True)])
 
     async def _load(self, request: web.Request) -> web.Response:
         body = codec.parse_json(await self._body(request), "the request body")
-        message = pb.RepositoryModelLoadRequest(model_name=request.match_info["model"])
-        for key, value in codec.object_field(body.get("parameters", {}), "parameters").items():
-            message.parameters[key].string_param = str(value)
-        await self._servicer.RepositoryModelLoad(message, _Call(request))
+        parameters = codec.object_field(body.get("parameters", {}), "parameters")
+        await self._operations.load(request.match_info["model"], list(parameters),
+                                    _identity(request))
         return web.Response(status=200)
 
     async def _unload(self, request: web.Request) -> web.Response:
-        await self._servicer.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(
-            model_name=request.match_info["model"]), _Call(request))
+        await self._operations.unload(request.match_info["model"], _identity(request))
         return web.Response(status=200)
 
     async def _infer(self, request: web.Request) -> web.Response:
         body, length = await self._body(request), request.headers.get(codec.HEADER_LENGTH)
         where = (body, length, request.match_info["model"], _version(request))
+        who = _identity(request)
         if codec.json_bytes(body, length) <= codec.INLINE_JSON_BYTES:
             message, binary = codec.infer_request(*where)
         else:  # off the event loop, in the caller's turn
-            data, binary = await self._servicer.decoded(
-                _Call(request), codec.serialized_infer_request, *where)
-            message = pb.ModelInferRequest.FromString(data)
-        body, header_length = codec.infer_response(
-            await self._servicer.ModelInfer(message, _Call(request)), binary)
+            message, binary = await self._operations.decoded(who, codec.infer_request, *where)
+        # REST has no deadline; a `timeout` parameter may say one
+        body, header_length = codec.infer_response(await self._operations.infer(message, who),
+                                                   binary)
         if header_length is None:
             return web.Response(body=body, content_type="application/json")
         return web.Response(body=body, content_type="application/octet-stream",
@@ -255,10 +241,6 @@ class HttpFront:
 
 def _version(request: web.Request) -> str:
     return request.match_info.get("version", "").removeprefix("/versions/")
-
-
-def _json(message) -> web.Response:
-    return web.json_response(codec.as_json(message))
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -24,16 +24,17 @@ from service.core.model_control import ModelControl
 from service.core.model_control import check_settings as check_model_control
 from service.core.power_budget import BUDGET_SAMPLE_S, PowerBudget, check_budget
 from service.core.registry import ModelRegistry
+from service.edge.credentials import ExposureError, TokenFile, admin_token
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.errors import StartupError
 from service.grpc.auth import check_exposure
-from service.grpc.credentials import ExposureError, TokenFile, admin_token
-from service.grpc.door import Peers
 from service.grpc.front import GrpcFront, add_port, health_status, set_health
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.ops.systemd import notify
+from service.protocol.operations import Operations
 from service.settings import Settings
 from service.workers.frontends import Frontends
 
@@ -68,10 +69,11 @@ async def serve(settings: Settings) -> None:
             regions = SharedMemoryRegions.from_settings(settings)
             cleanup.callback(regions.close)
             peers = Peers(UploadBudget.from_settings(settings))
-            servicer = InferenceServicer(plane, metrics, regions, peers, settings, control)
-            cleanup.callback(servicer.decoding.close)
-            front: GrpcFront | Frontends = GrpcFront(settings, token, servicer, plane, peers)
-            http = HttpFront(settings, token, servicer, peers, metrics) \
+            operations = Operations(plane, metrics, regions, peers, settings, control)
+            cleanup.callback(operations.decoding.close)
+            front: GrpcFront | Frontends = GrpcFront(settings, token,
+                                                     InferenceServicer(operations), plane, peers)
+            http = HttpFront(settings, token, operations, peers, metrics) \
                 if settings.http_port else None
         else:
             front, http = Frontends(settings, workers, plane, metrics, control), None

@@ -3,7 +3,7 @@ requests it hands to the device owner, so that they cross between the processes 
 through the channel (service/workers/owner_channel.py carries only their places).
 
 The owner creates each arena as a POSIX shared memory object, maps it as a region of its own
-(service/grpc/shared_memory.py) and passes the descriptor to the front-end it starts; the name is
+(service/edge/shared_memory.py) and passes the descriptor to the front-end it starts; the name is
 unlinked once both hold it, so that no process death leaves it behind. The front-end allocates
 first fit; a block is freed only when the owner has answered the request that used it."""
 
@@ -14,7 +14,7 @@ import mmap
 import os
 import secrets
 
-from service.grpc.shared_memory import SHM_ROOT
+from service.edge.shared_memory import SHM_ROOT
 
 _ALIGN = 64  # cache-line aligned blocks: engines read them as arrays
 

@@ -2,10 +2,11 @@
 
     python -m service.workers.frontend_process INDEX CHANNEL_FD ARENA_FD ARENA_BYTES OWNER_PID
 
-It serves gRPC on the daemon's port (SO_REUSEPORT) and on its own unix socket, decodes, validates
-and answers requests, and hands each to the device owner (service/workers/owner_client.py). Its
-settings come from the owner as HETSERVE_* variables. It ends with the owner: SIGTERM from the
-kernel (PR_SET_PDEATHSIG) or the channel closing, whichever comes first."""
+It serves gRPC (and REST) on the daemon's ports (SO_REUSEPORT) and on its own unix socket,
+decodes, validates and answers requests, and hands each to the device owner
+(service/workers/owner_client.py). Its settings come from the owner as HETSERVE_* variables.
+It ends with the owner: SIGTERM from the kernel (PR_SET_PDEATHSIG) or the channel closing,
+whichever comes first."""
 
 from __future__ import annotations
 
@@ -18,21 +19,20 @@ import signal
 import socket
 import sys
 
-from tritonclient.grpc import service_pb2 as pb
-
 from service import daemon_log
 from service.contract import worker_socket
 from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
+from service.edge.credentials import TokenFile
+from service.edge.door import Peers
+from service.edge.shared_memory import Caller, SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.errors import HetserveError, StartupError
-from service.grpc.credentials import TokenFile
-from service.grpc.door import Peers
 from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import Caller, SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
 from service.http.front import HttpFront
 from service.parent_death import end_with
+from service.protocol.operations import Operations
 from service.settings import Settings
 from service.workers import messages as msg
 from service.workers.arena import Arena
@@ -41,35 +41,23 @@ from service.workers.owner_client import Catalog, OwnerClient
 log = logging.getLogger(__name__)
 
 
-class FrontendServicer(InferenceServicer):
-    """Answers ModelStatistics with the owner's counts, which cover every front-end, and has a
-    client's system shared memory region registered with every front-end: the owner reserves
-    its name before this one answers OK, so that a name is registered once. Loads and unloads
-    models through the owner, once the caller is checked here."""
+class EveryFrontend:
+    """Registers a client's system shared memory region with every front-end: the owner
+    reserves its name before this one answers OK, so that a name is registered once."""
 
-    def __init__(self, plane: DataPlane, metrics: Metrics, regions: SharedMemoryRegions,
-                 peers: Peers, owner: OwnerClient, settings: Settings) -> None:
-        super().__init__(plane, metrics, regions, peers, settings, owner)
-        self._owner = owner
+    def __init__(self, regions: SharedMemoryRegions, owner: OwnerClient) -> None:
+        self._regions, self._owner = regions, owner
 
-    async def SystemSharedMemoryRegister(self, request, context):
-        caller = self._caller(context)
-        region = self._regions.open(request.name, request.key, request.offset,
-                                    request.byte_size, caller)
-        await self._owner.register(request.name, request.key, request.offset, request.byte_size,
-                                   caller)  # a refusal drops the region, which closes it
+    async def register(self, name: str, key: str, offset: int, byte_size: int,
+                       caller: Caller) -> None:
+        region = self._regions.open(name, key, offset, byte_size, caller)
+        # a refusal drops the region, which closes it
+        await self._owner.register(name, key, offset, byte_size, caller)
         self._regions.add(region)
-        return pb.SystemSharedMemoryRegisterResponse()
 
-    async def SystemSharedMemoryUnregister(self, request, context):
-        caller = self._caller(context)
-        self._regions.unregister(request.name, caller)
-        await self._owner.unregister(request.name, caller)
-        return pb.SystemSharedMemoryUnregisterResponse()
-
-    async def ModelStatistics(self, request, context):
-        return pb.ModelStatisticsResponse.FromString(
-            await self._owner.statistics(request.name, request.version))
+    async def unregister(self, name: str, caller: Caller) -> None:
+        self._regions.unregister(name, caller)
+        await self._owner.unregister(name, caller)
 
 
 async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
@@ -104,9 +92,13 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     token = TokenFile(settings.token_file) if settings.token_file else None
     peers = Peers(UploadBudget.from_settings(settings))
     metrics = Metrics()  # what it observes reaches the owner's /metrics through files
-    servicer = FrontendServicer(plane, metrics, regions, peers, owner, settings)
-    front = GrpcFront(settings, token, servicer, plane, peers, reuseport=True)
-    http = HttpFront(settings, token, servicer, peers, metrics, reuseport=True) \
+    # Statistics are the owner's, which cover every front-end; loads and unloads go through it
+    # once the caller is checked here.
+    operations = Operations(plane, metrics, regions, peers, settings, control=owner,
+                            statistics=owner, registry=EveryFrontend(regions, owner))
+    front = GrpcFront(settings, token, InferenceServicer(operations), plane, peers,
+                      reuseport=True)
+    http = HttpFront(settings, token, operations, peers, metrics, reuseport=True) \
         if settings.http_port else None
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())
@@ -114,7 +106,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     await owner.first
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
-        cleanup.callback(servicer.decoding.close)
+        cleanup.callback(operations.decoding.close)
         await front.start(cleanup)
         if http is not None:
             await http.start(cleanup)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from service.protocol.types import ModelStatistics
+
 # (name, numpy dtype string, shape, offset in the arena, bytes) of a request's input.
 InputPlace = tuple[str, str, tuple[int, ...], int, int]
 # (name, numpy dtype string, shape, bytes) of an output in a Reply's payload.
@@ -128,9 +130,8 @@ class Failed(_Message, frozen=True):
 
 
 class Statistics(_Message, frozen=True):
-    """The payload is a ModelStatisticsResponse."""
-
     id: int
+    models: list[ModelStatistics]  # the protocol's, as every transport answers them
 
 
 class Done(_Message, frozen=True):

@@ -16,13 +16,12 @@ from typing import Generic, TypeVar, cast
 
 import msgspec
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
 
 from service.core.dataplane import DataPlane
 from service.core.queue_policy import RequestOptions
 from service.core.types import Answer
 from service.errors import status_of
-from service.grpc import codec
+from service.protocol import outputs
 from service.workers import messages as msg
 from service.workers.arena import Arena
 
@@ -208,13 +207,11 @@ class OwnerSide:
 
     def _statistics(self, m: msg.Stats) -> None:
         try:
-            reply = pb.ModelStatisticsResponse(model_stats=[
-                codec.statistics(model.spec.name, model.spec.version, model.stats)
-                for model in self._plane.statistics(m.name, m.version)])
+            models = outputs.statistics_of(self._plane, m.name, m.version)
         except Exception as e:
             self.fail(m.id, e)
         else:
-            self.send(msg.Statistics(m.id), reply.SerializeToString())
+            self.send(msg.Statistics(m.id, models))
 
     def fail(self, request_id: int, error: BaseException) -> None:
         """A refused or failed request's answer; a bug's is logged, and still answered."""

@@ -20,8 +20,9 @@ from service.core.model_table import ModelTable
 from service.core.queue_policy import DEFAULT_OPTIONS, RequestOptions
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Cost, Inputs
+from service.edge.shared_memory import Caller
 from service.errors import ModelUnavailableError, QueueFullError, Status, StatusError
-from service.grpc.shared_memory import Caller
+from service.protocol import types as protocol
 from service.workers import messages as msg
 from service.workers.arena import Arena
 from service.workers.owner_channel import Channel
@@ -83,8 +84,8 @@ class OwnerClient:
                 future.set_exception(StatusError(Status[status], text))
             case msg.Reply():
                 future.set_result(_answer(message, payload))
-            case msg.Statistics():
-                future.set_result(bytes(payload))
+            case msg.Statistics(models=models):
+                future.set_result(models)
             case msg.Done():
                 future.set_result(None)
 
@@ -147,7 +148,7 @@ class OwnerClient:
     async def unload(self, name: str) -> None:
         await self._ask(lambda i: msg.Unload(i, name))
 
-    async def statistics(self, name: str, version: str) -> bytes:
+    async def statistics(self, name: str, version: str) -> list[protocol.ModelStatistics]:
         return await self._ask(lambda i: msg.Stats(i, name, version))
 
     async def _ask(self, message: Callable[[int], msg.ToOwner]):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from service.grpc.shared_memory import SHM_ROOT
+from service.edge.shared_memory import SHM_ROOT
 from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 from tests.support.other_user import IMAGE_BYTES, NOBODY, calls_as_nobody, needs_nobody, refused
 

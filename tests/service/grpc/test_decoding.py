@@ -1,5 +1,5 @@
 """Decoding too slow for the event loop (many typed values, a large JSON body) happens in the
-decoding process (service/grpc/decoding.py): its answers are those of raw bytes, its errors come
+decoding process (service/protocol/decoding.py): its answers are those of raw bytes, its errors come
 back as statuses, each caller waits its own turn, and a binary request is answered while such a
 decode is in progress."""
 
@@ -23,9 +23,11 @@ from tritonclient.grpc import service_pb2
 
 from service.errors import InvalidInputError
 from service.grpc import codec
-from service.grpc.decoding import DecodePool
 from service.http.codec import INLINE_JSON_BYTES
 from service.local_daemon import free_port
+from service.protocol import inputs
+from service.protocol.decoding import DecodePool
+from service.protocol.types import Contents
 from tests.support.daemon import MODEL, Daemon, example_repository, image_input
 
 TYPED_IMAGES = 83  # 65,072 values: above what is converted on the event loop, under the cap
@@ -56,20 +58,21 @@ def one_process(tmp_path_factory) -> Iterator[Daemon]:
     assert d.stop() == 0
 
 
-def _typed(values: list, datatype: str, shape: tuple[int, ...]) -> codec.Typed:
+def _typed(values: list, datatype: str, shape: tuple[int, ...]) -> inputs.Typed:
     contents = service_pb2.InferTensorContents()
     getattr(contents, {"INT8": "int_contents", "FP32": "fp32_contents"}[datatype]).extend(values)
-    return codec.Typed(contents.SerializeToString(), datatype, shape, "input 'x'")
+    return inputs.Typed(Contents(len(values), contents.SerializeToString(), codec.typed_values),
+                        datatype, shape, "input 'x'")
 
 
 def test_the_decoding_process_converts_and_its_errors_come_back() -> None:
     async def run() -> tuple[np.ndarray, BaseException]:
         pool = DecodePool()
         try:
-            array = await pool.run("a", codec.typed, _typed([1.5, -2.0, 3.25, 0.0], "FP32",
+            array = await pool.run("a", inputs.typed, _typed([1.5, -2.0, 3.25, 0.0], "FP32",
                                                             (2, 2)))
             with pytest.raises(InvalidInputError) as caught:
-                await pool.run("a", codec.typed, _typed([1, 300], "INT8", (2,)))
+                await pool.run("a", inputs.typed, _typed([1, 300], "INT8", (2,)))
             return array, caught.value
         finally:
             pool.close()
@@ -103,7 +106,7 @@ def test_many_typed_values_are_answered_as_raw_bytes_are(rest, holdout) -> None:
     request = service_pb2.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="image", datatype="FP32", shape=images.shape
                        ).contents.fp32_contents.extend(images.ravel().tolist())
-    assert len(request.inputs[0].contents.fp32_contents) > codec.INLINE_TYPED_VALUES
+    assert len(request.inputs[0].contents.fp32_contents) > inputs.INLINE_TYPED_VALUES
     with grpcclient.InferenceServerClient(rest.socket_url) as client:
         stub = client._client_stub  # tritonclient sends only raw bytes: typed contents by hand
         typed = stub.ModelInfer(request, timeout=30)

@@ -1,4 +1,4 @@
-"""The daemon's doors (service/grpc/door.py): connections per peer and per listener are bounded,
+"""The daemon's doors (service/edge/door.py): connections per peer and per listener are bounded,
 a refused connection's calls get RESOURCE_EXHAUSTED naming the limit, the socket's users keep
 their own share while TCP is full, a local user's loopback aliases count as that user, and a
 closed connection leaves no trace."""

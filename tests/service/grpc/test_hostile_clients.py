@@ -23,9 +23,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service.edge.shared_memory import SHM_ROOT, Limits, RegionNames
 from service.errors import DeadlineExceededError, LimitError, ModelNotFoundError
 from service.grpc import handlers
-from service.grpc.shared_memory import SHM_ROOT, Limits, RegionNames
 from service.local_daemon import DaemonProcess, free_port
 from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input
 from tests.support.metrics import scrape

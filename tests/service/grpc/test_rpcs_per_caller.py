@@ -1,4 +1,4 @@
-"""Requests in flight per caller (--max-rpcs-per-caller, service/grpc/inflight.py): a local user
+"""Requests in flight per caller (--max-rpcs-per-caller, service/edge/inflight.py): a local user
 who floods gRPC streams or REST past the bound gets refusals naming the flag, while another
 caller's requests are all served meanwhile."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from service.edge.inflight import ANONYMOUS, InflightLimit
 from service.errors import LimitError
-from service.grpc.inflight import ANONYMOUS, InflightLimit
 from service.local_daemon import free_port
 from tests.support.daemon import MODEL, MODELS, Daemon, image_input
 from tests.support.other_user import as_nobody

@@ -14,8 +14,8 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service.edge.credentials import ExposureError
 from service.grpc.auth import check_exposure
-from service.grpc.credentials import ExposureError
 from service.local_daemon import DaemonProcess, free_port
 from tests.support.daemon import MODEL, MODELS, ROOT, image_input, self_signed
 

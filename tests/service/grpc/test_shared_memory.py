@@ -13,9 +13,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from service.edge.door import Peer
+from service.edge.shared_memory import SHM_ROOT, Caller, Limits, SharedMemoryRegions, caller
 from service.errors import PermissionDeniedError
-from service.grpc.door import Peer
-from service.grpc.shared_memory import SHM_ROOT, Caller, Limits, SharedMemoryRegions, caller
 from tests.support.daemon import MODEL
 from tests.support.served import assert_served
 

@@ -21,11 +21,12 @@ from service.core.dataplane import DataPlane
 from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.core.registry import LoadedModel, ModelRegistry
+from service.edge.door import Peers
+from service.edge.shared_memory import SharedMemoryRegions
+from service.edge.uploads import UploadBudget
 from service.grpc import handlers
-from service.grpc.door import Peers
 from service.grpc.servicer import InferenceServicer
-from service.grpc.shared_memory import SharedMemoryRegions
-from service.grpc.uploads import UploadBudget
+from service.protocol.operations import Operations
 from service.settings import Settings
 from tests.support.daemon import MODEL
 from tests.support.faulty_engine import CONTROL_ENV
@@ -51,10 +52,10 @@ async def _serving(models: Path) -> AsyncIterator[Served]:
     plane = DataPlane(registry)
     plane.ready = True
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    handlers.add_to_server(InferenceServicer(
+    handlers.add_to_server(InferenceServicer(Operations(
         plane, metrics, SharedMemoryRegions.from_settings(settings),
         Peers(UploadBudget.from_settings(settings)), settings,
-        ModelControl(registry, settings)), server)
+        ModelControl(registry, settings))), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from service.grpc.shared_memory import SHM_ROOT
+from service.edge.shared_memory import SHM_ROOT
 from service.workers import arena
 
 

@@ -30,7 +30,7 @@ def test_one_iteration_s_messages_arrive_in_order_with_their_payloads() -> None:
         sender.send(msg.Reply(1, "cpu0", [("logits", "<f4", (1, 10), 40)], 0.5, "model", 10, []),
                     b"a" * 40)
         sender.send(msg.Done(2))
-        sender.send(msg.Statistics(3), b"stats")
+        sender.send(msg.Statistics(3, []), b"stats")
         while len(received) < 3:
             await asyncio.sleep(0.01)
         sender.close()

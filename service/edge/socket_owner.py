@@ -4,6 +4,7 @@ the netlink interface `ss` reads): a local user may connect from any loopback ad
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 
@@ -13,6 +14,16 @@ _NLM_F_REQUEST = 1
 _NO_COOKIE = 0xFFFFFFFF
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _UID_AT = _HEADER.size + 4 + 48 + 12  # inet_diag_msg: family..retrans, its sockid, 3 counters
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this node's loopback (a host name may resolve to anything)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def loopback_uid(sock: socket.socket) -> int | None:

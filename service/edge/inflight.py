@@ -2,7 +2,7 @@
 request is queued until its answer is done, over gRPC (a call, or each request of a stream) and
 REST alike. Without it one local user could hold every call a listener takes (--max-rpcs-*) and
 every place its share of the queues leaves, and the others would wait behind it. Callers are
-those the queue counts (service/grpc/servicer.py `_queue_caller`); every caller over TCP without
+those the queue counts (service/edge/door.py `Peers.queue_caller`); every caller over TCP without
 a token shares one bound, as they share the queue."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from types import TracebackType
 
 import grpc
 
-from service.grpc.door import Peers
+from service.edge.door import Peers
 from service.settings import Settings
 
 log = logging.getLogger("hetserve.access")

@@ -9,7 +9,7 @@ belong to the caller that registered them (caller()): another caller's region is
 to every method. Names and counts are bounded (RegionNames).
 
 A caller may register only an object it could open itself: the kernel names a unix-socket
-caller's uid and groups (service/grpc/door.py), and the object's owner and mode decide, never the
+caller's uid and groups (service/edge/door.py), and the object's owner and mode decide, never the
 daemon's own rights (it may be root). Reading needs read permission; an output written there,
 write permission."""
 
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.edge.door import Peer
+from service.edge.socket_owner import is_loopback
 from service.errors import (
     AlreadyExistsError,
     InvalidInputError,
@@ -35,8 +37,6 @@ from service.errors import (
     PermissionDeniedError,
     shown,
 )
-from service.grpc.auth import is_loopback
-from service.grpc.door import Peer
 from service.settings import Settings
 
 SHM_ROOT = Path("/dev/shm")

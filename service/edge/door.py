@@ -3,7 +3,7 @@
 gRPC tells a server nothing of a unix-socket peer's uid (grpc/grpc#15511), and it bounds neither
 connections per peer nor in all. So each listener is a door: an asyncio server that accepts a
 connection, learns who it is from the kernel (SO_PEERCRED and SO_PEERGROUPS on the socket; over
-loopback TCP the uid owning the client's socket, service/grpc/socket_owner.py, as any local user
+loopback TCP the uid owning the client's socket, service/edge/socket_owner.py, as any local user
 may connect from any loopback address; the address over other TCP), admits it within the door's
 bounds (per peer and in all), and then forwards its bytes to the gRPC
 server on a private socket (a folder only the daemon's user may enter). The forwarding socket is
@@ -39,10 +39,9 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-from service.grpc.auth import is_loopback
-from service.grpc.resets import DATA, END_STREAM, HEADERS, RST_STREAM, ResetWatch
-from service.grpc.socket_owner import loopback_uid
-from service.grpc.uploads import UploadBudget
+from service.edge.resets import DATA, END_STREAM, HEADERS, RST_STREAM, ResetWatch
+from service.edge.socket_owner import is_loopback, loopback_uid
+from service.edge.uploads import UploadBudget
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +87,18 @@ class Peers:
         """The peer of a call (`context.peer()`); None for one that did not come through a door
         (or whose connection has closed already)."""
         return self._by_address.get(grpc_peer)
+
+    def queue_caller(self, address: str, token: bool) -> tuple[str, bool]:
+        """Whose queue places a call from `address` takes, and whether it is an unauthenticated
+        TCP caller (service.core.queue_policy.RequestOptions): the uid on the unix socket, the
+        token's holders where a token guards TCP (`token`), else the uid (over loopback) or the
+        address the door counted, over TCP; "" for a call that came through no door."""
+        peer = self._by_address.get(address)
+        if peer is None:
+            return "", False
+        if peer.listener == "unix":
+            return peer.key, False
+        return ("token", False) if token else (f"tcp {peer.key}", True)
 
     @staticmethod
     def address_of(peername: bytes | str) -> str:

@@ -119,11 +119,7 @@ def admin_token(settings: Settings) -> TokenFile | None:
     return TokenFile(path, "--admin-token-file") if path else None
 
 
-def sent_bearer(context: grpc.aio.ServicerContext) -> bytes:
-    """What a call sent as its 'authorization' metadata."""
-    return str(dict(context.invocation_metadata()).get("authorization", "")).encode()
-
-
-def holds(token: TokenFile | None, context: grpc.aio.ServicerContext) -> bool:
-    """Whether a call carries `token` (none configured: never), compared in constant time."""
-    return token is not None and hmac.compare_digest(sent_bearer(context), token.bearer())
+def holds(token: TokenFile | None, authorization: bytes) -> bool:
+    """Whether a call that sent `authorization` (gRPC's metadata, REST's header) carries `token`
+    (none configured: never), compared in constant time."""
+    return token is not None and hmac.compare_digest(authorization, token.bearer())
