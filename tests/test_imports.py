@@ -6,6 +6,7 @@ spark_jobs takes from service only what a client needs, and accelerators nothing
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 from tests.support.daemon import ROOT
@@ -117,3 +118,13 @@ def test_no_test_imports_another_test_module_or_a_conftest() -> None:
                         if name.startswith("tests.") and
                         name.rpartition(".")[2].startswith(("test_", "conftest"))]
     assert not reached, reached
+
+
+def test_the_wheel_holds_every_package() -> None:
+    """pyproject.toml lists the packages by name: a new room must be listed, or a wheel (the
+    image's install) lacks it while an editable checkout still imports it."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts)
+             for package in PACKAGES for init in (ROOT / package).rglob("__init__.py")}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
