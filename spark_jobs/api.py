@@ -57,7 +57,7 @@ PREDICT_RETURN_TYPE = StructType([StructField("label", IntegerType()),
                                   StructField("scores", ArrayType(FloatType()))])
 
 
-OWNER_CONF = "spark.hetserve.owner"  # names the job in the daemons it starts
+STARTER_CONF = "spark.hetserve.starter"  # names the job in the daemons it starts
 # Spark's own log level; WARN unless the job is submitted with `--conf spark.log.level=INFO`.
 LOG_LEVEL_CONF = "spark.log.level"
 
@@ -66,9 +66,9 @@ def node_daemon(spark: SparkSession, address: str | None = None,
                 model_repository: str | None = None) -> NodeDaemon:
     """`address` (else the conf spark.hetserve.daemon, else each node's own setting); with a
     model repository, nodes where none answers get a daemon started by the job, owned by
-    spark.hetserve.owner (job_session sets it), else the Spark application id."""
+    spark.hetserve.starter (job_session sets it), else the Spark application id."""
     return NodeDaemon(address or spark.conf.get(ADDRESS_CONF, None), model_repository,
-                      spark.conf.get(OWNER_CONF, None) or spark.sparkContext.applicationId)
+                      spark.conf.get(STARTER_CONF, None) or spark.sparkContext.applicationId)
 
 
 def score_options(spark: SparkSession, model: str, *, address: str | None = None,
@@ -96,7 +96,7 @@ def stop_started_daemons(spark: SparkSession, address: str | None = None) -> int
         stopped = spark.sparkContext.parallelize(range(tasks), tasks) \
             .mapPartitions(functools.partial(_stop_started, daemon=daemon)).sum()
     stopped = int(daemon.stop_started()) + int(stopped)
-    log.info("stopped %d daemon(s) that %s started", stopped, daemon.owner)
+    log.info("stopped %d daemon(s) that %s started", stopped, daemon.starter)
     return stopped
 
 
@@ -111,12 +111,12 @@ def job_session(app_name: str, address: str | None,
     # force: pyspark may have configured the root logger already.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         force=True)
-    owner = f"{app_name}-{uuid.uuid4().hex[:16]}"
+    starter = f"{app_name}-{uuid.uuid4().hex[:16]}"
     if address and model_repository:
         # A failure here resurfaces, with its reason, when the job asks for the daemon.
-        threading.Thread(target=_quietly, args=(NodeDaemon(address, model_repository, owner)
+        threading.Thread(target=_quietly, args=(NodeDaemon(address, model_repository, starter)
                                                 .ensure,), daemon=True).start()
-    builder = SparkSession.builder.appName(app_name).config(OWNER_CONF, owner)
+    builder = SparkSession.builder.appName(app_name).config(STARTER_CONF, starter)
     if not SparkConf().contains(LOG_LEVEL_CONF):  # Spark's INFO lines would bury the job's own
         builder = builder.config(LOG_LEVEL_CONF, "WARN")
     spark = builder.getOrCreate()

@@ -5,7 +5,7 @@ answers and the job was given a model repository, executors on a host elect one 
 start it: under a lock file, the first to notice starts one daemon under a small supervisor
 only if no daemon holds the socket (a daemon holds its socket's lock for its whole life, from
 start-up to the end of its drain: see service/unix_socket.py), waits until it is ready and
-records the job as its owner; every other executor waits on the lock and then finds it ready.
+records the job as its starter; every other executor waits on the lock and then finds it ready.
 A daemon that runs but does not answer in time is waited for, never replaced. At the end the job
 stops the daemons it owns and no other; a supervisor also stops its daemon when the Spark
 process that started it (the executor's JVM) has gone.
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 ADDRESS_CONF = "spark.hetserve.daemon"
 ADDRESS_ENV = "HETSERVE_DAEMON"
 # The job's files in the daemon's socket folder, beside daemon.lock (the election's lock).
-_LOG, _OWNER = "daemon.log", "daemon.owner"
+_LOG, _STARTER = "daemon.log", "daemon.starter"
 
 
 def resolve_address(explicit: str | None = None) -> str:
@@ -105,12 +105,12 @@ class NodeDaemon:
     """Which daemon a job uses on each node; shipped to the executors.
 
     `address` None means each node's own setting ($HETSERVE_DAEMON, else the user's socket);
-    `model_repository` None means the job never starts a daemon; `owner` names the job (its
+    `model_repository` None means the job never starts a daemon; `starter` names the job (its
     Spark application id) in the daemons it starts."""
 
     address: str | None
     model_repository: str | None
-    owner: str
+    starter: str
 
     def resolve(self) -> str:
         return resolve_address(self.address)
@@ -160,11 +160,11 @@ class NodeDaemon:
             os.close(log_fd)
         wait_ready(address, supervisor, socket.parent / _LOG, timeout_s)
         # Readers see the old record or the new one, never half.
-        safe_files.write_at(folder_fd, _OWNER, json.dumps(
-            {"owner": self.owner, "supervisor": supervisor.pid,
+        safe_files.write_at(folder_fd, _STARTER, json.dumps(
+            {"starter": self.starter, "supervisor": supervisor.pid,
              "daemon": int(local_daemon.holder(socket))}), 0o600)
         log.info("no daemon answered at %s; started one there for %s (supervisor pid %d)",
-                 address, self.owner, supervisor.pid)
+                 address, self.starter, supervisor.pid)
 
     def stop_started(self, timeout_s: float = 30.0) -> bool:
         """Stops this node's daemon if this job started it; True if it did."""
@@ -174,17 +174,17 @@ class NodeDaemon:
         except ValueError:
             return False
         with _locked(socket.parent) as folder_fd:
-            owner = _read_owner(folder_fd)
-            if owner is None or owner["owner"] != self.owner:
+            starter = _read_starter(folder_fd)
+            if starter is None or starter["starter"] != self.starter:
                 return False
-            os.kill(owner["supervisor"], signal.SIGTERM)
+            os.kill(starter["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             # The lock frees as the daemon's serving ends; the job ends once the process has.
-            while ((local_daemon.is_held(socket) or _running(owner["daemon"]))
+            while ((local_daemon.is_held(socket) or _running(starter["daemon"]))
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
-            os.unlink(_OWNER, dir_fd=folder_fd)
-        log.info("stopped the daemon %s started at %s", self.owner, address)
+            os.unlink(_STARTER, dir_fd=folder_fd)
+        log.info("stopped the daemon %s started at %s", self.starter, address)
         return True
 
 
@@ -196,25 +196,25 @@ def _running(pid: int) -> bool:
         return False
 
 
-def read_owner(owner_file: Path) -> dict | None:
-    """{"owner", "supervisor", "daemon"} of a daemon a job started, while its supervisor
-    runs (a record whose supervisor has gone is stale); `owner_file` is daemon.owner in the
+def read_starter(starter_file: Path) -> dict | None:
+    """{"starter", "supervisor", "daemon"} of a daemon a job started, while its supervisor
+    runs (a record whose supervisor has gone is stale); `starter_file` is daemon.starter in the
     daemon's socket folder."""
     try:
-        folder_fd = local_daemon.open_folder(owner_file.parent)
+        folder_fd = local_daemon.open_folder(starter_file.parent)
     except FileNotFoundError:
         return None
     try:
-        return _read_owner(folder_fd)
+        return _read_starter(folder_fd)
     finally:
         os.close(folder_fd)
 
 
-def _read_owner(folder_fd: int) -> dict | None:
+def _read_starter(folder_fd: int) -> dict | None:
     try:
-        owner = json.loads(safe_files.read_at(folder_fd, _OWNER))
-        os.kill(owner["supervisor"], 0)
-        return owner
+        starter = json.loads(safe_files.read_at(folder_fd, _STARTER))
+        os.kill(starter["supervisor"], 0)
+        return starter
     except (OSError, ValueError, KeyError):
         return None
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from service.local_daemon import is_ready
 from spark_jobs.api import stop_started_daemons
-from spark_jobs.daemon import NodeDaemon, read_owner
+from spark_jobs.daemon import NodeDaemon, read_starter
 from spark_jobs.score import parse_args, score, write
 from tests.support.daemon import MODELS
 from tests.support.processes import serving
@@ -38,15 +38,15 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
     try:
         assert [p.stdout.readline().strip() for p in starters] == [address] * 3
         assert len(serving(socket)) == 1
-        owner = read_owner(socket.parent / "daemon.owner")
-        assert owner is not None and owner["owner"] == "app-lock"
+        starter = read_starter(socket.parent / "daemon.starter")
+        assert starter is not None and starter["starter"] == "app-lock"
     finally:
         for p in starters:
             p.communicate("")
     # Every starter has gone: the supervisor notices its Spark process ended and stops it, and
     # with it gone the record names no running daemon.
     until(lambda: not serving(socket), timeout_s=30.0)
-    until(lambda: read_owner(socket.parent / "daemon.owner") is None, timeout_s=30.0)
+    until(lambda: read_starter(socket.parent / "daemon.starter") is None, timeout_s=30.0)
 
 
 def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
@@ -56,8 +56,8 @@ def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert starter.stdout.readline().strip() == address
-        owner = read_owner(socket.parent / "daemon.owner")
-        os.kill(owner["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
+        starter = read_starter(socket.parent / "daemon.starter")
+        os.kill(starter["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
         until(lambda: not serving(socket), timeout_s=30.0,
               what="the daemon outlived its supervisor")
     finally:
@@ -101,20 +101,20 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(4 << 20))
     runner = threading.Thread(target=job)
     runner.start()
-    owner_file = socket.parent / "daemon.owner"
+    starter_file = socket.parent / "daemon.starter"
     try:
-        until(lambda: read_owner(owner_file) is not None and is_ready(f"unix:{socket}"),
+        until(lambda: read_starter(starter_file) is not None and is_ready(f"unix:{socket}"),
               timeout_s=120)
         until(lambda: bool(spark.sparkContext.statusTracker().getActiveStageIds()), timeout_s=120)
         time.sleep(1)  # the scoring stage is under way
         assert runner.is_alive(), "the job ended before the daemon could be killed"
-        killed = read_owner(owner_file)["daemon"]
+        killed = read_starter(starter_file)["daemon"]
         os.kill(killed, signal.SIGKILL)
         runner.join(300)
         assert not failure, failure
         scored = pd.read_parquet(args.output)
         assert len(scored) == rows and sorted(scored["id"]) == list(range(rows))
-        restarted = read_owner(owner_file)
+        restarted = read_starter(starter_file)
         assert restarted is not None and restarted["daemon"] != killed
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from spark_jobs.client import infer
-from spark_jobs.daemon import NodeDaemon, read_owner
+from spark_jobs.daemon import NodeDaemon, read_starter
 from spark_jobs.interface import ModelInterface
 from tests.support.daemon import MODEL, MODELS
 from tests.support.processes import serving, supervising
@@ -25,13 +25,13 @@ CALLERS = 4
 ROUNDS = 20
 ROWS = 24  # per caller and round
 FROZEN = {5: 7.0, 15: 7.0}  # round: seconds the daemon is stopped, longer than every probe
-OWNER = "app-election"
+STARTER = "app-election"
 
 
 def _score(address: str, ids: list[int], images: np.ndarray) -> tuple[list[int], list[int]]:
     """One executor task: find (or restart) the node's daemon, score its rows, retrying and
     recovering as score.py does. Runs in a process of its own."""
-    daemon = NodeDaemon(address, str(MODELS), OWNER)
+    daemon = NodeDaemon(address, str(MODELS), STARTER)
     model = ModelInterface.fetch(daemon.ensure(), MODEL)
     result = infer(address, model, images, batch_size=8, inflight=2, recover=daemon.ensure)
     return ids, result.logits.reshape(len(ids), -1).argmax(axis=1).tolist()
@@ -40,16 +40,16 @@ def _score(address: str, ids: list[int], images: np.ndarray) -> tuple[list[int],
 def test_callers_that_find_the_daemon_killed_restart_exactly_one(tmp_path: Path, holdout):
     socket = tmp_path / "run" / "grpc.sock"
     address = f"unix:{socket}"
-    owner_file = socket.parent / "daemon.owner"
+    starter_file = socket.parent / "daemon.starter"
     images, labels = holdout
     scored: dict[int, int] = {}
     # spawn: gRPC must not be forked; the pool's processes stand for an executor's workers.
     with multiprocessing.get_context("spawn").Pool(CALLERS) as pool:
         try:
-            assert NodeDaemon(address, str(MODELS), OWNER).ensure() == address
+            assert NodeDaemon(address, str(MODELS), STARTER).ensure() == address
             started = time.monotonic()
             for round_ in range(ROUNDS):
-                target = read_owner(owner_file)["daemon"]
+                target = read_starter(starter_file)["daemon"]
                 if round_ in FROZEN:
                     os.kill(target, signal.SIGSTOP)
                     threading.Timer(FROZEN[round_], os.kill, (target, signal.SIGCONT)).start()
@@ -65,13 +65,13 @@ def test_callers_that_find_the_daemon_killed_restart_exactly_one(tmp_path: Path,
                         assert i not in scored, f"row {i} scored twice"
                         scored[i] = label
                 daemons = serving(socket)
-                owner = read_owner(owner_file)
+                starter = read_starter(starter_file)
                 assert len(daemons) == 1, f"round {round_}: daemons {daemons} serve {socket}"
-                assert owner is not None and str(owner["daemon"]) == daemons[0]
-                assert (owner["daemon"] == target) == (round_ in FROZEN)
+                assert starter is not None and str(starter["daemon"]) == daemons[0]
+                assert (starter["daemon"] == target) == (round_ in FROZEN)
             print(f"{ROUNDS} rounds in {time.monotonic() - started:.1f} s")
         finally:
-            NodeDaemon(address, str(MODELS), OWNER).stop_started()
+            NodeDaemon(address, str(MODELS), STARTER).stop_started()
     assert sorted(scored) == list(range(ROUNDS * CALLERS * ROWS))
     truth = labels[np.asarray(sorted(scored)) % len(labels)]
     accuracy = float(np.mean(np.asarray([scored[i] for i in sorted(scored)]) == truth))

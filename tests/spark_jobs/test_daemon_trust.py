@@ -26,14 +26,14 @@ from tests.support.daemon import MODEL, MODELS
 # and prints how many bytes each connection sent it.
 FAKE_DAEMON = """
 import os, socket, sys
-folder, log_target, owner_target = sys.argv[1:]
+folder, log_target, starter_target = sys.argv[1:]
 os.mkdir(folder, 0o755)
 listener = socket.socket(socket.AF_UNIX)
 listener.bind(folder + "/grpc.sock")
 os.chmod(folder + "/grpc.sock", 0o777)
 listener.listen()
 os.symlink(log_target, folder + "/daemon.log")
-os.symlink(owner_target, folder + "/daemon.owner")
+os.symlink(starter_target, folder + "/daemon.starter")
 print("ready", flush=True)
 while True:
     connection, _ = listener.accept()
@@ -60,7 +60,7 @@ def shared_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(folder)
 
 
-def _fake_daemon_as_nobody(folder: Path, log_target: Path, owner_target: Path
+def _fake_daemon_as_nobody(folder: Path, log_target: Path, starter_target: Path
                            ) -> subprocess.Popen:
     if os.geteuid() != 0:
         pytest.skip("needs root, to run a second local user (nobody) with setpriv")
@@ -68,7 +68,7 @@ def _fake_daemon_as_nobody(folder: Path, log_target: Path, owner_target: Path
         pytest.skip("setpriv (util-linux) is not installed")
     fake = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                              sys.executable, "-c", FAKE_DAEMON, str(folder), str(log_target),
-                             str(owner_target)], cwd="/", stdout=subprocess.PIPE,
+                             str(starter_target)], cwd="/", stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if fake.stdout.readline().strip() != "ready":
         fake.kill()
