@@ -1,5 +1,5 @@
 """Domain errors, each carrying the transport-neutral status a client receives: mapped once to
-gRPC (service/grpc/handlers.py) and once to HTTP (service/http/front.py)."""
+gRPC (service/grpc/handlers.py) and once to HTTP (service/http/transport.py)."""
 
 from __future__ import annotations
 

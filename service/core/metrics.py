@@ -92,7 +92,7 @@ class Metrics:
             "hetserve_requests_expired",
             "Requests answered DEADLINE_EXCEEDED in the queue, before reaching a device",
             ["model", "version"], registry=r)
-        # REST by route name (service/http/front.py), never by path: clients choose paths.
+        # REST by route name (service/http/transport.py), never by path: clients choose paths.
         self.http_requests = Counter(
             "hetserve_http_requests",
             "REST requests by endpoint (the route's name; \"none\" where no route matched) and "

@@ -12,7 +12,7 @@ call's peer: `Peers.identify` turns it back into who called. TLS passes through 
 ends at gRPC, as before.
 
 A connection over a door's bounds is refused as its server would refuse a call, naming the limit:
-in HTTP/2, RESOURCE_EXHAUSTED; in HTTP/1.1 (the REST front), 429. On a TLS port, which the door
+in HTTP/2, RESOURCE_EXHAUSTED; in HTTP/1.1 (the REST transport), 429. On a TLS port, which the door
 does not decrypt, it is closed."""
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Door:
                  tls: bool = False, http2: bool = True) -> None:
         self.listener, self.inner, self.bounds, self._peers = listener, inner, bounds, peers
         self.tls = tls
-        self.http2 = http2  # gRPC's; else HTTP/1.1 (the REST front)
+        self.http2 = http2  # gRPC's; else HTTP/1.1 (the REST transport)
         self._open: Counter[str] = Counter()  # by peer
         self._total = 0
         self._connections: set[_Connection] = set()  # admitted and open

@@ -1,8 +1,8 @@
 """Request bodies still arriving, bounded per caller, in all and in time, in each daemon process:
 a body is held whole until its last byte, so unfinished uploads (16 REST bodies stopped at 60 MiB
 grew the daemon by 1 GB) would otherwise take the node's memory. gRPC's doors count the DATA
-frames of streams the client has not ended (service/edge/door.py); the REST front counts the
-body it reads (service/http/front.py). Both charge this process's one budget."""
+frames of streams the client has not ended (service/edge/door.py); the REST transport counts the
+body it reads (service/http/transport.py). Both charge this process's one budget."""
 
 from __future__ import annotations
 

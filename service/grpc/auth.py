@@ -40,7 +40,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return _guarded(handler, self._allowed)
 
     def _allowed(self, context: grpc.aio.ServicerContext) -> bool:
-        # On the TCP server alone (service/grpc/front.py): the peer's address says nothing here,
+        # On the TCP server alone (service/grpc/transport.py): the peer's address says nothing here,
         # as a connection forwarded over a unix socket still came from TCP.
         sent = sent_bearer(context)
         return holds(self._token, sent) or holds(self._admin, sent)

@@ -30,9 +30,9 @@ from service.edge.shared_memory import SharedMemoryRegions
 from service.edge.uploads import UploadBudget
 from service.errors import StartupError
 from service.grpc.auth import check_exposure
-from service.grpc.front import GrpcFront, add_port, health_status, set_health
 from service.grpc.servicer import InferenceServicer
-from service.http.front import HttpFront
+from service.grpc.transport import GrpcTransport, add_port, health_status, set_health
+from service.http.transport import HttpTransport
 from service.ops.systemd import notify
 from service.protocol.operations import Operations
 from service.settings import Settings
@@ -71,16 +71,16 @@ async def serve(settings: Settings) -> None:
             peers = Peers(UploadBudget.from_settings(settings))
             operations = Operations(plane, metrics, regions, peers, settings, control)
             cleanup.callback(operations.decoding.close)
-            front: GrpcFront | Frontends = GrpcFront(settings, token,
+            listeners: GrpcTransport | Frontends = GrpcTransport(settings, token,
                                                      InferenceServicer(operations), plane, peers)
-            http = HttpFront(settings, token, operations, peers, metrics) \
+            http = HttpTransport(settings, token, operations, peers, metrics) \
                 if settings.http_port else None
         else:
-            front, http = Frontends(settings, workers, plane, metrics, control), None
-        addresses = await front.start(cleanup)
+            listeners, http = Frontends(settings, workers, plane, metrics, control), None
+        addresses = await listeners.start(cleanup)
         if http is not None:
             addresses.append(await http.start(cleanup))
-        probes = _health_port(front.health, settings)
+        probes = _health_port(listeners.health, settings)
         if settings.metrics_port:
             try:
                 metrics.serve(settings.metrics_host, settings.metrics_port)
@@ -109,9 +109,9 @@ async def serve(settings: Settings) -> None:
             except ValueError as e:
                 raise StartupError(str(e)) from None
         plane.ready = True
-        await front.serving()
+        await listeners.serving()
         if settings.strict_readiness:
-            _follow_readiness(front.health, plane, control)
+            _follow_readiness(listeners.health, plane, control)
         log.info("serving %d model version(s) on %s", len(registry.loaded()), ", ".join(addresses))
         notify("READY=1", f"STATUS=serving {len(registry.loaded())} model version(s)")
 
@@ -121,7 +121,7 @@ async def serve(settings: Settings) -> None:
         notify("STOPPING=1")
         # REST keeps answering while the requests in flight finish, as gRPC does: ready 400,
         # inference 503 (UNAVAILABLE); then it closes too.
-        await front.drain(settings.shutdown_grace_s)
+        await listeners.drain(settings.shutdown_grace_s)
         if http:
             await http.drain()
     log.info("stopped: the listeners closed, the devices released")

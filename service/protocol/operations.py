@@ -2,7 +2,7 @@
 or a stream), statistics, clients' shared memory and model control. Each takes the caller's
 identity (who it is, as its transport saw it) explicitly; what it raises is a service.errors
 error, which each transport maps to its statuses in one place (service/grpc/handlers.py,
-service/http/front.py's HTTP_STATUS). What a process answers from elsewhere is injected: model
+service/http/transport.py's HTTP_STATUS). What a process answers from elsewhere is injected: model
 control, statistics and the registration of clients' regions are this process's own where one
 process serves, and reach the device owner from a front-end
 (service/workers/frontend_process.py)."""

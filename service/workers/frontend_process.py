@@ -28,9 +28,9 @@ from service.edge.door import Peers
 from service.edge.shared_memory import Caller, SharedMemoryRegions
 from service.edge.uploads import UploadBudget
 from service.errors import HetserveError, StartupError
-from service.grpc.front import GrpcFront
 from service.grpc.servicer import InferenceServicer
-from service.http.front import HttpFront
+from service.grpc.transport import GrpcTransport
+from service.http.transport import HttpTransport
 from service.parent_death import end_with
 from service.protocol.operations import Operations
 from service.settings import Settings
@@ -71,7 +71,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
         catalog.update(owner, message, payload)
         plane.ready = True
         if serving:
-            task = asyncio.create_task(front.serving())
+            task = asyncio.create_task(grpc_transport.serving())
             became_ready.add(task)
             task.add_done_callback(became_ready.discard)
 
@@ -96,9 +96,9 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     # once the caller is checked here.
     operations = Operations(plane, metrics, regions, peers, settings, control=owner,
                             statistics=owner, registry=EveryFrontend(regions, owner))
-    front = GrpcFront(settings, token, InferenceServicer(operations), plane, peers,
+    grpc_transport = GrpcTransport(settings, token, InferenceServicer(operations), plane, peers,
                       reuseport=True)
-    http = HttpFront(settings, token, operations, peers, metrics, reuseport=True) \
+    http = HttpTransport(settings, token, operations, peers, metrics, reuseport=True) \
         if settings.http_port else None
     await owner.open(socket.socket(fileno=channel_fd))
     reading = asyncio.create_task(owner.run())
@@ -107,11 +107,11 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(regions.close)
         cleanup.callback(operations.decoding.close)
-        await front.start(cleanup)
+        await grpc_transport.start(cleanup)
         if http is not None:
             await http.start(cleanup)
         if plane.ready:
-            await front.serving()
+            await grpc_transport.serving()
         serving.append(True)
         owner.send(msg.Listening())
         stop = asyncio.Event()
@@ -122,7 +122,7 @@ async def _serve(settings: Settings, channel_fd: int, arena: Arena) -> None:
                            return_when=asyncio.FIRST_COMPLETED)
         # REST keeps answering while the requests in flight finish, as gRPC does: ready 400,
         # inference 503 (UNAVAILABLE); then it closes too.
-        await front.drain(settings.shutdown_grace_s)
+        await grpc_transport.drain(settings.shutdown_grace_s)
         if http:
             await http.drain()
         reading.cancel()

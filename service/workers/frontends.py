@@ -41,7 +41,7 @@ from service.core.metrics import Metrics
 from service.core.model_control import ModelControl
 from service.edge.shared_memory import SHM_ROOT, Limits, RegionNames
 from service.errors import HetserveError, StartupError
-from service.grpc.front import health_status, set_health
+from service.grpc.transport import health_status, set_health
 from service.setting_names import setting_variables
 from service.settings import Settings
 from service.workers import arena, owner_channel

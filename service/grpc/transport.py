@@ -28,7 +28,7 @@ from service.settings import Settings
 log = logging.getLogger(__name__)
 
 
-class GrpcFront:
+class GrpcTransport:
     """The daemon's gRPC servers in this process, one per listener with its own limits and door:
     the whole daemon with one worker, and each front-end process with several (then sharing the
     TCP port)."""

@@ -52,7 +52,7 @@ def _identity(request: web.Request) -> Identity:
     return who
 
 
-class HttpFront:
+class HttpTransport:
     def __init__(self, settings: Settings, token: TokenFile | None,
                  operations: Operations, peers: Peers, metrics: Metrics,
                  reuseport: bool = False) -> None:
