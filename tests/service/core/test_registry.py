@@ -60,7 +60,7 @@ def test_an_unknown_prefer_order_is_reported_naming_it(tmp_path) -> None:
         "'strict']" in registry.failures[MODEL]
 
 
-def test_every_device_that_can_run_the_model_gets_a_worker(tmp_path, monkeypatch,
+def test_every_device_that_can_run_the_model_gets_a_runner(tmp_path, monkeypatch,
                                                            caplog) -> None:
     import tests.support.faulty_engine as faulty
     monkeypatch.setenv(faulty.CONTROL_ENV, str(tmp_path / "control.json"))
