@@ -16,7 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
@@ -36,6 +36,14 @@ def median_s(work: Callable[[], object], repeat: int) -> float:
         work()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def architecture_files(names: str, folder: str) -> Iterator[tuple[str, Path]]:
+    """Each of tools.cnn_architectures' `names` (comma-separated), saved as ONNX in `folder`."""
+    for name in names.split(","):
+        path = Path(folder) / f"{name}.onnx"
+        onnx.save(cnn_architectures.ARCHITECTURES[name](), str(path))
+        yield name, path
 
 
 def row(name: str, path: Path, device: str, repeat: int) -> str:
@@ -63,9 +71,7 @@ def main() -> None:
     print(row("mnist_cnn", ROOT / "models" / "mnist_cnn" / "1" / "model.onnx", args.device,
               args.repeat), flush=True)
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.architectures.split(","):
-            path = Path(folder) / f"{name}.onnx"
-            onnx.save(cnn_architectures.ARCHITECTURES[name](), str(path))
+        for name, path in architecture_files(args.architectures, folder):
             print(row(name, path, args.device, args.repeat), flush=True)
 
 

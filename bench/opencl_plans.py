@@ -16,12 +16,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from accelerators.opencl.engine import OpenCLEngine
-from bench.opencl_load import BATCHES, median_s
-from tools import cnn_architectures
+from bench.opencl_load import BATCHES, architecture_files, median_s
 
 
 def row(name: str, path: Path, device: str, repeat: int) -> str:
@@ -58,9 +56,7 @@ def main() -> None:
           "onnxruntime batch 1 ms | batch 8 ms | onnxruntime batch 8 ms |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.architectures.split(","):
-            path = Path(folder) / f"{name}.onnx"
-            onnx.save(cnn_architectures.ARCHITECTURES[name](), str(path))
+        for name, path in architecture_files(args.architectures, folder):
             print(row(name, path, args.device, args.repeat), flush=True)
 
 
