@@ -4,7 +4,6 @@ is lost, the metrics count the failover, and a probe brings the device back."""
 from __future__ import annotations
 
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.daemon import MODEL, MODELS, image_input
 from tests.support.metrics import scrape, total
+from tests.support.waiting import until
 
 
 def _infer_all(url: str, images: np.ndarray) -> list[np.ndarray]:
@@ -24,12 +24,6 @@ def _infer_all(url: str, images: np.ndarray) -> list[np.ndarray]:
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(call, range(len(images))))
 
-
-def _wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_a_failing_device_fails_over_and_comes_back(serve, holdout) -> None:
@@ -52,7 +46,7 @@ def test_a_failing_device_fails_over_and_comes_back(serve, holdout) -> None:
     assert total(m, "hetserve_requests_total", code="OK") == 48
 
     control.set(fail=False)  # the device recovers; a probe notices
-    _wait_for(lambda: total(scrape(daemon.metrics_url), "hetserve_device_healthy",
+    until(lambda: total(scrape(daemon.metrics_url), "hetserve_device_healthy",
                             device="fpga0") == 1)
     before = total(scrape(daemon.metrics_url), "hetserve_inferences_total", device="fpga0")
     _infer_all(daemon.url, images[:8])

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -47,12 +46,6 @@ def frontends(owner: int) -> dict[int, int]:
             found[int(argv[argv.index(b"service.workers.frontend_process") + 1])] = int(entry.name)
     return found
 
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
 
 
 def alive(pid: int) -> bool:
@@ -177,7 +170,8 @@ def test_a_client_region_registered_at_one_front_end_serves_at_every_one(serve,
                                            infer(address, images), rtol=TOLERANCE["fp32"],
                                            atol=TOLERANCE["fp32"])
         os.kill(frontends(daemon.process.pid)[1], signal.SIGKILL)
-        wait_for(lambda: answers(sockets[1], images[:1]), "front-end 1 to answer again")
+        until(lambda: answers(sockets[1], images[:1]),
+              timeout_s=60.0, what="front-end 1 to answer again")
         with grpcclient.InferenceServerClient(sockets[1]) as c:  # started again, it knows it
             assert "images" in c.get_system_shared_memory_status().regions
         with grpcclient.InferenceServerClient(sockets[0]) as c:
@@ -212,11 +206,13 @@ def test_a_killed_frontend_comes_back_and_the_others_answer_everything(serve, ho
         calls = [pool.submit(load, f"unix:{daemon.socket}.1", survivors) for _ in range(4)]
         calls += [pool.submit(load, daemon.socket_url, on_victim) for _ in range(2)]
         try:
-            wait_for(lambda: len(survivors) > 20 and len(on_victim) > 4, "requests under load")
+            until(lambda: len(survivors) > 20 and len(on_victim) > 4,
+                  timeout_s=60.0, what="requests under load")
             os.kill(victim, signal.SIGKILL)
-            wait_for(lambda: frontends(daemon.process.pid).get(0, victim) != victim,
-                     "front-end 0 to be started again")
-            wait_for(lambda: answers(daemon.socket_url, images), "front-end 0 to answer again")
+            until(lambda: frontends(daemon.process.pid).get(0, victim) != victim,
+                  timeout_s=60.0, what="front-end 0 to be started again")
+            until(lambda: answers(daemon.socket_url, images),
+                  timeout_s=60.0, what="front-end 0 to answer again")
         finally:
             stop.set()
         for call in calls:
@@ -250,7 +246,8 @@ def test_a_killed_device_owner_fails_requests_unavailable_and_leaves_nothing(
                 call.result(timeout=60)  # never a hang
             assert failed.value.status() == "StatusCode.UNAVAILABLE"
     assert daemon.process.stop() == -signal.SIGKILL
-    wait_for(lambda: not any(alive(pid) for pid in fronts.values()), "front-ends to end")
+    until(lambda: not any(alive(pid) for pid in fronts.values()),
+          timeout_s=60.0, what="front-ends to end")
 
 
 def test_sigterm_drains_every_worker_and_leaves_no_process(serve, holdout) -> None:
