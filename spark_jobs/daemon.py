@@ -174,13 +174,13 @@ class NodeDaemon:
         except ValueError:
             return False
         with _locked(socket.parent) as folder_fd:
-            starter = _read_starter(folder_fd)
-            if starter is None or starter["starter"] != self.starter:
+            record = _read_starter(folder_fd)
+            if record is None or record["starter"] != self.starter:
                 return False
-            os.kill(starter["supervisor"], signal.SIGTERM)
+            os.kill(record["supervisor"], signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             # The lock frees as the daemon's serving ends; the job ends once the process has.
-            while ((local_daemon.is_held(socket) or _running(starter["daemon"]))
+            while ((local_daemon.is_held(socket) or _running(record["daemon"]))
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             os.unlink(_STARTER, dir_fd=folder_fd)
@@ -212,9 +212,9 @@ def read_starter(starter_file: Path) -> dict | None:
 
 def _read_starter(folder_fd: int) -> dict | None:
     try:
-        starter = json.loads(safe_files.read_at(folder_fd, _STARTER))
-        os.kill(starter["supervisor"], 0)
-        return starter
+        record = json.loads(safe_files.read_at(folder_fd, _STARTER))
+        os.kill(record["supervisor"], 0)
+        return record
     except (OSError, ValueError, KeyError):
         return None
 

@@ -38,8 +38,8 @@ def test_executors_on_one_host_start_one_daemon_that_ends_with_its_starter(tmp_p
     try:
         assert [p.stdout.readline().strip() for p in starters] == [address] * 3
         assert len(serving(socket)) == 1
-        starter = read_starter(socket.parent / "daemon.starter")
-        assert starter is not None and starter["starter"] == "app-lock"
+        record = read_starter(socket.parent / "daemon.starter")
+        assert record is not None and record["starter"] == "app-lock"
     finally:
         for p in starters:
             p.communicate("")
@@ -56,8 +56,8 @@ def test_a_supervisor_killed_with_sigkill_takes_its_daemon_with_it(tmp_path):
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert starter.stdout.readline().strip() == address
-        starter = read_starter(socket.parent / "daemon.starter")
-        os.kill(starter["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
+        record = read_starter(socket.parent / "daemon.starter")
+        os.kill(record["supervisor"], signal.SIGKILL)  # no chance to stop the daemon itself
         until(lambda: not serving(socket), timeout_s=30.0,
               what="the daemon outlived its supervisor")
     finally:

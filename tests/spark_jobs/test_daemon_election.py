@@ -65,10 +65,10 @@ def test_callers_that_find_the_daemon_killed_restart_exactly_one(tmp_path: Path,
                         assert i not in scored, f"row {i} scored twice"
                         scored[i] = label
                 daemons = serving(socket)
-                starter = read_starter(starter_file)
+                record = read_starter(starter_file)
                 assert len(daemons) == 1, f"round {round_}: daemons {daemons} serve {socket}"
-                assert starter is not None and str(starter["daemon"]) == daemons[0]
-                assert (starter["daemon"] == target) == (round_ in FROZEN)
+                assert record is not None and str(record["daemon"]) == daemons[0]
+                assert (record["daemon"] == target) == (round_ in FROZEN)
             print(f"{ROUNDS} rounds in {time.monotonic() - started:.1f} s")
         finally:
             NodeDaemon(address, str(MODELS), STARTER).stop_started()
