@@ -217,7 +217,7 @@ def as_json(message: Message) -> dict[str, Any]:
         if field.message_type and field.message_type.GetOptions().map_entry:
             inner = field.message_type.fields_by_name["value"]
             document[field.name] = {k: _json_value(inner, v) for k, v in value.items()}
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             document[field.name] = [_json_value(field, v) for v in value]
         elif field.has_presence and not message.HasField(field.name):
             continue

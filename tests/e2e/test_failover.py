@@ -29,8 +29,10 @@ def _infer_all(url: str, images: np.ndarray) -> list[np.ndarray]:
 def test_a_failing_device_fails_over_and_comes_back(serve, holdout) -> None:
     daemon, control = serve(8, "max_queue_delay_microseconds: 2000",
                             devices="faulty:fpga0, onnxruntime:cpu0", policy="prefer",
-                            # a budget no loaded machine misses: this tests recovery, not spilling
-                            latency_budget_ms="60000")
+                            # a budget no loaded machine misses, and the order pinned: this tests
+                            # recovery, not spilling or a learned order (a loaded machine's noise
+                            # can time fpga0's first batches far slower than cpu0's)
+                            latency_budget_ms="60000", prefer_order="strict")
     images = holdout[0][:48]
     expected = ort.InferenceSession(str(MODELS / MODEL / "1" / "model.onnx"),
                                     providers=["CPUExecutionProvider"]).run(
