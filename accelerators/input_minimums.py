@@ -6,6 +6,7 @@ sizes only grow with input sizes, so a doubling then a bisection finds it exactl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,19 +62,12 @@ def _shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
     each probe then copies kilobytes, not the weights."""
     graph = model.graph
     listed = {v.name for v in graph.input}  # older exporters list weights as inputs too
-    for tensor in [t for t in graph.initializer if _elements(t.dims) > _WEIGHT_ELEMENTS]:
+    for tensor in [t for t in graph.initializer if math.prod(t.dims) > _WEIGHT_ELEMENTS]:
         graph.initializer.remove(tensor)
         if tensor.name not in listed:
             graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type,
                                                              list(tensor.dims)))
     return model
-
-
-def _elements(dims) -> int:
-    count = 1
-    for d in dims:
-        count *= d
-    return count
 
 
 def _inferred(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]

@@ -96,8 +96,8 @@ void concat_parts(__global BITS* dst, const int outer, const int part, const int
     const int i = get_global_id(0);
     if (i >= outer * part) return;
     const int o = i / part;
-    const int at = o * dst_stride + dst_offset + i % part;  // the sources are contiguous there
     int j = i % part;
+    const int at = o * dst_stride + dst_offset + j;  // the sources are contiguous there
     CONCAT_PART(0) CONCAT_PART(1) CONCAT_PART(2) CONCAT_PART(3)
     CONCAT_PART(4) CONCAT_PART(5) CONCAT_PART(6) CONCAT_PART(7)
 }

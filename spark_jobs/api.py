@@ -199,7 +199,7 @@ def make_predict_fn(model: str, *, address: str | None = None, batch_size: int |
     def make() -> Callable[[np.ndarray], dict[str, np.ndarray]]:
         target = resolve_address(address)
         interface = ModelInterface.fetch(target, model, credentials)
-        level = interface.lowest_priority if priority is None else priority
+        level = interface.level(priority)
 
         def predict(inputs: np.ndarray) -> dict[str, np.ndarray]:
             samples = inputs.reshape(len(inputs), *interface.input_dims)

@@ -69,3 +69,7 @@ class ModelInterface:
     def lowest_priority(self) -> int:
         """Triton's priority levels count from 1 (highest); 0 asks for the default level."""
         return self.priority_levels
+
+    def level(self, priority: int | None) -> int:
+        """The level requests go at: `priority`, else the model's lowest."""
+        return self.lowest_priority if priority is None else priority

@@ -40,8 +40,8 @@ class Scorer:
         the model's lowest level). A retry of an UNAVAILABLE request asks the node for its
         daemon again, unless the job may not start daemons: then it keeps the one it has."""
         o = self.options
-        level = o.model.lowest_priority if o.priority is None else o.priority
-        return infer(self.locate(), o.model, samples, o.batch_size, o.inflight, level, o.retry,
+        return infer(self.locate(), o.model, samples, o.batch_size, o.inflight,
+                     o.model.level(o.priority), o.retry,
                      self._find if o.daemon.model_repository else None, o.credentials,
                      every_output=o.raw)
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from accelerators.opencl.ir import Node, UnsupportedModelError
 from accelerators.opencl.launch import Dyn
 from accelerators.opencl.lowering_state import Lowering, OpLowering, Table, always
+from accelerators.opencl.norm_lowering import axes_input
+
+Axes = Sequence[int] | np.ndarray  # an attribute's list, or an input's constant
 
 Shape = tuple[int, ...]
 
@@ -44,15 +49,11 @@ def _reshape(node: Node, shape: Shape, args: list) -> Shape:
     return tuple(target)
 
 
-def _axes_attribute(node: Node, args: list) -> Sequence[int] | None:
+def _axes_attribute(node: Node, args: list) -> Axes | None:
     return node.attrs.get("axes")
 
 
-def _axes_input(node: Node, args: list) -> Sequence[int] | None:
-    return list(args[1]) if len(args) > 1 and args[1] is not None else None
-
-
-def _squeeze(axes_of: Callable[[Node, list], Sequence[int] | None]
+def _squeeze(axes_of: Callable[[Node, list], Axes | None]
              ) -> Callable[[Node, Shape, list], Shape]:
     def shape_of(node: Node, shape: Shape, args: list) -> Shape:
         axes = axes_of(node, args)
@@ -63,7 +64,7 @@ def _squeeze(axes_of: Callable[[Node, list], Sequence[int] | None]
     return shape_of
 
 
-def _unsqueeze(axes_of: Callable[[Node, list], Sequence[int] | None]
+def _unsqueeze(axes_of: Callable[[Node, list], Axes | None]
                ) -> Callable[[Node, Shape, list], Shape]:
     def shape_of(node: Node, shape: Shape, args: list) -> Shape:
         axes = axes_of(node, args)
@@ -79,7 +80,7 @@ def _unsqueeze(axes_of: Callable[[Node, list], Sequence[int] | None]
 VIEWS: Table = {
     "Flatten": always(_view(_flatten)),
     "Reshape": always(_view(_reshape)),
-    "Squeeze": ((1, _view(_squeeze(_axes_attribute))), (13, _view(_squeeze(_axes_input)))),
+    "Squeeze": ((1, _view(_squeeze(_axes_attribute))), (13, _view(_squeeze(axes_input)))),
     "Unsqueeze": ((1, _view(_unsqueeze(_axes_attribute))),
-                  (13, _view(_unsqueeze(_axes_input)))),
+                  (13, _view(_unsqueeze(axes_input)))),
 }

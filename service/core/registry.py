@@ -164,10 +164,12 @@ class ModelRegistry(ModelTable[LoadedModel]):
         gpu_memory = await asyncio.to_thread(gpu_memory_used)
         engines = await asyncio.to_thread(self._engines, settings, path)
         batched = spec.max_batch_size > 0  # else a request, whatever its first dim, is a sample
-        flops = await asyncio.to_thread(
-            FlopCounter, path, {t.name: t.dims for t in spec.inputs}, batched)
-        spec = replace(spec, minimums=await asyncio.to_thread(
-            minimum_sizes, path, {t.name: t.dims for t in spec.inputs}, batched))
+        served = {t.name: t.dims for t in spec.inputs}
+        flops = await asyncio.to_thread(FlopCounter, path, served, batched)
+        # One spec from here on: the settings' own, with the inputs' minimum sizes.
+        settings = replace(settings, spec=replace(spec, minimums=await asyncio.to_thread(
+            minimum_sizes, path, served, batched)))
+        spec = settings.spec
         # Off the event loop too: a runner's power meter may probe sensors (fpgainfo, sysfs).
         runners = await asyncio.to_thread(
             lambda: [self._runner(settings, instances, flops) for instances in engines])

@@ -69,7 +69,9 @@ _RESERVE = 1 / 4
 # company), but every 8th request still waits, to notice when company comes back.
 _PAID_WEIGHT = 1 / 8
 _PAID_MIN = 0.25
-_PROBE_EVERY = 8  # also: every 8th request that would run inline is handed over instead
+_PROBE_EVERY = 8
+# Every 8th request that would run inline is handed over instead: the hand-off is measured anew.
+_INLINE_PROBE_EVERY = 8
 
 
 class Device(Protocol):
@@ -269,10 +271,10 @@ class Scheduler:
         """Runs a request that came alone (none other within the window) at once, in this call,
         when it would leave the queue at once as a batch of its own (nothing queued or running,
         the devices idle long enough, its level not held, its deadline ahead) and its device
-        runs it on this thread (_runs_inline), except every _PROBE_EVERY-th time, which measures
-        the hand-off anew; false leaves it to the queue, where requests that come together share
-        a batch. Saves the dispatcher's wake-up, the batch's task and the caller's wake-up: three
-        event-loop iterations per request at low load."""
+        runs it on this thread (_runs_inline), except every _INLINE_PROBE_EVERY-th time, which
+        measures the hand-off anew; false leaves it to the queue, where requests that come
+        together share a batch. Saves the dispatcher's wake-up, the batch's task and the
+        caller's wake-up: three event-loop iterations per request at low load."""
         if self.queued() or self._running or self._worth_waiting() or (
                 pending.expires is not None and pending.expires <= pending.enqueued) or (
                 self._budget is not None and self._budget.holds(pending.level)):
@@ -281,7 +283,7 @@ class Scheduler:
         if not _runs_inline(device, pending.size):
             return False
         self._inline_runs += 1
-        if self._inline_runs >= _PROBE_EVERY:  # handed over: the dispatcher measures it
+        if self._inline_runs >= _INLINE_PROBE_EVERY:  # handed over: the dispatcher measures it
             self._inline_runs = 0
             return False
         started = time.monotonic()

@@ -13,6 +13,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from service import contract
 from service.errors import InvalidInputError
+from service.protocol.inputs import MAX_TYPED_VALUES, kind_of
 from service.protocol.types import (
     Contents,
     InferInput,
@@ -59,7 +60,9 @@ def _contents(tensor: pb.ModelInferRequest.InferInputTensor) -> Contents | None:
     if not (tensor.HasField("contents") and tensor.contents.ListFields()):
         return None
     values = getattr(tensor.contents, contract.CONTENTS_FIELD.get(tensor.datatype, ""), ())
-    return Contents(len(values), tensor.contents.SerializeToString(), typed_values)
+    # Beyond the cap the count alone refuses it (inputs.decode_inputs): no copy on the loop.
+    data = tensor.contents.SerializeToString() if len(values) <= MAX_TYPED_VALUES else b""
+    return Contents(len(values), data, typed_values)
 
 
 def typed_values(data: bytes, datatype: str) -> Sequence[Any]:
@@ -78,17 +81,8 @@ def parameters(given: Mapping[str, pb.InferParameter]) -> Parameters:
 
 def _set(into: Any, given: Parameters) -> None:
     for key, value in given.items():
-        if isinstance(value, bool):
-            into[key].bool_param = value
-        elif isinstance(value, int):
-            if value < 1 << 63:
-                into[key].int64_param = value
-            else:
-                into[key].uint64_param = value
-        elif isinstance(value, float):
-            into[key].double_param = value
-        elif isinstance(value, str):
-            into[key].string_param = value
+        if (kind := kind_of(value)) is not None:
+            setattr(into[key], kind, value)
 
 
 def infer_response(response: InferResponse) -> pb.ModelInferResponse:

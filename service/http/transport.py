@@ -226,8 +226,8 @@ class HttpTransport:
         body, length = await self._body(request), request.headers.get(codec.HEADER_LENGTH)
         where = (body, length, request.match_info["model"], _version(request))
         who = _identity(request)
-        if codec.json_bytes(body, length) <= codec.INLINE_JSON_BYTES:
-            message, binary = codec.infer_request(*where)
+        if not codec.INLINE_JSON_BYTES < codec.json_bytes(body, length) <= codec.MAX_JSON_BYTES:
+            message, binary = codec.infer_request(*where)  # small, or refused before parsing
         else:  # off the event loop, in the caller's turn
             message, binary = await self._operations.decoded(who, codec.infer_request, *where)
         # REST has no deadline; a `timeout` parameter may say one
