@@ -48,7 +48,7 @@ class RetryPolicy:
     jitter. RESOURCE_EXHAUSTED (the daemon up, its queue full): backpressure, not a failure; a
     refused request is sent again when an answer to this worker shows the queue moving, or
     after a wait from `busy_first_delay_s` doubling to `busy_max_delay_s`, for as long as
-    `request_timeout_s`."""
+    `request_timeout_s`, which also bounds every single call to the daemon."""
 
     attempts: int = 8
     first_delay_s: float = 0.2
@@ -159,7 +159,8 @@ def infer(address: str, model: ModelInterface, samples: np.ndarray, batch_size: 
         raise AssertionError("unreachable")
 
     starts = range(0, len(samples), step)
-    with staging.staged(_client(address, credentials), address, samples) as region[0], \
+    with staging.staged(_client(address, credentials), address, samples,
+                        retry.request_timeout_s) as region[0], \
             ThreadPoolExecutor(max(1, inflight)) as pool:
         results = list(pool.map(one, starts))
     rows = [min(step, len(samples) - s) for s in starts]

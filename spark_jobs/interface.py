@@ -32,11 +32,12 @@ class ModelInterface:
     outputs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def fetch(cls, address: str, model: str,
-              credentials: Credentials = NO_CREDENTIALS) -> ModelInterface:
+    def fetch(cls, address: str, model: str, credentials: Credentials = NO_CREDENTIALS,
+              timeout_s: float = 60.0) -> ModelInterface:
         client, headers = credentials.connect(address)
         try:
-            config = client.get_model_config(model, headers=headers).config
+            config = client.get_model_config(model, headers=headers,
+                                             client_timeout=timeout_s).config
         finally:
             client.close()
         if config.max_batch_size < 1 or len(config.input) != 1 or not config.output:

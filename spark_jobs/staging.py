@@ -98,13 +98,14 @@ atexit.register(regions.close)
 
 @contextlib.contextmanager
 def staged(connection: tuple[grpcclient.InferenceServerClient, dict | None], address: str,
-           samples: np.ndarray) -> Iterator[str | None]:
+           samples: np.ndarray, timeout_s: float) -> Iterator[str | None]:
     """The samples in a POSIX shared memory region registered with the daemon, so that each
     request names its slice instead of carrying the bytes (Triton's system shared memory). None
     where that cannot be: a daemon on another node, or one that cannot open the region (another
     user's daemon, a server without the extension); the bytes then travel in the messages.
     The region is this worker's (Regions); the daemon knows it for this call only, so that
-    nothing stays registered with a daemon after a worker ends."""
+    nothing stays registered with a daemon after a worker ends. Each call to the daemon gives
+    up after `timeout_s`: a daemon that stopped answering must not hold the task."""
     if not address.startswith(LOCAL_ADDRESSES) or samples.nbytes == 0:
         yield None
         return
@@ -116,7 +117,8 @@ def staged(connection: tuple[grpcclient.InferenceServerClient, dict | None], add
         np.frombuffer(memory.buf, np.uint8, samples.nbytes)[:] = samples.reshape(-1).view(np.uint8)
         try:
             client.register_system_shared_memory(memory.name, "/" + memory.name,
-                                                 samples.nbytes, headers=headers)
+                                                 samples.nbytes, headers=headers,
+                                                 client_timeout=timeout_s)
         except InferenceServerException as e:
             log.info("daemon at %s cannot use shared memory (%s); sending tensors in gRPC "
                      "messages", address, e.message())
@@ -126,7 +128,8 @@ def staged(connection: tuple[grpcclient.InferenceServerClient, dict | None], add
             yield memory.name
         finally:
             try:
-                client.unregister_system_shared_memory(memory.name, headers=headers)
+                client.unregister_system_shared_memory(memory.name, headers=headers,
+                                                       client_timeout=timeout_s)
                 keep = True
             except InferenceServerException:  # a daemon gone meanwhile: this name is spent
                 pass

@@ -112,8 +112,8 @@ def staged_regions(monkeypatch) -> list[str | None]:
     real = staging.staged
 
     @contextlib.contextmanager
-    def watched(connection, address, samples):
-        with real(connection, address, samples) as region:
+    def watched(connection, address, samples, timeout_s):
+        with real(connection, address, samples, timeout_s) as region:
             regions.append(region)
             if region is not None:
                 client, _ = connection
@@ -225,12 +225,23 @@ class _Server(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.config = text_format.Parse((MODELS / MODEL / "config.pbtxt").read_text(),
                                         model_config_pb2.ModelConfig())
         self.reply: Reply = _answer()
+        self.stalled: set[str] = set()  # methods that answer only once `released` is set
+        self.released = threading.Event()
+
+    def _stall(self, method: str) -> None:
+        if method in self.stalled:
+            self.released.wait()
 
     def ModelConfig(self, request, context):
         return service_pb2.ModelConfigResponse(config=self.config)
 
     def ModelInfer(self, request, context):
+        self._stall("ModelInfer")
         return self.reply(request)
+
+    def SystemSharedMemoryRegister(self, request, context):
+        self._stall("SystemSharedMemoryRegister")
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "no shared memory here")
 
 
 def _answer(name: str = "logits", datatype: str = "FP32", missing_rows: int = 0,
@@ -257,6 +268,7 @@ def fake_server() -> Iterator[tuple[str, _Server]]:
     try:
         yield f"127.0.0.1:{port}", servicer
     finally:
+        servicer.released.set()
         server.stop(None)
 
 
@@ -289,3 +301,19 @@ def test_a_reply_that_does_not_match_the_config_or_the_request_fails_the_call(
     with pytest.raises(ReplyMismatchError, match=r"model 'mnist_cnn': the reply to 4 samples "
                                                  "holds " + re.escape(arrived)):
         infer(url, model, np.zeros((8, 1, 28, 28), np.float32), 4, 1)
+
+
+def test_a_daemon_that_stops_answering_holds_a_call_no_longer_than_the_request_timeout(
+        fake_server):
+    """A task must never hang on a daemon that accepts calls and answers none: the shared
+    memory registration gives up (the tensors then travel in the messages), and so does a
+    request, after RetryPolicy.request_timeout_s."""
+    url, server = fake_server
+    model = ModelInterface.fetch(url, MODEL)
+    samples = np.zeros((4, 1, 28, 28), np.float32)
+    quick = RetryPolicy(request_timeout_s=0.5)
+    server.stalled = {"SystemSharedMemoryRegister"}
+    assert infer(url, model, samples, 4, 1, retry=quick).logits.shape == (4, 10)
+    server.stalled = {"SystemSharedMemoryRegister", "ModelInfer"}
+    with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+        infer(url, model, samples, 4, 1, retry=quick)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -110,7 +111,9 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
         assert runner.is_alive(), "the job ended before the daemon could be killed"
         killed = read_starter(starter_file)["daemon"]
         os.kill(killed, signal.SIGKILL)
-        runner.join(300)
+        runner.join(200)
+        assert not runner.is_alive(), ("the job still runs 200 s after the daemon was killed; "
+                                       f"the daemons' log ends:\n{_tail(socket.parent)}")
         assert not failure, failure
         scored = pd.read_parquet(args.output)
         assert len(scored) == rows and sorted(scored["id"]) == list(range(rows))
@@ -118,6 +121,12 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
         assert restarted is not None and restarted["daemon"] != killed
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
-        runner.join(300)
+        spark.sparkContext.cancelAllJobs()  # a no-op unless an assertion above failed
+        runner.join(60)
         assert stop_started_daemons(spark, args.daemon) == 1
     assert not serving(socket)
+
+
+def _tail(folder: Path, chars: int = 6000) -> str:
+    log = folder / "daemon.log"
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no daemon.log)"
