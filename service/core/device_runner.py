@@ -28,27 +28,37 @@ from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
 _SMOOTHING = 0.2  # weight of the newest batch in a size's time average
+_RECENT = 8  # the latest batches of a size whose best time tells what the device can do
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
 _HANDOFFS = 15  # the latest hand-offs measured, whose median is the hand-off's cost
 _CUT_GAIN = 1.05  # a smaller bucket's samples per second over the whole batch's, to cut at it
 
 
 class BatchTimes:
-    """Seconds per batch by the rows it ran (a bucketed device's padding included), averaged,
-    from the batches a device ran. A size not run yet is estimated from the next larger one run
-    (a batch takes no longer than a larger one), or scaled up from the largest."""
+    """Seconds per batch by the rows it ran (a bucketed device's padding included), from the
+    batches a device ran: averaged (what the next batch will likely take), and the best of the
+    latest few (what the device can do: a neighbour's load, a cold start or another device
+    sharing its CPU only ever slow a batch down). A size not run yet is estimated from the next
+    larger one run (a batch takes no longer than a larger one), or scaled up from the largest."""
 
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
+        self._recent: dict[int, deque[float]] = {}
         self._sizes: list[int] = []  # sorted
+        self.batches = 0
+        self.observed_at = -math.inf  # time.monotonic() of the latest batch
 
     def observe(self, size: int, seconds: float) -> None:
         previous = self._seconds.get(size)
         if previous is None:  # the time first: a size listed is one the estimate can read
             self._seconds[size] = seconds
+            self._recent[size] = deque(maxlen=_RECENT)
             bisect.insort(self._sizes, size)
         else:
             self._seconds[size] = previous + _SMOOTHING * (seconds - previous)
+        self._recent[size].append(seconds)
+        self.batches += 1
+        self.observed_at = time.monotonic()
 
     @property
     def largest(self) -> int:
@@ -59,15 +69,14 @@ class BatchTimes:
         """The average of batches of exactly `size`; None if none ran."""
         return self._seconds.get(size)
 
-    def estimate(self, size: float) -> float | None:
-        """None before any batch ran."""
+    def estimate(self, size: float, best: bool = False) -> float | None:
+        """The average (`best`: the best of the latest) at `size`; None before any batch ran."""
         if not self._sizes:
             return None
         at = bisect.bisect_left(self._sizes, size)
-        if at < len(self._sizes):
-            return self._seconds[self._sizes[at]]
-        largest = self._sizes[-1]
-        return self._seconds[largest] * size / largest
+        ran = self._sizes[min(at, len(self._sizes) - 1)]
+        seconds = min(self._recent[ran]) if best else self._seconds[ran]
+        return seconds if at < len(self._sizes) else seconds * size / ran
 
 
 class DeviceRunner:
@@ -310,11 +319,6 @@ class DeviceRunner:
             for batch in batches:
                 for _ in range(batch.count):
                     self._run_on(engine, batch.inputs, outputs, batch.size)
-
-    def forget_speed(self) -> None:
-        """Drops its measured times: the next batch measures the device anew."""
-        self.seconds_per_sample = None
-        self.times = BatchTimes()
 
     def mark_failed(self) -> None:
         """Unhealthy until a probe succeeds; each failed probe doubles the wait before the next."""
