@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 # machine's neighbours add noise; 4x keeps those from overturning the configured order, while
 # an emulator or a CPU kernel path against a native runtime (10-100x) crosses it.
 SLOWER = 4.0
-# Batches a device runs before it is judged by its own traffic alone: on 2 vCPUs an ONNX Runtime
-# batch of 16 that ran beside the FPGA emulator took 0.8 s against 5-10 ms, and, measured once,
-# kept the emulator first for the whole job.
+# Batches a device runs (in turns with the others under light load) before it may be demoted:
+# on 2 vCPUs an ONNX Runtime batch of 16 that ran beside the FPGA emulator took 0.8 s against
+# 5-10 ms, and, as the one batch measured, kept the emulator first for a whole Spark job.
 TRIAL_BATCHES = 3
 REMEASURE_EVERY_S = 30.0  # one slow batch this often is the price of noticing a recovery
 
