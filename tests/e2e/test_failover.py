@@ -12,6 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from service.core import slow_devices
 from tests.support.daemon import MODEL, MODELS, image_input
 from tests.support.metrics import scrape, total
 from tests.support.waiting import until
@@ -90,7 +91,12 @@ def test_prefer_stops_sending_batches_to_a_much_slower_device_unless_the_order_i
                             devices="faulty:fpga0, onnxruntime:cpu0", policy="prefer",
                             latency_budget_ms="60000", prefer_order=prefer_order)
     control.set(delay_s=0.05)
-    _infer_all(daemon.url, holdout[0][:48])  # fpga0 busy with its first batch: cpu0 measured too
+
+    def tried() -> bool:  # fpga0 is judged once it ran its trial batches; cpu0 is meanwhile
+        _infer_all(daemon.url, holdout[0][:48])
+        return total(scrape(daemon.metrics_url), "hetserve_compute_duration_seconds_count",
+                     device="fpga0") >= slow_devices.TRIAL_BATCHES
+    until(tried, timeout_s=60, what="fpga0's trial batches")
     before = total(scrape(daemon.metrics_url), "hetserve_inferences_total", device="fpga0")
     with grpcclient.InferenceServerClient(daemon.url) as client:
         devices = {client.infer(MODEL, image_input(holdout[0][i:i + 1])).get_response()
