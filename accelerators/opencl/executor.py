@@ -120,9 +120,14 @@ class Executor:
             chain.append(event)
             self._events.append(event)
             self._timed.append(launch)
+        # A read that waits on the other queues' events holds the GIL in pyopencl while the FPGA
+        # emulator runs those stages (a Python thread beside it ran at 2% of its speed, starving
+        # the daemon's event loop and other devices' instance threads): wait for them here, with
+        # the GIL released, since the run waits for its outputs anyway.
+        if chain:
+            cl.wait_for_events(chain)
         for name, array in results.items():
-            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False,
-                            wait_for=chain or None)
+            cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False)
         return held
 
     def _on_host(self, launch: Launch) -> None:
