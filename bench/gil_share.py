@@ -14,14 +14,13 @@ import argparse
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from accelerators.engine_factory import DeviceSpec, create_engine
+from bench import ROOT
+from bench.models import MNIST
 from tools import mnist_digits
-
-MODEL = Path(__file__).resolve().parent.parent / "models" / "mnist_cnn" / "1" / "model.onnx"
 
 
 def counted_per_s(main: Callable[[], object], seconds: float) -> tuple[float, int]:
@@ -52,9 +51,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     engine_name, _, device = args.device.partition(":")
-    engine = create_engine(DeviceSpec(engine_name, device), MODEL,
-                           served={"image": (1, 28, 28)})
-    inputs = {"image": np.ascontiguousarray(mnist_digits.holdout_split()[0][:args.batch])}
+    engine = create_engine(DeviceSpec(engine_name, device),
+                           ROOT / "models" / MNIST / "1" / "model.onnx")
+    inputs = {engine.inputs[0].name:
+              np.ascontiguousarray(mnist_digits.holdout_split()[0][:args.batch])}
     engine.run(inputs, ["logits"])  # plans built before the clock starts
     idle, _ = counted_per_s(lambda: time.sleep(0.01), args.seconds)
     busy, runs = counted_per_s(lambda: engine.run(inputs, ["logits"]), args.seconds)

@@ -29,7 +29,7 @@ from service.parent_death import end_with
 from service.unix_socket import holder, is_held
 
 __all__ = ["DaemonProcess", "DaemonStartError", "LocalDaemon", "UntrustedDaemonError", "check",
-           "free_port", "holder", "is_held", "is_ready", "local_daemon", "open_folder",
+           "free_port", "holder", "is_held", "is_ready", "local_daemon", "log_tail", "open_folder",
            "serve_command", "stop", "wait_ready"]
 
 _LOG_TAIL_CHARS = 4000
@@ -141,8 +141,15 @@ def wait_ready(address: str, process: subprocess.Popen, log_path: Path,
                      else f"was not ready after {timeout_s:g} s")
             stop(process)
             raise DaemonStartError(f"hetserve daemon on {address} {state}; its log:\n"
-                                   f"{log_path.read_text(errors='replace')[-_LOG_TAIL_CHARS:]}")
+                                   f"{log_tail(log_path)}")
         time.sleep(0.1)
+
+
+def log_tail(log_path: Path) -> str:
+    """The end of a daemon's log, for a message that says why it failed."""
+    if not log_path.exists():
+        return f"(no log at {log_path})"
+    return log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
 
 
 def stop(process: subprocess.Popen, timeout_s: float = 30.0) -> int:

@@ -59,7 +59,7 @@ class SlowDevices:
     def _on_trial(self, runner: DeviceRunner, now: float) -> bool:
         if runner in self._demoted:
             return now - runner.times.observed_at >= REMEASURE_EVERY_S
-        return runner.times.batches < TRIAL_BATCHES
+        return not _tried(runner)
 
     def _update(self) -> None:
         """Demotes a device only on its own trial's evidence: a slow batch says little of the
@@ -69,8 +69,7 @@ class SlowDevices:
         for runner in measured:
             slower, than = max(((_slower(runner, w), w) for w in measured if w is not runner),
                                key=lambda pair: pair[0], default=(1.0, runner))
-            tried = runner.times.batches >= TRIAL_BATCHES
-            if slower > SLOWER and tried and runner not in self._demoted:
+            if slower > SLOWER and _tried(runner) and runner not in self._demoted:
                 self._demote(runner, than, slower)
             elif slower <= SLOWER and runner in self._demoted:
                 self._restore(runner, than, slower)
@@ -87,6 +86,10 @@ class SlowDevices:
         self._gauges[runner].set(0)
         log.info("model %r: %s is no longer much slower than %s (%.1f times per sample): back "
                  "in its configured place", self._model, _name(runner), _name(than), slower)
+
+
+def _tried(runner: DeviceRunner) -> bool:
+    return runner.times.batches >= TRIAL_BATCHES
 
 
 def _slower(runner: DeviceRunner, other: DeviceRunner) -> float:

@@ -9,12 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from service.local_daemon import is_ready
+from service.local_daemon import is_ready, log_tail
 from spark_jobs.api import stop_started_daemons
 from spark_jobs.daemon import NodeDaemon, read_starter
 from spark_jobs.score import parse_args, score, write
@@ -113,7 +112,8 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
         os.kill(killed, signal.SIGKILL)
         runner.join(200)
         assert not runner.is_alive(), ("the job still runs 200 s after the daemon was killed; "
-                                       f"the daemons' log ends:\n{_tail(socket.parent)}")
+                                       "the daemons' log ends:\n"
+                                       + log_tail(socket.parent / "daemon.log"))
         assert not failure, failure
         scored = pd.read_parquet(args.output)
         assert len(scored) == rows and sorted(scored["id"]) == list(range(rows))
@@ -125,8 +125,3 @@ def test_daemon_killed_mid_job_is_restarted_and_every_row_scored_once(spark, hol
         runner.join(60)
         assert stop_started_daemons(spark, args.daemon) == 1
     assert not serving(socket)
-
-
-def _tail(folder: Path, chars: int = 6000) -> str:
-    log = folder / "daemon.log"
-    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no daemon.log)"
