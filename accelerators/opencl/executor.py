@@ -125,6 +125,7 @@ class Executor:
         # the daemon's event loop and other devices' instance threads): wait for them here, with
         # the GIL released, since the run waits for its outputs anyway.
         if chain:
+            q.flush()  # the chain's first stage waits on a marker in this queue
             cl.wait_for_events(chain)
         for name, array in results.items():
             cl.enqueue_copy(q, array, self._outputs[name][0], is_blocking=False)
