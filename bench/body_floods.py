@@ -4,7 +4,9 @@ each as a uid of its own, where it may) and prints what happened as counts, in J
 flood's requests ask for an output the model lacks, so that what they cost the other callers is
 decoding, not a device's time: the JSON is parsed in full (in the daemon's decoding process), then
 refused 400; the typed requests are refused INVALID_ARGUMENT from their header, before any of
-their values is converted."""
+their values is converted. The binary flood sends the same values as binary tensors (gRPC's
+`raw_input_contents`, REST's binary extension), refused alike: what the bytes cost without a
+decode, the decode flood's reference."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import grpc
 import h2.exceptions
+import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -110,43 +114,72 @@ def _typed_at_the_cap() -> pb.ModelInferRequest:
     return request
 
 
-def _rest_decodes(host: str, port: int, end: float, counts: Counter[str]) -> None:
-    body = _json_at_the_cap()
+def _binary_at_the_cap() -> tuple[pb.ModelInferRequest, bytes, dict[str, str]]:
+    """The decode flood's values as binary tensors: the gRPC request with `raw_input_contents`,
+    and a REST body (binary extension) with its headers. What the bytes alone cost."""
+    request = _typed_at_the_cap()
+    tensor = request.inputs[0]
+    raw = np.asarray(tensor.contents.fp32_contents, np.float32).tobytes()
+    tensor.ClearField("contents")
+    request.raw_input_contents.append(raw)
+    images = 128  # as many as the JSON body's
+    values = np.full(images * IMAGE_VALUES, 0.25, np.float32).tobytes()
+    header = json.dumps({"inputs": [{
+        "name": "image", "shape": [images, 1, 28, 28], "datatype": "FP32",
+        "parameters": {"binary_data_size": len(values)}}],
+        "outputs": [{"name": NO_OUTPUT}]}).encode()
+    return request, header + values, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _rest_requests(host: str, port: int, end: float, counts: Counter[str], body: bytes,
+                   headers: dict[str, str], kind: str) -> None:
     connection = http.client.HTTPConnection(host, port, timeout=30)
     try:
         while time.monotonic() < end:
-            connection.request("POST", f"/v2/models/{MODEL}/infer", body)
+            connection.request("POST", f"/v2/models/{MODEL}/infer", body, headers)
             reply = connection.getresponse()
-            counts[f"REST JSON {len(body) >> 10} KiB: {reply.status}"] += 1
+            counts[f"REST {kind} {len(body) >> 10} KiB: {reply.status}"] += 1
             reply.read()
     finally:
         connection.close()
 
 
-def _grpc_decodes(address: str, end: float, counts: Counter[str]) -> None:
-    request = _typed_at_the_cap()
-    values = len(request.inputs[0].contents.fp32_contents)
+def _grpc_requests(address: str, end: float, counts: Counter[str],
+                   request: pb.ModelInferRequest, kind: str) -> None:
     with grpc.insecure_channel(address, [("grpc.use_local_subchannel_pool", 1)]) as channel:
         infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        size = request.ByteSize() >> 10
         while time.monotonic() < end:
             try:
                 infer(request, timeout=30)
-                counts[f"gRPC {values} typed values: OK"] += 1
+                counts[f"gRPC {kind} {size} KiB: OK"] += 1
             except grpc.RpcError as e:
-                counts[f"gRPC {values} typed values: {e.code().name}"] += 1
+                counts[f"gRPC {kind} {size} KiB: {e.code().name}"] += 1
+
+
+def _sent(kind: str) -> tuple[pb.ModelInferRequest, bytes, dict[str, str]]:
+    """What a `decode` or `binary` flood sends: its gRPC request, its REST body and headers."""
+    if kind == "binary":
+        return _binary_at_the_cap()
+    return _typed_at_the_cap(), _json_at_the_cap(), {}
 
 
 def attack(kind: str, host: str, port: int, http_port: int, seconds: float) -> Counter[str]:
-    """One caller's flood: `upload` or `decode`, on gRPC (`port`) and REST (`http_port`)."""
+    """One caller's flood: `upload`, `decode` or `binary`, on gRPC (`port`) and REST
+    (`http_port`)."""
     end = time.monotonic() + seconds
     grpc_address = f"{host}:{port}"
-    workers: list[tuple[Callable[..., None], tuple]] = \
-        [(_grpc_uploads, (grpc_address,))] * CONNECTIONS + \
-        [(_rest_uploads, (host, http_port))] * REST_CONNECTIONS if kind == "upload" else \
-        [(_grpc_decodes, (grpc_address,))] * 2 + [(_rest_decodes, (host, http_port))] * 2
+    workers: Sequence[Callable[[float, Counter[str]], None]]
+    if kind == "upload":
+        workers = [partial(_grpc_uploads, grpc_address)] * CONNECTIONS + \
+            [partial(_rest_uploads, host, http_port)] * REST_CONNECTIONS
+    else:
+        request, body, headers = _sent(kind)
+        workers = [partial(_grpc_requests, grpc_address, request=request, kind=kind)] * 2 + \
+            [partial(_rest_requests, host, http_port, body=body, headers=headers, kind=kind)] * 2
     counts: list[Counter[str]] = [Counter() for _ in workers]  # one each: no lost updates
-    threads = [threading.Thread(target=work, args=(*args, end, mine), daemon=True)
-               for (work, args), mine in zip(workers, counts)]
+    threads = [threading.Thread(target=work, args=(end, mine), daemon=True)
+               for work, mine in zip(workers, counts)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,11 +1,14 @@
 """Floods against the daemon from unprivileged TCP clients, while four unix socket users
-infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer
-streams, 20,000 idle connections, request bodies that never finish (gRPC and REST, from 8 callers:
-uids of their own where this runs as root), and requests decoded at the daemon's caps (JSON and
-typed contents). For each: the share of the socket users' requests answered right (target >=
-99%), their latency against a reference with no flood in the same run, the daemon's resident
-memory growth (target <= 200 MB) and open descriptors against its limit (target <= 80%), and
-both again once the flood's connections have closed (no trace). Each attacker runs in a process
+infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer streams, 20,000 idle
+connections, request bodies that never finish (gRPC and REST, from 8 callers: uids of their own
+where this runs as root), requests decoded at the daemon's caps (JSON and typed contents), and
+the same values as binary tensors (what their bytes cost without a decode); and, as a reference
+for the body floods, two processes that only keep a CPU busy (what sharing the machine costs the
+users, without the daemon's part). For each: the share
+of the socket users' requests answered right (target >= 99%), their latency against a reference
+with no flood in the same run, the daemon's resident memory growth (target <= 200 MB) and open
+descriptors against its limit (target <= 80%), and both again once the flood's connections have
+closed (no trace). Each attacker runs in a process
 of its own, so that its Python does not slow the users' client.
 
     .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--floods upload ...]
@@ -39,10 +42,12 @@ from service.local_daemon import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
-ATTACKS = ("none", "rapid-reset", "idle-streams", "idle-connections", "upload", "decode")
-BODIES = ("upload", "decode")  # bench/body_floods.py's
+ATTACKS = ("none", "busy", "rapid-reset", "idle-streams", "idle-connections", "upload",
+           "decode", "binary")
+BODIES = ("upload", "decode", "binary")  # bench/body_floods.py's
 UPLOAD_TIMEOUT_S = 4  # --upload-timeout-s: short enough to act within a flood
 UPLOAD_CALLERS = 8
+BUSY = 2  # as many CPUs as a body flood keeps busy: its client's, and the daemon's work
 
 
 def attack(kind: str, host: str, port: int, seconds: float) -> str:
@@ -54,6 +59,10 @@ def attack(kind: str, host: str, port: int, seconds: float) -> str:
         if kind == "none":  # the reference
             time.sleep(seconds)
             return "nothing (the reference)"
+        if kind == "busy":  # what a body flood's CPU alone costs, without the daemon's part
+            while time.monotonic() < end:
+                pass
+            return f"{BUSY} processes kept a CPU busy each, no connection"
         if kind == "rapid-reset":
             pairs = goaways = 0
             while time.monotonic() < end:
@@ -219,6 +228,8 @@ def run(seconds: float, workers: int, floods: tuple[str, ...] = ATTACKS) -> list
 def _attackers(kind: str) -> list[list[str]]:
     """How to run each attacker process: the upload flood's callers as uids of their own where
     this runs as root (setpriv), so that they are several callers; else as this user."""
+    if kind == "busy":
+        return [[]] * BUSY
     if kind != "upload":
         return [[]]
     if os.geteuid() != 0 or not shutil.which("setpriv"):
