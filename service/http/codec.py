@@ -37,6 +37,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)  # what the protocol's integer fields hold
 # default), which costs nothing to parse.
 INLINE_JSON_BYTES = 16 << 10
 MAX_JSON_BYTES = 512 << 10
+_AS_BINARY = f"send tensors as binary data (parameters.binary_data_size, header {HEADER_LENGTH})"
+JSON_BOUND = (MAX_JSON_BYTES, f"the most JSON parsed: {_AS_BINARY}")  # a JSON body's, inflated
 _REST_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
@@ -46,8 +48,7 @@ def parse_json(data: bytes | memoryview, what: str) -> dict:
     if len(data) > MAX_JSON_BYTES:
         raise InvalidInputError(f"{what}: {len(data)} bytes of JSON received, at most "
                                 f"{MAX_JSON_BYTES} parsed (more would stall other callers): "
-                                "send tensors as binary data (parameters.binary_data_size, "
-                                f"header {HEADER_LENGTH})")
+                                f"{_AS_BINARY}")
     try:
         document = json.loads(bytes(data) or b"{}")
     except (ValueError, RecursionError) as e:

@@ -21,7 +21,7 @@ from service.edge.access_log import AccessLog
 from service.edge.credentials import TokenFile, admin_token, holds
 from service.edge.door import Bounds, Door, Peers, private_folder
 from service.errors import StartupError, Status, status_of
-from service.http import codec
+from service.http import codec, compression
 from service.protocol.operations import Operations
 from service.protocol.types import Identity
 from service.settings import Settings
@@ -97,7 +97,9 @@ class HttpTransport:
         self._door = Door("http", inner / "http.sock", Bounds(
             s.max_connections_per_peer, s.max_connections_tcp, "--max-connections-tcp",
             s.max_stream_resets), self._peers, tls=tls is not None, http2=False)
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        # Compressed bodies are inflated by _body, off the loop and within bounds
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False,
+                                     auto_decompress=False)
         await self._runner.setup()
         cleanup.push_async_callback(self._runner.cleanup)
         await web.UnixSite(self._runner, str(self._door.inner), ssl_context=tls,
@@ -148,14 +150,24 @@ class HttpTransport:
             status, message = status_of(e, f"{request.method} {request.path[:200]}")
             return _error(HTTP_STATUS.get(status, 500), message)
 
-    async def _body(self, request: web.Request) -> bytes:
+    async def _body(self, request: web.Request, most: int = 0, bound: str = "") -> bytes:
         """The request's body, read within its caller's share of the bodies still arriving
-        (429 beyond it), --max-message-bytes (413) and --upload-timeout-s (408)."""
+        (429 beyond it), --max-message-bytes (413) and --upload-timeout-s (408); a compressed
+        one inflated (service/http/compression.py) to at most `most` bytes (by default
+        --max-message-bytes; `bound` says what sets it), charged to the same share."""
         budget, limit = self._peers.uploads, self._settings.max_message_bytes
         peer = self._peers.identify(_identity(request).peer)
         caller = peer.key if peer is not None else "?"
         chunks: list[bytes] = []
         held = 0
+
+        def charge(nbytes: int) -> None:
+            nonlocal held
+            refusal = budget.charge(caller, nbytes)
+            if refusal:
+                raise web.HTTPTooManyRequests(reason=refusal)
+            held += nbytes
+
         try:
             async with asyncio.timeout(budget.timeout_s or None):
                 async for chunk in request.content.iter_any():
@@ -163,18 +175,20 @@ class HttpTransport:
                         raise web.HTTPRequestEntityTooLarge(
                             max_size=limit, actual_size=held + len(chunk),
                             reason=f"the body is over --max-message-bytes {limit}")
-                    refusal = budget.charge(caller, len(chunk))
-                    if refusal:
-                        raise web.HTTPTooManyRequests(reason=refusal)
-                    held += len(chunk)
+                    charge(len(chunk))
                     chunks.append(chunk)
+                body = b"".join(chunks)
+                encoding = request.headers.get("Content-Encoding", "").strip().lower()
+                if encoding in ("", compression.IDENTITY):
+                    return body
+                return await compression.inflated(
+                    body, encoding, most or limit, bound or "--max-message-bytes", charge)
         except TimeoutError:
             raise web.HTTPRequestTimeout(reason=f"the request body was still arriving after "
                                                 f"{budget.timeout_s:g} s (--upload-timeout-s)"
                                          ) from None
         finally:
             budget.release(caller, held)
-        return b"".join(chunks)
 
     async def _live(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self._operations.live() else 400)
@@ -206,13 +220,13 @@ class HttpTransport:
             request.match_info.get("model", ""), _version(request))))
 
     async def _index(self, request: web.Request) -> web.Response:
-        body = codec.parse_json(await self._body(request), "the request body")
+        body = codec.parse_json(await self._body(request, *codec.JSON_BOUND), "the request body")
         return web.json_response([
             {"name": s.name, "version": s.version, "state": s.state, "reason": s.reason}
             for s in self._operations.repository_index(body.get("ready") is True)])
 
     async def _load(self, request: web.Request) -> web.Response:
-        body = codec.parse_json(await self._body(request), "the request body")
+        body = codec.parse_json(await self._body(request, *codec.JSON_BOUND), "the request body")
         parameters = codec.object_field(body.get("parameters", {}), "parameters")
         await self._operations.load(request.match_info["model"], list(parameters),
                                     _identity(request))
@@ -223,7 +237,9 @@ class HttpTransport:
         return web.Response(status=200)
 
     async def _infer(self, request: web.Request) -> web.Response:
-        body, length = await self._body(request), request.headers.get(codec.HEADER_LENGTH)
+        length = request.headers.get(codec.HEADER_LENGTH)
+        # JSON alone is parsed up to its cap: a body inflating beyond it is refused on the way
+        body = await self._body(request, *(() if length else codec.JSON_BOUND))
         where = (body, length, request.match_info["model"], _version(request))
         who = _identity(request)
         if not codec.INLINE_JSON_BYTES < codec.json_bytes(body, length) <= codec.MAX_JSON_BYTES:

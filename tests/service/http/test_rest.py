@@ -2,11 +2,12 @@
 against a real daemon, with one process and with two front-ends: health, metadata, config,
 statistics, the repository index, inference in JSON and in Triton's binary tensors,
 classification, errors as the protocol's JSON with their HTTP status, the token, the body bound,
-load and unload by the admin token's holders, and connection bounds."""
+compressed bodies, load and unload by the admin token's holders, and connection bounds."""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import http.client
 import json
 import select
@@ -167,6 +168,43 @@ def test_requests_are_counted_by_route_name_and_status(rest, holdout) -> None:
 def test_a_body_over_the_message_limit_is_refused(rest) -> None:
     status, _, reply = _post(rest.http, f"/v2/models/{MODEL}/infer", b" " * (2 << 20))
     assert status == 413, reply
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_as_tritonclient_sends_them(rest, holdout, algorithm) -> None:
+    images, _ = _images(holdout, 4)
+    client = httpclient.InferenceServerClient(rest.http)
+    for binary in (True, False):
+        tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images, binary_data=binary)
+        plain = client.infer(MODEL, [tensor]).as_numpy("logits")
+        packed = client.infer(MODEL, [tensor], request_compression_algorithm=algorithm)
+        np.testing.assert_allclose(packed.as_numpy("logits"), plain, rtol=1e-4, atol=1e-4)
+
+
+_JSON = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                                "data": [0.5] * 784}]}).encode()
+_HEADER = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                                  "parameters": {"binary_data_size": 3136}}]}).encode()
+
+
+@pytest.mark.parametrize("body, headers, status, message", [
+    (_JSON, {"Content-Encoding": "gzip"}, 400, "'Content-Encoding': gzip, but the body is not"),
+    (gzip.compress(_JSON)[:-9], {"Content-Encoding": "gzip"}, 400, "body ends before its gzip"),
+    (gzip.compress(_JSON) + b"!", {"Content-Encoding": "gzip"}, 400, "1 bytes follow its gzip"),
+    (gzip.compress(_JSON), {"Content-Encoding": "br"}, 415, "expected one of identity, gzip"),
+    # 8 MB of JSON in 8 KB: refused once the inflated part passes what JSON may hold
+    (gzip.compress(b" " * (8 << 20)), {"Content-Encoding": "gzip"}, 413,
+     "inflates (gzip) to more than 524288 bytes, the most JSON parsed"),
+    (gzip.compress(_HEADER + bytes(8 << 20)),
+     {"Content-Encoding": "gzip", "Inference-Header-Content-Length": str(len(_HEADER))}, 413,
+     "inflates (gzip) to more than 1048576 bytes, --max-message-bytes"),
+], ids=["not-gzip", "cut", "trailing", "unknown", "json-bomb", "binary-bomb"])
+def test_a_bad_compressed_body_gets_its_4xx_naming_why(rest, body, headers, status,
+                                                       message) -> None:
+    got, _, reply = _post(rest.http, f"/v2/models/{MODEL}/infer", body, headers)
+    assert got == status, reply
+    assert message in json.loads(reply)["error"]
 
 
 def test_a_peer_beyond_its_connections_gets_429_naming_the_flag(rest) -> None:
