@@ -6,10 +6,12 @@ decoding, not a device's time: the JSON is parsed in full (in the daemon's decod
 refused 400; the typed requests are refused INVALID_ARGUMENT from their header, before any of
 their values is converted. The binary flood sends the same values as binary tensors (gRPC's
 `raw_input_contents`, REST's binary extension), refused alike: what the bytes cost without a
-decode, the decode flood's reference."""
+decode, the decode flood's reference. The gzip flood sends REST bodies of 58 KB that inflate to
+60 MB of JSON whitespace (refused 413 once past the JSON cap)."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import select
@@ -18,7 +20,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import grpc
@@ -164,19 +166,28 @@ def _sent(kind: str) -> tuple[pb.ModelInferRequest, bytes, dict[str, str]]:
     return _typed_at_the_cap(), _json_at_the_cap(), {}
 
 
+def _gzip_bomb() -> bytes:
+    """60 MB of JSON whitespace in about 58 KB of gzip."""
+    return gzip.compress(b" " * (60 << 20), 9)
+
+
 def attack(kind: str, host: str, port: int, http_port: int, seconds: float) -> Counter[str]:
     """One caller's flood: `upload`, `decode` or `binary`, on gRPC (`port`) and REST
-    (`http_port`)."""
+    (`http_port`); `gzip`, on REST."""
     end = time.monotonic() + seconds
     grpc_address = f"{host}:{port}"
-    workers: Sequence[Callable[[float, Counter[str]], None]]
+    workers: list[Callable[[float, Counter[str]], None]]  # each a thread
     if kind == "upload":
-        workers = [partial(_grpc_uploads, grpc_address)] * CONNECTIONS + \
-            [partial(_rest_uploads, host, http_port)] * REST_CONNECTIONS
+        workers = [*[partial(_grpc_uploads, grpc_address)] * CONNECTIONS,
+                   *[partial(_rest_uploads, host, http_port)] * REST_CONNECTIONS]
+    elif kind == "gzip":
+        workers = [partial(_rest_requests, host, http_port, body=_gzip_bomb(),
+                           headers={"Content-Encoding": "gzip"}, kind=kind)] * 4
     else:
         request, body, headers = _sent(kind)
-        workers = [partial(_grpc_requests, grpc_address, request=request, kind=kind)] * 2 + \
-            [partial(_rest_requests, host, http_port, body=body, headers=headers, kind=kind)] * 2
+        workers = [*[partial(_grpc_requests, grpc_address, request=request, kind=kind)] * 2,
+                   *[partial(_rest_requests, host, http_port, body=body, headers=headers,
+                             kind=kind)] * 2]
     counts: list[Counter[str]] = [Counter() for _ in workers]  # one each: no lost updates
     threads = [threading.Thread(target=work, args=(end, mine), daemon=True)
                for work, mine in zip(workers, counts)]

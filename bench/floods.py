@@ -1,15 +1,15 @@
 """Floods against the daemon from unprivileged TCP clients, while four unix socket users
 infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer streams, 20,000 idle
 connections, request bodies that never finish (gRPC and REST, from 8 callers: uids of their own
-where this runs as root), requests decoded at the daemon's caps (JSON and typed contents), and
-the same values as binary tensors (what their bytes cost without a decode); and, as a reference
-for the body floods, two processes that only keep a CPU busy (what sharing the machine costs the
-users, without the daemon's part). For each: the share
-of the socket users' requests answered right (target >= 99%), their latency against a reference
-with no flood in the same run, the daemon's resident memory growth (target <= 200 MB) and open
-descriptors against its limit (target <= 80%), and both again once the flood's connections have
-closed (no trace). Each attacker runs in a process
-of its own, so that its Python does not slow the users' client.
+where this runs as root), requests decoded at the daemon's caps (JSON and typed contents), the
+same values as binary tensors (what their bytes cost without a decode), and REST gzip bodies
+that inflate a thousandfold; as a reference for the body floods, two processes that only keep a
+CPU busy (what sharing the machine costs the users, without the daemon's part). For each: the
+share of the socket users' requests answered right (target >= 99%), their latency against a
+reference with no flood in the same run, the daemon's resident memory growth (target <= 200 MB)
+and open descriptors against its limit (target <= 80%), and both again once the flood's
+connections have closed (no trace). Each attacker runs in a process of its own, so that its
+Python does not slow the users' client.
 
     .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--floods upload ...]
         [--json out.json]
@@ -43,8 +43,8 @@ from service.local_daemon import DaemonProcess, free_port
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mnist_cnn"
 ATTACKS = ("none", "busy", "rapid-reset", "idle-streams", "idle-connections", "upload",
-           "decode", "binary")
-BODIES = ("upload", "decode", "binary")  # bench/body_floods.py's
+           "decode", "binary", "gzip")
+BODIES = ("upload", "decode", "binary", "gzip")  # bench/body_floods.py's
 UPLOAD_TIMEOUT_S = 4  # --upload-timeout-s: short enough to act within a flood
 UPLOAD_CALLERS = 8
 BUSY = 2  # as many CPUs as a body flood keeps busy: its client's, and the daemon's work
