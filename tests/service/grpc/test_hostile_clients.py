@@ -190,6 +190,17 @@ def test_names_and_error_messages_are_bounded(daemon, unix, shm) -> None:
     assert "secret-name" not in message and len(message) < 500
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_a_compressed_request_is_refused_before_it_is_inflated(daemon, unix, holdout,
+                                                               algorithm) -> None:
+    """grpc core would inflate it whole, and the loop copy and parse what it grew to: a few KB
+    could hold every caller. The same request uncompressed is answered."""
+    inputs = image_input(holdout[0][:1])
+    refused(lambda: unix.infer(MODEL, inputs, compression_algorithm=algorithm),
+            "UNIMPLEMENTED", f"Compression algorithm '{algorithm}' is disabled")
+    assert unix.infer(MODEL, inputs).as_numpy("logits").shape == (1, 10)
+
+
 def test_a_stream_whose_replies_are_not_read_stops_being_read(daemon) -> None:
     """Bad requests, each answered at once, that the client never reads: the daemon reads a
     window of them ahead, then gRPC's flow control holds the client's writes."""
