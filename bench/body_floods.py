@@ -6,8 +6,9 @@ decoding, not a device's time: the JSON is parsed in full (in the daemon's decod
 refused 400; the typed requests are refused INVALID_ARGUMENT from their header, before any of
 their values is converted. The binary flood sends the same values as binary tensors (gRPC's
 `raw_input_contents`, REST's binary extension), refused alike: what the bytes cost without a
-decode, the decode flood's reference. The gzip flood sends REST bodies of 58 KB that inflate to
-60 MB of JSON whitespace (refused 413 once past the JSON cap)."""
+decode, the decode flood's reference. The gzip flood sends 58 KB of gzip that inflate to 60 MB:
+REST bodies of JSON whitespace (refused 413 once past the JSON cap), and gRPC messages (refused
+UNIMPLEMENTED before they are inflated)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from service.http.codec import MAX_JSON_BYTES
 from service.protocol.inputs import MAX_TYPED_VALUES
 
 MODEL = "mnist_cnn"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+_STATUS = {str(code.value[0]): code.name for code in grpc.StatusCode}
 IMAGE_VALUES = 28 * 28
 NO_OUTPUT = "no-such-output"
 DECLARED = 60 << 20  # what each unfinished body says it will be
@@ -54,7 +57,7 @@ def _grpc_uploads(address: str, end: float, counts: Counter[str]) -> None:
     while time.monotonic() < end:
         try:
             with RawH2(address) as flood:
-                ids = [flood.open("/inference.GRPCInferenceService/ModelInfer")
+                ids = [flood.open(INFER)
                        for _ in range(STREAMS)]
                 for stream in ids:
                     flood.h2.send_data(stream, b"\0" + struct.pack(">I", DECLARED))
@@ -171,9 +174,32 @@ def _gzip_bomb() -> bytes:
     return gzip.compress(b" " * (60 << 20), 9)
 
 
+def _grpc_gzip_bombs(address: str, end: float, counts: Counter[str]) -> None:
+    """ModelInfer calls whose one message is 58 KB of gzip that inflate to a 60 MB request (of a
+    batch the model refuses), on a connection opened again when closed: sent as raw frames, the
+    message compressed once (a gRPC client would compress each call again)."""
+    request = pb.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="image", datatype="FP32", shape=[(60 << 20) // 3136, 1, 28, 28])
+    request.raw_input_contents.append(bytes(60 << 20))
+    packed = gzip.compress(request.SerializeToString(), 9)
+    while time.monotonic() < end:
+        try:
+            with RawH2(address) as flood:
+                while time.monotonic() < end and flood.goaway is None and not flood.closed:
+                    stream = flood.open(INFER, [("grpc-encoding", "gzip")])
+                    flood.send_message(stream, packed, end=True, compressed=True)
+                    flood.flush()
+                    flood.read(30, until=lambda: stream in flood.ended)
+                    counts[f"gRPC gzip {len(packed) >> 10} KiB: "
+                           f"{_STATUS.get(flood.ended.get(stream, ''), 'no answer')}"] += 1
+        except (OSError, TimeoutError, h2.exceptions.H2Error) as e:
+            counts[f"gRPC {type(e).__name__}"] += 1
+            time.sleep(PACE_S)
+
+
 def attack(kind: str, host: str, port: int, http_port: int, seconds: float) -> Counter[str]:
-    """One caller's flood: `upload`, `decode` or `binary`, on gRPC (`port`) and REST
-    (`http_port`); `gzip`, on REST."""
+    """One caller's flood: `upload`, `decode`, `binary` or `gzip`, on gRPC (`port`) and REST
+    (`http_port`)."""
     end = time.monotonic() + seconds
     grpc_address = f"{host}:{port}"
     workers: list[Callable[[float, Counter[str]], None]]  # each a thread
@@ -181,8 +207,9 @@ def attack(kind: str, host: str, port: int, http_port: int, seconds: float) -> C
         workers = [*[partial(_grpc_uploads, grpc_address)] * CONNECTIONS,
                    *[partial(_rest_uploads, host, http_port)] * REST_CONNECTIONS]
     elif kind == "gzip":
-        workers = [partial(_rest_requests, host, http_port, body=_gzip_bomb(),
-                           headers={"Content-Encoding": "gzip"}, kind=kind)] * 4
+        workers = [*[partial(_grpc_gzip_bombs, grpc_address)] * 2,
+                   *[partial(_rest_requests, host, http_port, body=_gzip_bomb(),
+                             headers={"Content-Encoding": "gzip"}, kind=kind)] * 2]
     else:
         request, body, headers = _sent(kind)
         workers = [*[partial(_grpc_requests, grpc_address, request=request, kind=kind)] * 2,

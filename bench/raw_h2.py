@@ -8,6 +8,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Sequence
 
 import h2.config
 import h2.connection
@@ -56,18 +57,21 @@ class RawH2:
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
 
-    def open(self, path: str = STREAM_INFER) -> int:
-        """A gRPC call's headers, no message: the call waits for its requests."""
+    def open(self, path: str = STREAM_INFER, headers: Sequence[tuple[str, str]] = ()) -> int:
+        """A gRPC call's headers (and `headers` more), no message: the call waits for its
+        requests."""
         stream = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream, [
             (":method", "POST"), (":scheme", "http"), (":path", path),
             (":authority", self.authority), ("content-type", "application/grpc"),
-            ("te", "trailers")])
+            ("te", "trailers"), *headers])
         return stream
 
-    def send_message(self, stream: int, message: bytes, end: bool = False) -> None:
-        """One gRPC message; `end` ends the call's requests too (a unary call's)."""
-        self.h2.send_data(stream, b"\0" + struct.pack(">I", len(message)) + message,
+    def send_message(self, stream: int, message: bytes, end: bool = False,
+                     compressed: bool = False) -> None:
+        """One gRPC message (`compressed` in the call's grpc-encoding); `end` ends the call's
+        requests too (a unary call's)."""
+        self.h2.send_data(stream, struct.pack(">BI", compressed, len(message)) + message,
                           end_stream=end)
 
     def reset(self, stream: int) -> None:

@@ -12,6 +12,11 @@ import signal
 import sys
 from pathlib import Path
 
+# grpc core writes a line of its own for some refusals, one per call or connection and
+# unbounded (a compressed request: "Compression algorithm 'gzip' is disabled"): a flood of them
+# would fill the log. Read once, when grpc is first imported (below), unless set already.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 from service import daemon_log
 from service.clients.tune.command import add_arguments as add_tune_arguments
 from service.ops.fpga_command import add_arguments as add_fpga_arguments
