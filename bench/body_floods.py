@@ -189,9 +189,10 @@ def _grpc_gzip_bombs(address: str, end: float, counts: Counter[str]) -> None:
                     stream = flood.open(INFER, [("grpc-encoding", "gzip")])
                     flood.send_message(stream, packed, end=True, compressed=True)
                     flood.flush()
-                    flood.read(30, until=lambda: stream in flood.ended)
-                    counts[f"gRPC gzip {len(packed) >> 10} KiB: "
-                           f"{_STATUS.get(flood.ended.get(stream, ''), 'no answer')}"] += 1
+                    flood.read(30, until=lambda: stream in flood.ended or stream in flood.refused)
+                    answer = "REFUSED_STREAM" if stream in flood.refused else \
+                        _STATUS.get(flood.ended.get(stream, ""), "no answer")
+                    counts[f"gRPC gzip {len(packed) >> 10} KiB: {answer}"] += 1
         except (OSError, TimeoutError, h2.exceptions.H2Error) as e:
             counts[f"gRPC {type(e).__name__}"] += 1
             time.sleep(PACE_S)
