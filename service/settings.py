@@ -117,7 +117,8 @@ class Settings:
                                         "and no reply pending is closed UNAVAILABLE"})
     max_rpcs_tcp: int = field(
         default=512, metadata={"doc": "calls (a stream is one) in progress at once over TCP, per "
-                                      "front-end process, before RESOURCE_EXHAUSTED; the unix "
+                                      "front-end process, before RESOURCE_EXHAUSTED, three "
+                                      "quarters of them at most from one caller; the unix "
                                       "socket has its own server and limit"})
     max_rpcs_socket: int = field(
         default=1024, metadata={"doc": "the same for the unix socket"})

@@ -34,6 +34,15 @@ class RequestOptions:
 
 DEFAULT_OPTIONS = RequestOptions()
 
+# The part of a bound kept from any one caller (queue places, calls in progress), or from every
+# unauthenticated TCP caller together for queue places: the others find room.
+_RESERVE = 1 / 4
+
+
+def callers_share(limit: int) -> int:
+    """How much of `limit` one caller may hold (a bound of 3 keeps none from it)."""
+    return limit - int(limit * _RESERVE)
+
 
 @dataclass(frozen=True)
 class BatchPolicy:

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from service.core.batch_buffers import Batch, BatchBuffers
 from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
-from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions
+from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions, callers_share
 from service.core.statistics import ModelStatistics
 from service.core.types import Answer, Inputs, Tensors, settle
 from service.errors import (
@@ -60,9 +60,6 @@ log = logging.getLogger(__name__)
 # Arrivals closer than this come together (one event-loop iteration hands over many: a
 # front-end's frame, several gRPC calls), so a request after so short a gap may have company.
 _TOGETHER_S = 100e-6
-# The part of a level's places kept from one caller, or from every unauthenticated TCP caller
-# together, beyond a first request: others find room (a queue of 3 keeps none).
-_RESERVE = 1 / 4
 # Whether the window still grows batches when the devices were busy lately: the share of the
 # latest waits during which the batch grew (a moving average, the newest weighing 1/8). Below a
 # quarter the window is skipped (one client on a slow device: its next request never has
@@ -253,7 +250,7 @@ class Scheduler:
         if not options.caller:
             return
         limit = self.policy.levels[level].max_queue_size
-        share = limit - int(limit * _RESERVE)
+        share = callers_share(limit)
         held = self._held[level][options.caller]
         if held and held + size > share:
             raise QueueFullError(

@@ -1,18 +1,21 @@
 """What one client may hold of a gRPC server, bounded per listener: each listener (TCP, the unix
 socket) has a server of its own in each process, so that a flood over TCP fills only TCP's
 limits. Its door bounds connections (service/edge/door.py); grpc core keeps the stream, idle and
-age bounds (`server_options`); calls in progress are counted here (`RpcLimit`), so that a refusal
-names the flag that sets the limit."""
+age bounds (`server_options`); calls in progress are counted here (`RpcLimit`), in all and per
+caller, so that a refusal names the flag that sets the limit."""
 
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from service.core.queue_policy import callers_share
+from service.edge.door import Peers
 from service.settings import Settings
 
 # grpc's own default: the third ping that comes too soon closes the connection.
@@ -73,23 +76,47 @@ def backstop(listener: Listener) -> int:
 
 
 class RpcLimit(grpc.aio.ServerInterceptor):
-    """At most `listener.max_rpcs` calls in progress on one server: one more is refused
-    RESOURCE_EXHAUSTED before its handler runs, with a message naming the flag."""
+    """At most `listener.max_rpcs` calls in progress on one server, and at most three quarters
+    of them from one caller (as its door names it: a uid on the socket and over loopback TCP,
+    else an address), so that one local user's idle streams (health watches, ModelStreamInfer)
+    leave the others room: one more is refused RESOURCE_EXHAUSTED before its handler runs, with
+    a message naming the flag."""
 
-    def __init__(self, listener: Listener) -> None:
-        self._listener = listener
+    def __init__(self, listener: Listener, peers: Peers) -> None:
+        self._listener, self._peers = listener, peers
         self._active = 0
+        self._share = callers_share(listener.max_rpcs)
+        self._held: Counter[str] = Counter()  # by caller
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         return None if handler is None else self._counted(handler)
 
-    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
-        if self._active >= self._listener.max_rpcs:
+    async def _enter(self, context: grpc.aio.ServicerContext) -> str:
+        """Counts the call in; the caller to count out ("" for one that came through no door)."""
+        listener = self._listener
+        if self._active >= listener.max_rpcs:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"{self._listener.name} has {self._listener.max_rpcs} calls in progress at this "
-                f"daemon process, the most {self._listener.flag} allows: try again later"))
+                f"{listener.name} has {listener.max_rpcs} calls in progress at this daemon "
+                f"process, the most {listener.flag} allows: try again later"))
+        peer = self._peers.identify(context.peer())
+        caller = peer.key if peer is not None else ""
+        if caller and self._held[caller] >= self._share:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"{caller} has {self._held[caller]} calls in progress on {listener.name} at "
+                f"this daemon process, its share of the {listener.max_rpcs} that {listener.flag} "
+                "allows (the others' room): end some, or wait for replies"))
         self._active += 1
+        if caller:
+            self._held[caller] += 1
+        return caller
+
+    def _leave(self, caller: str) -> None:
+        self._active -= 1
+        if caller:
+            self._held[caller] -= 1
+            if not self._held[caller]:
+                del self._held[caller]
 
     def _counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         kind, behaviour = next((kind, getattr(handler, kind)) for kind in (
@@ -98,19 +125,19 @@ class RpcLimit(grpc.aio.ServerInterceptor):
         counted: Callable[..., Any]  # one of two kinds of coroutine function
         if inspect.isasyncgenfunction(behaviour):  # replies yielded
             async def counted(request, context):
-                await self._enter(context)
+                caller = await self._enter(context)
                 try:
                     async for reply in behaviour(request, context):
                         yield reply
                 finally:
-                    self._active -= 1
+                    self._leave(caller)
         else:  # a reply returned, or replies written with context.write
             async def counted(request, context):
-                await self._enter(context)
+                caller = await self._enter(context)
                 try:
                     return await behaviour(request, context)
                 finally:
-                    self._active -= 1
+                    self._leave(caller)
         return getattr(grpc, f"{kind}_rpc_method_handler")(
             counted, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)

@@ -53,7 +53,7 @@ class GrpcTransport:
     def _server(self, listener: Listener, servicer: object,
                 interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
         server = grpc.aio.server(
-            interceptors=[*interceptors, RpcLimit(listener)],
+            interceptors=[*interceptors, RpcLimit(listener, self._peers)],
             options=server_options(self._settings), maximum_concurrent_rpcs=backstop(listener))
         handlers.add_to_server(servicer, server, self._access)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

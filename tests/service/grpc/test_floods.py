@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -25,7 +27,8 @@ from tritonclient.utils import InferenceServerException
 from bench import floods
 from bench.raw_h2 import RawH2
 from service.local_daemon import free_port
-from tests.support.daemon import MODEL, MODELS, Daemon, image_input
+from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input
+from tests.support.other_user import NOBODY, as_nobody, needs_nobody
 
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
@@ -156,33 +159,67 @@ def test_an_idle_connection_is_closed(short, listener) -> None:
     assert IDLE_S * 0.5 <= waited < IDLE_S + 3
 
 
-def test_calls_beyond_max_rpcs_tcp_are_refused_and_the_socket_is_served(limited,
-                                                                        holdout) -> None:
-    """The held streams fill the TCP server's calls; the unix socket has a server of its own."""
-    with socket_users(limited, holdout) as answers, \
-            grpcclient.InferenceServerClient(limited.url) as tcp:
-        def call() -> InferenceServerException | None:
-            try:
-                tcp.infer(MODEL, image_input(holdout[0][:1]), client_timeout=5)
-            except InferenceServerException as e:
-                return e
-            return None
+def _tcp_call(daemon: Daemon, holdout) -> InferenceServerException | None:
+    with grpcclient.InferenceServerClient(daemon.url) as tcp:
+        try:
+            tcp.infer(MODEL, image_input(holdout[0][:1]), client_timeout=5)
+        except InferenceServerException as e:
+            return e
+    return None
 
-        with RawH2(limited.url) as holder:
-            for _ in range(RPCS):
-                holder.open()
-            holder.flush()
-            deadline = time.monotonic() + 5
-            while call() is None and time.monotonic() < deadline:  # until they are counted
-                pass
-            refused = [call() for _ in range(200)]
+
+@contextlib.contextmanager
+def _streams_held_by_nobody(daemon: Daemon, count: int) -> Iterator[None]:
+    """`count` calls over TCP that another local user (nobody) opens and holds."""
+    needs_nobody()
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from bench.raw_h2 import RawH2\n"
+            f"with RawH2({daemon.url!r}) as h:\n"
+            f"    [h.open() for _ in range({count})]\n"
+            "    h.flush(); print('held', flush=True); sys.stdin.read()\n")
+    holder = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                               "--clear-groups", sys.executable, "-c", code], cwd="/",
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.communicate(timeout=30)  # its stdin closed: it lets go
+
+
+def test_one_caller_holds_a_share_of_max_rpcs_tcp_and_the_socket_is_served(limited,
+                                                                            holdout) -> None:
+    """Streams one local user holds over TCP fill its share of the TCP server's calls (three
+    quarters of --max-rpcs-tcp): its next call is refused naming the flag, another local user's
+    is answered; once that user holds the rest, every TCP call is refused naming the flag. The
+    unix socket has a server of its own throughout."""
+    share = RPCS - RPCS // 4
+    with socket_users(limited, holdout) as answers, RawH2(limited.url) as holder:
+        for _ in range(share):
+            holder.open()
+        holder.flush()
         deadline = time.monotonic() + 5
-        while (error := call()) is not None and time.monotonic() < deadline:  # let go
-            time.sleep(0.05)
-    assert error is None
-    assert {e.status() for e in refused if e} == {"StatusCode.RESOURCE_EXHAUSTED"}
-    assert all(e and f"{RPCS} calls in progress" in e.message() and "--max-rpcs-tcp" in
-               e.message() for e in refused)
+        while _tcp_call(limited, holdout) is None and time.monotonic() < deadline:
+            pass  # until they are counted
+        mine = [_tcp_call(limited, holdout) for _ in range(20)]
+        others = as_nobody(
+            "import numpy as np, tritonclient.grpc as g\n"
+            f"c = g.InferenceServerClient({limited.url!r})\n"
+            "x = g.InferInput('image', [1, 1, 28, 28], 'FP32')\n"
+            "x.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))\n"
+            "print(c.infer('mnist_cnn', [x], client_timeout=5).as_numpy('logits').shape)")
+        with _streams_held_by_nobody(limited, RPCS - share):
+            deadline = time.monotonic() + 5
+            while "in progress on TCP" in str(error := _tcp_call(limited, holdout)) and \
+                    time.monotonic() < deadline:
+                pass  # until nobody's are counted
+            full = [error, *(_tcp_call(limited, holdout) for _ in range(20))]
+    assert {e.status() for e in mine if e} == {"StatusCode.RESOURCE_EXHAUSTED"}
+    assert all(e and f"has {share} calls in progress on TCP" in e.message() and
+               "--max-rpcs-tcp" in e.message() for e in mine)
+    assert others.stdout.strip() == "(1, 10)", others.stderr
+    assert all(e and f"TCP has {RPCS} calls in progress" in e.message() and "--max-rpcs-tcp"
+               in e.message() for e in full)
     _all_right(answers)
 
 
