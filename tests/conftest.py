@@ -3,8 +3,14 @@ daemons of variants of the example model on the faulty test engine."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+
+# Before grpc is first imported: the tests fork only to exec (daemons, Spark's JVM, other
+# users), and grpc's fork handlers can crash such a child before its exec (grpc/grpc#43055:
+# Spark's JVM then never starts).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import numpy as np
 import pytest

@@ -12,10 +12,13 @@ import signal
 import sys
 from pathlib import Path
 
-# grpc core writes a line of its own for some refusals, one per call or connection and
-# unbounded (a compressed request: "Compression algorithm 'gzip' is disabled"): a flood of them
-# would fill the log. Read once, when grpc is first imported (below), unless set already.
+# Read once, when grpc is first imported (below), unless set already. grpc core writes a line
+# of its own for some refusals, one per call and unbounded (a compressed request: "Compression
+# algorithm 'gzip' is disabled"): a flood of them would fill the log. The daemon forks only to
+# exec (spawned processes), and grpc's fork handlers can crash such a child before its exec
+# (grpc/grpc#43055).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from service import daemon_log
 from service.clients.tune.command import add_arguments as add_tune_arguments
