@@ -57,8 +57,7 @@ def _grpc_uploads(address: str, end: float, counts: Counter[str]) -> None:
     while time.monotonic() < end:
         try:
             with RawH2(address) as flood:
-                ids = [flood.open(INFER)
-                       for _ in range(STREAMS)]
+                ids = [flood.open(INFER) for _ in range(STREAMS)]
                 for stream in ids:
                     flood.h2.send_data(stream, b"\0" + struct.pack(">I", DECLARED))
                 while time.monotonic() < end and flood.goaway is None and not flood.closed:

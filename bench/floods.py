@@ -2,14 +2,14 @@
 infer: streams opened and reset at full speed, 40,000 idle ModelStreamInfer streams, 20,000 idle
 connections, request bodies that never finish (gRPC and REST, from 8 callers: uids of their own
 where this runs as root), requests decoded at the daemon's caps (JSON and typed contents), the
-same values as binary tensors (what their bytes cost without a decode), and REST gzip bodies
-that inflate a thousandfold; as a reference for the body floods, two processes that only keep a
-CPU busy (what sharing the machine costs the users, without the daemon's part). For each: the
-share of the socket users' requests answered right (target >= 99%), their latency against a
-reference with no flood in the same run, the daemon's resident memory growth (target <= 200 MB)
-and open descriptors against its limit (target <= 80%), and both again once the flood's
-connections have closed (no trace). Each attacker runs in a process of its own, so that its
-Python does not slow the users' client.
+same values as binary tensors (what their bytes cost without a decode), and gzip bodies and
+messages (REST, gRPC) that inflate a thousandfold; as a reference for the body floods, two
+processes that only keep a CPU busy (what sharing the machine costs the users, without the
+daemon's part). For each: the share of the socket users' requests answered right (target >=
+99%), their latency against a reference with no flood in the same run, the daemon's resident
+memory growth (target <= 200 MB) and open descriptors against its limit (target <= 80%), and
+both again once the flood's connections have closed (no trace). Each attacker runs in a process
+of its own, so that its Python does not slow the users' client.
 
     .venv/bin/python -m bench.floods [--seconds 8] [--workers 1] [--floods upload ...]
         [--json out.json]
