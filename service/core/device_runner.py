@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 import math
 import queue
 import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from accelerators.engine import Engine, PreparesPlans, ReportsPlans
 from accelerators.flops import FlopCounter
@@ -27,11 +29,14 @@ from service.core.types import Answer, Cost, Tensors, settle
 from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
+log = logging.getLogger(__name__)
 _SMOOTHING = 0.2  # weight of the newest batch in a size's time average
 _RECENT = 8  # the latest batches of a size whose best time tells what the device can do
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
 _HANDOFFS = 15  # the latest hand-offs measured, whose median is the hand-off's cost
 _CUT_GAIN = 1.05  # a smaller bucket's samples per second over the whole batch's, to cut at it
+# A batch's answer, or what it failed with, called on the event loop's thread.
+Finished = Callable[[Answer | None, BaseException | None], None]
 
 
 class BatchTimes:
@@ -193,49 +198,49 @@ class DeviceRunner:
         """The rows a batch of `size` runs as here: with its buckets' padding."""
         return self.buckets.rows(size) if self.buckets else size
 
-    def submit(self, batch: Batch, outputs: list[str], size: int,
-               since: float | None = None) -> asyncio.Future[Answer]:
-        """Hands the batch to an instance thread, which assembles its inputs first; its answer
-        (or DeviceError) comes in the future. `since`: time.monotonic() when its lone request
-        was queued, nothing else waiting on the event loop meanwhile: the hand-off is measured
-        from then (on a busy loop the thread's answer waits its turn, which is no cost of
-        handing over: an estimate that counted it would run long batches on the loop)."""
+    def submit(self, batch: Batch, outputs: list[str], size: int, done: Finished,
+               since: float | None = None) -> None:
+        """Hands the batch to an instance thread, which assembles its inputs first; `done(answer,
+        None)` or `done(None, error)` (a DeviceError, or a BaseException other than an Exception
+        as it is) is then called on the event loop's thread, in the first iteration after the
+        thread's, with no future or task between: each would cost a lone request's reply another
+        iteration. `since`: time.monotonic() when its lone request was queued, nothing else
+        waiting on the event loop meanwhile: the hand-off is measured from then (on a busy loop
+        the thread's answer waits its turn, which is no cost of handing over: an estimate that
+        counted it would run long batches on the loop)."""
         loop = asyncio.get_running_loop()
-        done, answer = loop.create_future(), loop.create_future()
         idle = self._running < self.instances  # else it waits for one: no hand-off measured
         self.pending_samples += size
         self._running += 1
 
-        def finished(ran: asyncio.Future) -> None:
+        def finished(ran: tuple[Answer, float] | None, error: BaseException | None) -> None:
             self.pending_samples -= size
             self._running -= 1
-            if answer.done():  # its caller gave up waiting
+            if ran is None:
+                done(None, self._failure(size, error) if isinstance(error, Exception) else error)
                 return
-            error = None if ran.cancelled() else ran.exception()
-            if ran.cancelled() or isinstance(error, asyncio.CancelledError):
-                answer.cancel()
-            elif error is not None:  # a BaseException other than an Exception passes as it is
-                answer.set_exception(self._failure(size, error)
-                                     if isinstance(error, Exception) else error)
-            else:
-                result, worked_s = ran.result()
-                if since is not None and idle:
-                    self._handoffs.append(time.monotonic() - since - worked_s)
-                answer.set_result(result)
-        done.add_done_callback(finished)
-        self._batches.put((loop, done, batch, outputs, size))
-        return answer
+            answer, worked_s = ran
+            if since is not None and idle:
+                self._handoffs.append(time.monotonic() - since - worked_s)
+            done(answer, None)
+        self._batches.put((loop, finished, batch, outputs, size))
 
     async def run(self, batch: Batch, outputs: list[str], size: int,
                   since: float | None = None) -> Answer:
-        return await self.submit(batch, outputs, size, since)
+        """submit()'s answer, awaited."""
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.submit(batch, outputs, size, lambda answer, error: settle(future, answer, error),
+                    since)
+        return await future
 
     def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """The batch's answer computed on the calling thread (DeviceError if it failed)."""
         try:
-            return self._timed_run(batch, outputs, size)
+            answer, record = self._timed_run(batch, outputs, size)
         except Exception as e:
             raise self._failure(size, e) from e
+        record()
+        return answer
 
     def _failure(self, size: int, error: Exception) -> DeviceError:
         """The DeviceError a batch's failure becomes, caused by it."""
@@ -245,22 +250,31 @@ class DeviceRunner:
         return failure
 
     def _serve(self) -> None:
-        """An instance thread: runs batches until close(), each answer handed to its loop."""
+        """An instance thread: runs batches until close(), each answer handed to its loop
+        before the batch is recorded in the metrics, which its reply need not wait for."""
         while (batch := self._batches.get()) is not None:
-            loop, done, work, outputs, size = batch
+            loop, finished, work, outputs, size = batch
             started = time.perf_counter()
+            record = None
             try:  # the answer, and the thread's work on it (assembly included)
-                result, error = (self._timed_run(work, outputs, size),
-                                 time.perf_counter() - started), None
+                answer, record = self._timed_run(work, outputs, size)
+                ran, error = (answer, time.perf_counter() - started), None
             except BaseException as e:  # handed to the batch's caller, as an executor does
-                result, error = None, e
+                ran, error = None, e
             try:
-                loop.call_soon_threadsafe(settle, done, result, error)
+                loop.call_soon_threadsafe(finished, ran, error)
             except RuntimeError:  # the loop is closed: nobody waits for this batch
                 pass
+            if record is not None:
+                try:
+                    record()
+                except Exception:  # a bug in the metering must not end the instance thread
+                    log.exception("device %s: a batch could not be recorded", self.device.name)
 
-    def _timed_run(self, batch: Batch, outputs: list[str], size: int) -> Answer:
-        """The batch's answer, its compute (not its assembly) timed and metered."""
+    def _timed_run(self, batch: Batch, outputs: list[str],
+                   size: int) -> tuple[Answer, Callable[[], None]]:
+        """The batch's answer, its compute (not its assembly) timed and charged; and what
+        records it in the metrics and the speed estimates, to be called once it is answered."""
         inputs = batch.inputs(self.rows_for(size))
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
@@ -269,29 +283,32 @@ class DeviceRunner:
             busy_s = time.perf_counter() - start
         finally:
             self._idle.append(engine)
-        self._padding.inc(padding)
-        if self.known_good is None:
-            self.known_good = batch.sample()
-        # Plain updates from the instance threads (a rare lost update of an average is
-        # harmless); the scheduler and the ranking only read them.
-        self.times.observe(self.rows_for(size), busy_s)
-        sample_s = busy_s / size
-        previous = self.seconds_per_sample
-        self.seconds_per_sample = sample_s if previous is None else \
-            previous + _SMOOTHING * (sample_s - previous)
-        self._compute.observe(busy_s)
-        self._batch_size.observe(size)
-        self._inferences.inc(size)
         count = self._flop_counter.per_sample(inputs) if self._flop_counter else None
         flops = size * count.total if count else 0
         unknown = count.uncounted if count else ()
-        partial = bool(unknown)  # the metric says partial; the op names go in the reply only
-        if partial not in self._flops:
-            self._flops[partial] = self._flop_series(partial)
-        self._flops[partial].inc(flops)
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
+        if self.known_good is None:
+            self.known_good = batch.sample()
+        rows = self.rows_for(size)
+
+        def record() -> None:
+            # Plain updates from the instance threads (a rare lost update of an average is
+            # harmless); the scheduler and the ranking only read them.
+            self.times.observe(rows, busy_s)
+            sample_s = busy_s / size
+            previous = self.seconds_per_sample
+            self.seconds_per_sample = sample_s if previous is None else \
+                previous + _SMOOTHING * (sample_s - previous)
+            self._padding.inc(padding)
+            self._compute.observe(busy_s)
+            self._batch_size.observe(size)
+            self._inferences.inc(size)
+            partial = bool(unknown)  # the metric says partial; the op names go in the reply
+            if partial not in self._flops:
+                self._flops[partial] = self._flop_series(partial)
+            self._flops[partial].inc(flops)
         return Answer(result, self._reply_device,
-                      Cost(joules, self.meter.source.source, flops, unknown))
+                      Cost(joules, self.meter.source.source, flops, unknown)), record
 
     def _run_on(self, engine: Engine, inputs: Tensors, outputs: list[str],
                 size: int) -> tuple[Tensors, int]:

@@ -33,6 +33,7 @@ wait, within their deadlines, except those already behind the others (DELAY).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -97,15 +98,17 @@ class Device(Protocol):
         second (fewer where padding up would waste more than it gains)."""
 
     def submit(self, batch: Batch, outputs: list[str], size: int,
-               since: float | None = None) -> asyncio.Future[Answer]:
-        """Hands the batch to an instance thread now, which assembles and runs it; its answer
-        (or DeviceError) comes in the future. `since`: time.monotonic() when the batch's one
-        request was queued, where nothing else waited on the loop: what running it inline
-        would have saved is measured from then."""
+               done: Callable[[Answer | None, BaseException | None], None],
+               since: float | None = None) -> None:
+        """Hands the batch to an instance thread now, which assembles and runs it; `done(answer,
+        None)` or `done(None, error)` (DeviceError) is called on the loop's thread as soon as it
+        is. `since`: time.monotonic() when the batch's one request was queued, where nothing
+        else waited on the loop: what running it inline would have saved is measured from
+        then."""
 
     async def run(self, batch: Batch, outputs: list[str], size: int,
                   since: float | None = None) -> Answer:
-        """submit()'s answer."""
+        """submit()'s answer, awaited."""
 
     def run_inline(self, batch: Batch, outputs: list[str], size: int) -> Answer:
         """On this thread (raises DeviceError)."""
@@ -136,13 +139,11 @@ class Ranking(Protocol):
 @dataclass(eq=False)
 class _Run:
     """A batch the dispatcher began: its requests, inputs, start (time.monotonic()), the
-    devices in the ranking's order, the first one's answer where it was handed over already,
-    and Device.run's `since`."""
+    devices in the ranking's order, and Device.run's `since`."""
     pending: list[_Pending]
     batch: Batch
     started: float
     devices: list[Device]
-    first: asyncio.Future[Answer] | None
     since: float | None
 
 
@@ -188,7 +189,10 @@ class Scheduler:
         self._arrived = asyncio.Event()
         self._wanted = 1  # samples the dispatcher waits for
         self._slots = asyncio.Semaphore(slots)  # batches in flight at once
-        self._running: set[asyncio.Task] = set()
+        self._running: set[_Run] = set()  # batches handed to devices and not answered yet
+        self._failovers: set[asyncio.Task] = set()  # of those, the ones trying later devices
+        self._none_running = asyncio.Event()  # what close() waits for
+        self._none_running.set()
         self._window_open = True  # false from a window's close to the end of its wait
         self._timer = PreciseTimer(self._loop, self._close_window)
         self._idle_since = float("-inf")  # loop.time() when the last running batch ended
@@ -312,7 +316,8 @@ class Scheduler:
         if self._budget is not None:
             self._budget.unsubscribe(self._arrived_now)
         self._task.cancel()
-        await asyncio.gather(self._task, *self._running, return_exceptions=True)
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._none_running.wait()
         self._timer.close()
         for queue in (*self._levels, self._delayed):
             while queue:
@@ -368,23 +373,17 @@ class Scheduler:
                 self._slots.release()
                 raise
             try:
-                run = self._begin(pending, waited)
+                self._begin(pending, waited)
             except Exception as e:  # a bug: its requests fail, the model goes on
                 log.error("model %r: a batch could not begin", self.model, exc_info=e)
                 self._failed(pending, e)
                 self._slots.release()
-                continue
-            task = asyncio.create_task(self._run(run))
-            self._running.add(task)
-            task.add_done_callback(self._ran)
 
-    def _ran(self, task: asyncio.Task) -> None:
-        self._running.discard(task)
+    def _ended(self, run: _Run) -> None:
+        self._running.discard(run)
         if not self._running:
             self._idle_since = self._loop.time()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("model %r: a batch failed unexpectedly", self.model,
-                      exc_info=task.exception())
+            self._none_running.set()
 
     async def _next_batch(self) -> tuple[list[_Pending], bool]:
         """The next batch, and whether it waited out a window."""
@@ -503,8 +502,8 @@ class Scheduler:
         return self._buffers.batch([p.inputs for p in pending], sum(p.size for p in pending),
                                    failed)
 
-    def _begin(self, pending: list[_Pending], waited: bool) -> _Run:
-        """The batch of `pending` (`waited`: after its window), handed to its first device's
+    def _begin(self, pending: list[_Pending], waited: bool) -> None:
+        """Hands the batch of `pending` (`waited`: after its window) to its first device's
         instance thread at once (on the loop's thread it would keep the loop from reading the
         requests that came with it or behind it). This runs in the dispatcher's turn of
         the loop, which the freed slot of the previous batch schedules ahead of that batch's
@@ -514,33 +513,73 @@ class Scheduler:
         # until its answer, less the device's work, is what running it inline would save.
         alone = len(pending) == 1 and not waited and not self._running and not self.queued()
         since = pending[0].enqueued if alone else None
-        devices = list(self._ranking.candidates(batch.size))
-        first = devices[0].submit(batch, self._outputs, batch.size, since) if devices else None
-        return _Run(pending, batch, time.monotonic(), devices, first, since)
+        run = _Run(pending, batch, time.monotonic(), list(self._ranking.candidates(batch.size)),
+                   since)
+        if run.devices:
+            run.devices[0].submit(batch, self._outputs, batch.size,
+                                  functools.partial(self._answered, run), since)
+        self._running.add(run)
+        self._none_running.clear()
+        if not run.devices:
+            self._fail_over(run, None)
 
-    async def _run(self, run: _Run) -> None:
-        """Finishes a batch the dispatcher began, and frees its slot once the devices are done
-        with it, before its replies."""
+    def _answered(self, run: _Run, answer: Answer | None, error: BaseException | None) -> None:
+        """The first device's answer to a batch, on the loop's thread as it comes: the replies
+        leave in this call, with no task between (each would cost another iteration of the
+        loop); a failure goes on to the next devices (_fail_over)."""
+        if error is not None:
+            self._fail_over(run, error)
+            return
+        assert answer is not None
+        run.batch.release()
+        self._slots.release()
+        try:
+            self._ranking.succeeded(run.devices[0])
+            self._answer(run.pending, answer, run.batch, run.started)
+        except Exception as e:  # a bug: nobody may wait forever
+            log.error("model %r: a batch could not be answered", self.model, exc_info=e)
+            self._failed(run.pending, e)
+        finally:
+            # Ended after its callers resume, as a task's end would be: a request they send at
+            # once comes while the batch still counts as running, in company, not alone.
+            self._loop.call_soon(self._ended, run)
+
+    def _fail_over(self, run: _Run, error: BaseException | None) -> None:
+        """A batch its first device failed with `error` (None: it has no device) goes to the
+        next devices, in a task of its own."""
+        task = asyncio.create_task(self._run(run, error))
+        self._failovers.add(task)
+        task.add_done_callback(self._failed_over)
+
+    def _failed_over(self, task: asyncio.Task) -> None:
+        self._failovers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("model %r: a batch failed unexpectedly", self.model,
+                      exc_info=task.exception())
+
+    async def _run(self, run: _Run, error: BaseException | None) -> None:
+        """Finishes a batch whose first device failed it with `error`, and frees its slot once
+        the devices are done with it, before its replies."""
         try:
             try:
-                answer = await self._execute(run.batch, run.devices, run.first, run.since)
+                answer = await self._execute(run.batch, run.devices, error, run.since)
             finally:
                 run.batch.release()
                 self._slots.release()
+            self._answer(run.pending, answer, run.batch, run.started)
         except _InputsRefused as e:
             if len(run.pending) == 1:
                 settle(run.pending[0].future, error=e)
                 return
             for request in run.pending:  # which request's inputs the devices refuse
                 await self._alone(request)
-            return
         except HetserveError as e:
             self._failed(run.pending, e)
-            return
         except BaseException as e:
             self._failed(run.pending, e)
             raise
-        self._answer(run.pending, answer, run.batch, run.started)
+        finally:
+            self._loop.call_soon(self._ended, run)
 
     async def _alone(self, request: _Pending) -> None:
         """One request of a batch the devices refused, run on its own."""
@@ -567,21 +606,20 @@ class Scheduler:
                                          "the end"))
 
     async def _execute(self, batch: Batch, devices: list[Device],
-                       first: asyncio.Future[Answer] | None = None,
+                       first_error: BaseException | None = None,
                        since: float | None = None) -> Answer:
         """The batch's answer from the first of `devices` (the ranking's order) that runs it;
-        `first`: the first device's answer, where the batch was handed to it already; `since`:
-        Device.run's. A device that failed it is blamed (ranking.failed) only once the batch
-        is not found at fault: a later device that refuses the inputs clears the earlier ones
-        (a device never measured, on trial, has no sample of its own to tell)."""
+        `first_error`: what the first device failed it with, where it ran there already;
+        `since`: Device.run's. A device that failed it is blamed (ranking.failed) only once the
+        batch is not found at fault: a later device that refuses the inputs clears the earlier
+        ones (a device never measured, on trial, has no sample of its own to tell)."""
         failed: list[tuple[Device, DeviceError]] = []
         size = batch.size
         for i, device in enumerate(devices):
             try:
-                if i == 0 and first is not None:
-                    answer = await first
-                else:
-                    answer = await device.run(batch, self._outputs, size, since)
+                if i == 0 and first_error is not None:
+                    raise first_error
+                answer = await device.run(batch, self._outputs, size, since)
             except DeviceError as e:
                 if await self._runs_what_it_ran(device):
                     shapes = {n: list(a.shape) for n, a in batch.inputs().items()}

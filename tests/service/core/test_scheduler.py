@@ -50,6 +50,7 @@ class _Device:
         self.inline: list[bool] = []  # per batch, whether it ran on the loop's thread
         self.running = 0
         self.fastest = 0  # a batch size that runs fastest per sample (0: any)
+        self.tasks: set[asyncio.Task] = set()  # batches handed over and running
 
     @property
     def idle(self) -> bool:
@@ -61,8 +62,13 @@ class _Device:
     def batch_size_for(self, queued):
         return min(queued, self.fastest or queued)
 
-    def submit(self, batch, outputs, size, since=None):
-        return asyncio.ensure_future(self.run(batch, outputs, size, since))
+    def submit(self, batch, outputs, size, done, since=None):
+        def answered(task):
+            error = asyncio.CancelledError() if task.cancelled() else task.exception()
+            done(None if error else task.result(), error)
+        self.tasks.add(task := asyncio.ensure_future(self.run(batch, outputs, size, since)))
+        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(answered)
 
     async def run(self, batch, outputs, size, since=None):
         inputs = batch.inputs()
