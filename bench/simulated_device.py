@@ -8,7 +8,8 @@ that concurrency (batches of at most min(concurrency, max_batch_size)) and the e
 rate with the same requests (bench/echo_server.py: the transport alone); the figure is the
 daemon's req/s as a share of that bound (target: >= 0.8 at concurrency 64; docs/BENCHMARKS.md).
 Each side's CPU per answered request (the server's processes, the load clients) says what bounds
-the figure where the machine's cores, not the device, are the limit.
+the figure where the machine's cores, not the device, are the limit; the daemon's main process is
+its device owner where front-end processes serve gRPC (--workers 2 or more), and all of it else.
 With --uint8 the images travel as uint8 (150 KB) and are normalised where the model runs
 (accelerators/input_normalization.py).
 
@@ -147,15 +148,15 @@ def main() -> None:
           f"through system shared memory, {args.clients} client processes, --workers "
           f"{args.workers or 'default'}, {args.seconds:g} s per point")
     print("| concurrency | daemon req/s | p50 ms | p99 ms | mean batch | echo req/s "
-          "| curve's best | bound | daemon / bound | CPU µs/req, daemon + its clients "
-          "| echo + its clients |")
+          "| curve's best | bound | daemon / bound | CPU µs/req, daemon (its main process) "
+          "+ its clients | echo + its clients |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, r in results["points"].items():
         d, e = r["daemon"], r["echo"]
         print(f"| {c} | {d['rps']:,.0f} | {d['p50_ms']:.1f} | {d['p99_ms']:.1f} "
               f"| {r['mean_batch']:.1f} | {e['rps']:,.0f} | {r['curve_rate']:,.0f} "
               f"| {r['bound']:,.0f} | **{r['share']:.2f}** "
-              f"| {d['server_cpu_us']:.0f} + {d['client_cpu_us']:.0f} "
+              f"| {d['server_cpu_us']:.0f} ({d['main_cpu_us']:.0f}) + {d['client_cpu_us']:.0f} "
               f"| {e['server_cpu_us']:.0f} + {e['client_cpu_us']:.0f} |")
     if args.json:
         safe_files.write_file(args.json, json.dumps(results, indent=1), flag=None)
