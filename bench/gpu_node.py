@@ -11,11 +11,15 @@ GPUs, FP16). Runs on a CPU-only machine too (then the CPU serves).
 
 With --shared-memory system the clients talk to the daemon's unix socket and each request names
 one registered region that holds its image (bench/shared_inputs.py): the bytes never cross the
-messages, so the client is not what limits the daemon.
+messages, so the client is not what limits the daemon. With --client perf_analyzer, Triton's
+C++ client drives the load points instead of the Python processes (its own regions with
+--shared-memory system; found on PATH or by $PERF_ANALYZER, docs/serving.md says how to get it),
+and the table names the client.
 
     .venv/bin/python -m bench.gpu_node [--models mnist,resnet50] [--concurrency 1,16,64,256]
         [--seconds 10] [--clients 4] [--buckets auto] [--devices onnxruntime]
-        [--instances N] [--shared-memory none|system] [--json out.json]
+        [--instances N] [--shared-memory none|system] [--client python|perf_analyzer]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from accelerators import safe_files
 from accelerators.engine_options import EngineOptions
 from accelerators.onnxruntime_engine import OnnxRuntimeEngine
 from bench.shared_inputs import shared_request
+from service.clients import perf_analyzer
 from service.clients.load_client import ClientPool, infer_request
 from service.clients.top import fetch
 from service.local_daemon import DaemonProcess, free_port
@@ -75,9 +80,14 @@ def repository(folder: Path, models: list[str], buckets: str, devices: str,
 # --- the client processes ---------------------------------------------------------------------
 
 def load(url: str, model: str, concurrency: int, seconds: float, clients: int,
-         socket_url: str = "") -> dict:
-    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py); with
-    `socket_url`, over the daemon's unix socket with the image in shared memory."""
+         socket_url: str = "", analyzer: str | None = None) -> dict:
+    """Batch-1 closed loops from `clients` processes (service/clients/load_client.py), or from
+    perf_analyzer (`analyzer`, its binary); with `socket_url`, over the daemon's unix socket with
+    the image in shared memory."""
+    if analyzer:
+        return perf_analyzer.run(
+            analyzer, model, "unix://" + socket_url.removeprefix("unix:") if socket_url else url,
+            concurrency, seconds, shared_memory="system" if socket_url else "none")
     inp, dims, _, _ = SHAPES[model]
     image = np.random.default_rng(0).random((1, *dims), np.float32)
     with contextlib.ExitStack() as stack:
@@ -98,9 +108,9 @@ def _sum(snapshot, name: str, model: str) -> float:
 
 
 def through_daemon(url: str, metrics_url: str, model: str, concurrency: int, seconds: float,
-                   clients: int, socket_url: str = "") -> dict:
+                   clients: int, socket_url: str = "", analyzer: str | None = None) -> dict:
     before = fetch(metrics_url)
-    result = load(url, model, concurrency, seconds, clients, socket_url)
+    result = load(url, model, concurrency, seconds, clients, socket_url, analyzer)
     after = fetch(metrics_url)
     d = {n: _sum(after, n, model) - _sum(before, n, model) for n in (
         "hetserve_batch_size_sum", "hetserve_batch_size_count",
@@ -167,8 +177,15 @@ def main() -> None:
     parser.add_argument("--shared-memory", choices=("none", "system"), default="none",
                         help="where the requests' images travel: in the messages, or in a "
                              "system shared-memory region over the daemon's unix socket")
+    parser.add_argument("--client", choices=("python", "perf_analyzer"), default="python",
+                        help="what drives the load points: the Python client processes, or "
+                             "Triton's perf_analyzer")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    analyzer = perf_analyzer.find() if args.client == "perf_analyzer" else None
+    if args.client == "perf_analyzer" and analyzer is None:
+        parser.error("--client perf_analyzer: not on PATH and $PERF_ANALYZER is not set "
+                     "(docs/serving.md says how to get it)")
     models = args.models.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="hetserve-gpu-bench-"))
@@ -188,14 +205,16 @@ def main() -> None:
         for model in models:
             ref = in_process(repo / model / "1" / "model.onnx", model, sizes, args.seconds / 4)
             served = {c: through_daemon(url, metrics_url, model, c, args.seconds, args.clients,
-                                        socket_url)
+                                        socket_url, analyzer)
                       for c in map(int, args.concurrency.split(","))}
             results["models"][model] = {"in_process": ref, "daemon": served}
     finally:
         daemon.stop()
     print(f"daemon load + warm-up of {models}: {results['load_and_warmup_s']:.1f} s; "
           f"batch_buckets {args.buckets}; images in "
-          + ("system shared memory" if socket_url else "the messages"))
+          + ("system shared memory" if socket_url else "the messages")
+          + ("; client: perf_analyzer" if analyzer else
+             f"; client: {args.clients} Python processes"))
     print("MNIST hold-out accuracy: " + ", ".join(
         f"{k} {v:.3f}" for k, v in results["mnist_holdout_accuracy"].items()))
     for model, r in results["models"].items():

@@ -17,9 +17,11 @@ def find() -> str | None:
 
 
 def run(binary: str, model: str, address: str, concurrency: int, seconds: float,
-        streaming: bool = False) -> dict:
+        streaming: bool = False, shared_memory: str = "none") -> dict:
     """One load point: infer/s and latency percentiles as perf_analyzer measured them, averaged
-    over its three measurement windows of `seconds` / 3 each."""
+    over its three measurement windows of `seconds` / 3 each. `shared_memory` "system" puts the
+    inputs and outputs in regions it registers (the daemon takes them on its unix socket,
+    `unix://PATH`, or over TCP with its token)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.csv"
         result = subprocess.run(
@@ -29,7 +31,7 @@ def run(binary: str, model: str, address: str, concurrency: int, seconds: float,
              # any spread between windows is accepted: the machine's noise hits every target
              # of one run alike, and the table compares them
              "--stability-percentage", "1000", "-f", str(report),
-             *(["--streaming"] if streaming else [])],
+             "--shared-memory", shared_memory, *(["--streaming"] if streaming else [])],
             capture_output=True, text=True, timeout=120 + 10 * seconds)
         if result.returncode != 0:
             raise RuntimeError(f"perf_analyzer failed ({result.returncode}): "

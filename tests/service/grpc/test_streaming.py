@@ -76,10 +76,13 @@ def _perf_analyzer() -> str | None:
 @pytest.mark.skipif(_perf_analyzer() is None,
                     reason="Triton's perf_analyzer is not installed (docs/serving.md says how to "
                            "get it; set PERF_ANALYZER to its path)")
-@pytest.mark.parametrize("mode", [[], ["--streaming"]], ids=["unary", "streaming"])
+@pytest.mark.parametrize("mode", [[], ["--streaming"], ["--shared-memory", "system"]],
+                         ids=["unary", "streaming", "system-shared-memory"])
 def test_perf_analyzer_benchmarks_the_daemon_unchanged(daemon, mode) -> None:
+    # shared memory over the socket: over TCP the daemon asks for its token first
+    url = f"unix://{daemon.socket}" if "--shared-memory" in mode else daemon.url
     result = subprocess.run(
-        [_perf_analyzer(), "-m", MODEL, "-u", daemon.url, "-i", "grpc",
+        [_perf_analyzer(), "-m", MODEL, "-u", url, "-i", "grpc",
          "--concurrency-range", "4", "--measurement-interval", "1000",
          # compatibility, not a measurement: any spread between windows is fine here
          "--stability-percentage", "1000", *mode],
