@@ -25,7 +25,7 @@ from service import contract
 from service.core.batch_buffers import Batch
 from service.core.buckets import Buckets
 from service.core.metrics import Metrics
-from service.core.types import Answer, Cost, Tensors, settle
+from service.core.types import Answer, Cost, Finished, Tensors, settle
 from service.core.warmup import WarmupBatch
 from service.errors import DeviceError
 
@@ -35,8 +35,6 @@ _RECENT = 8  # the latest batches of a size whose best time tells what the devic
 _BACKOFF_S = (0.5, 30.0)  # first and longest wait before probing a failed device again
 _HANDOFFS = 15  # the latest hand-offs measured, whose median is the hand-off's cost
 _CUT_GAIN = 1.05  # a smaller bucket's samples per second over the whole batch's, to cut at it
-# A batch's answer, or what it failed with, called on the event loop's thread.
-Finished = Callable[[Answer | None, BaseException | None], None]
 
 
 class BatchTimes:

@@ -47,7 +47,7 @@ from service.core.power_budget import PowerBudget
 from service.core.precise_timer import PreciseTimer
 from service.core.queue_policy import DEFAULT_OPTIONS, BatchPolicy, RequestOptions, callers_share
 from service.core.statistics import ModelStatistics
-from service.core.types import Answer, Inputs, Tensors, settle
+from service.core.types import Answer, Finished, Inputs, Tensors, settle
 from service.errors import (
     DeadlineExceededError,
     DeviceError,
@@ -97,8 +97,7 @@ class Device(Protocol):
         """How many of `queued` samples its next batch should take for the most samples per
         second (fewer where padding up would waste more than it gains)."""
 
-    def submit(self, batch: Batch, outputs: list[str], size: int,
-               done: Callable[[Answer | None, BaseException | None], None],
+    def submit(self, batch: Batch, outputs: list[str], size: int, done: Finished,
                since: float | None = None) -> None:
         """Hands the batch to an instance thread now, which assembles and runs it; `done(answer,
         None)` or `done(None, error)` (DeviceError) is called on the loop's thread as soon as it

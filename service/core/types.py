@@ -6,7 +6,7 @@ front-end's catalog of the owner's models)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +70,10 @@ class Answer:
     outputs: Tensors
     device: str
     cost: Cost
+
+
+# A batch's answer, or what it failed with (Answer None), called on the event loop's thread.
+Finished = Callable[[Answer | None, BaseException | None], None]
 
 
 class RequestQueue(Protocol):
