@@ -273,8 +273,8 @@ class Scheduler:
         the devices idle long enough, its level not held, its deadline ahead) and its device
         runs it on this thread (_runs_inline), except every _INLINE_PROBE_EVERY-th time, which
         measures the hand-off anew; false leaves it to the queue, where requests that come
-        together share a batch. Saves the dispatcher's wake-up, the batch's task and the
-        caller's wake-up: three event-loop iterations per request at low load."""
+        together share a batch. Saves the dispatcher's wake-up, the instance thread's round
+        trip and the caller's wake-up: three event-loop iterations per request at low load."""
         if self.queued() or self._running or self._worth_waiting() or (
                 pending.expires is not None and pending.expires <= pending.enqueued) or (
                 self._budget is not None and self._budget.holds(pending.level)):
