@@ -7,7 +7,6 @@ caller, so that a refusal names the flag that sets the limit."""
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ import grpc
 
 from service.core.queue_policy import callers_share
 from service.edge.door import Peers
+from service.edge.inflight import CallerCounts
 from service.settings import Settings
 
 # grpc's own default: the third ping that comes too soon closes the connection.
@@ -85,8 +85,7 @@ class RpcLimit(grpc.aio.ServerInterceptor):
     def __init__(self, listener: Listener, peers: Peers) -> None:
         self._listener, self._peers = listener, peers
         self._active = 0
-        self._share = callers_share(listener.max_rpcs)
-        self._held: Counter[str] = Counter()  # by caller
+        self._callers = CallerCounts(callers_share(listener.max_rpcs))
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -101,22 +100,18 @@ class RpcLimit(grpc.aio.ServerInterceptor):
                 f"process, the most {listener.flag} allows: try again later"))
         peer = self._peers.identify(context.peer())
         caller = peer.key if peer is not None else ""
-        if caller and self._held[caller] >= self._share:
+        if caller and not self._callers.take(caller):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"{caller} has {self._held[caller]} calls in progress on {listener.name} at "
-                f"this daemon process, its share of the {listener.max_rpcs} that {listener.flag} "
-                "allows (the others' room): end some, or wait for replies"))
+                f"{caller} has {self._callers.held(caller)} calls in progress on "
+                f"{listener.name} at this daemon process, its share of the {listener.max_rpcs} "
+                f"that {listener.flag} allows (the others' room): end some, or wait for replies"))
         self._active += 1
-        if caller:
-            self._held[caller] += 1
         return caller
 
     def _leave(self, caller: str) -> None:
         self._active -= 1
         if caller:
-            self._held[caller] -= 1
-            if not self._held[caller]:
-                del self._held[caller]
+            self._callers.give_back(caller)
 
     def _counted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         kind, behaviour = next((kind, getattr(handler, kind)) for kind in (
