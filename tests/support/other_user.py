@@ -12,22 +12,6 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.daemon import Daemon
 
-
-def as_nobody(code: str) -> subprocess.CompletedProcess:
-    """`code` run with this Python by another local user (nobody), via setpriv; skipped where
-    this is not root, setpriv is missing or nobody cannot run this checkout's Python."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root, to run a second local user (nobody) with setpriv")
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is not installed")
-    run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                          sys.executable, "-c", code], cwd="/", capture_output=True, text=True,
-                         timeout=60)
-    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
-        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
-    return run
-
-
 NOBODY = 65534
 
 
@@ -36,6 +20,27 @@ def needs_nobody() -> None:
         pytest.skip("needs root, to run a second local user (nobody) with setpriv")
     if not shutil.which("setpriv"):
         pytest.skip("setpriv (util-linux) is not installed")
+
+
+def nobody_command(code: str) -> list[str]:
+    """The command that runs `code` with this Python as another local user (nobody)."""
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            sys.executable, "-c", code]
+
+
+def _skip_if_private(run: subprocess.CompletedProcess) -> None:
+    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
+        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
+
+
+def as_nobody(code: str) -> subprocess.CompletedProcess:
+    """`code` run with this Python by another local user (nobody), via setpriv; skipped where
+    this is not root, setpriv is missing or nobody cannot run this checkout's Python."""
+    needs_nobody()
+    run = subprocess.run(nobody_command(code), cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    _skip_if_private(run)
+    return run
 
 
 def calls_as_nobody(daemon: Daemon, calls: str) -> list[str]:
@@ -63,11 +68,9 @@ for call in [{", ".join(f"lambda: {line.strip()}" for line in calls.strip().spli
     except InferenceServerException as e:
         print(e.status(), e.message())
 """
-    run = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
-                          "--clear-groups", sys.executable, "-c", code], cwd="/",
-                         capture_output=True, text=True, timeout=60)
-    if "Permission denied" in run.stderr and "python" in run.stderr.lower():
-        pytest.skip("nobody cannot run this checkout's Python (its folder is private)")
+    run = subprocess.run(nobody_command(code), cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    _skip_if_private(run)
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
 

@@ -11,7 +11,6 @@ import contextlib
 import socket
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -26,9 +25,10 @@ from tritonclient.utils import InferenceServerException
 
 from bench import floods
 from bench.raw_h2 import RawH2
+from service.core.queue_policy import callers_share
 from service.local_daemon import free_port
 from tests.support.daemon import MODEL, MODELS, ROOT, Daemon, image_input
-from tests.support.other_user import NOBODY, as_nobody, needs_nobody
+from tests.support.other_user import as_nobody, needs_nobody, nobody_command
 
 STREAMS = 16  # --max-streams-per-connection
 IDLE_S = 1.0  # --stream-idle-s and --connection-idle-s
@@ -177,9 +177,8 @@ def _streams_held_by_nobody(daemon: Daemon, count: int) -> Iterator[None]:
             f"with RawH2({daemon.url!r}) as h:\n"
             f"    [h.open() for _ in range({count})]\n"
             "    h.flush(); print('held', flush=True); sys.stdin.read()\n")
-    holder = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
-                               "--clear-groups", sys.executable, "-c", code], cwd="/",
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(nobody_command(code), cwd="/", stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         yield
@@ -193,7 +192,7 @@ def test_one_caller_holds_a_share_of_max_rpcs_tcp_and_the_socket_is_served(limit
     quarters of --max-rpcs-tcp): its next call is refused naming the flag, another local user's
     is answered; once that user holds the rest, every TCP call is refused naming the flag. The
     unix socket has a server of its own throughout."""
-    share = RPCS - RPCS // 4
+    share = callers_share(RPCS)
     with socket_users(limited, holdout) as answers, RawH2(limited.url) as holder:
         held: list[int] = []
         deadline = time.monotonic() + 10  # a loaded machine's
