@@ -273,7 +273,8 @@ class DeviceRunner:
                    size: int) -> tuple[Answer, Callable[[], None]]:
         """The batch's answer, its compute (not its assembly) timed and charged; and what
         records it in the metrics and the speed estimates, to be called once it is answered."""
-        inputs = batch.inputs(self.rows_for(size))
+        rows = self.rows_for(size)
+        inputs = batch.inputs(rows)
         engine = self._idle.pop()  # atomic under the GIL, like the append below
         try:
             start = time.perf_counter()
@@ -287,7 +288,6 @@ class DeviceRunner:
         joules = self.meter.charge(self.model, busy_s, self.device.engine)
         if self.known_good is None:
             self.known_good = batch.sample()
-        rows = self.rows_for(size)
 
         def record() -> None:
             # Plain updates from the instance threads (a rare lost update of an average is
